@@ -1,0 +1,16 @@
+"""Framework adapters. Each is one module exposing the same few functions:
+
+- ``unavailable(device) -> str | None``: why it cannot run there, or None.
+- ``describe(device) -> dict``: library, version, device name, math mode, threads.
+- ``put(problem, device, dtype)``: the training data on the device (timed as transfer).
+- ``build(problem, data, device, dtype)``: a trainer holding the initial weights and the
+  optimizer state, from ``problem.initial_params`` (NumPy, stored (fan_in, fan_out)).
+- ``warm_up(trainer)``: compile and warm kernels without changing the trainer's state.
+- ``step(trainer, t)``: one optimizer step on step t's batch; returns the batch loss
+  before the update, left on the device.
+- ``synchronize(trainer)``: wait for the device.
+- ``losses(trainer, handles)``, ``params(trainer)``, ``predict(trainer, x)``: results back
+  as float64 NumPy arrays.
+
+Framework imports happen inside these functions, never at module import of harness.
+"""

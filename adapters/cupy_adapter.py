@@ -1,0 +1,150 @@
+"""The CuPy adapter: the array-module MLP (adapters.xp_mlp) bound to CuPy on the GPU and to
+NumPy on the CPU. In float64 on the CPU it is the reference oracle."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adapters import xp_mlp
+
+NAME = "cupy"
+
+
+def _xp(device: str):
+    if device == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def unavailable(device: str) -> str | None:
+    if device == "cpu":
+        return None
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"cupy is not installed ({exc})"
+    try:
+        if not cupy.is_available():
+            return "cupy finds no usable CUDA device"
+    except Exception as exc:  # a broken driver or runtime raises here, not a clean False
+        return f"cupy cannot use the GPU: {exc}"
+    return None
+
+
+def describe(device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return {
+            "library": "numpy",
+            "version": np.__version__,
+            "device_name": platform.processor() or platform.machine(),
+            "math_mode": {"float32_matmul": "exact float32 (BLAS sgemm)"},
+            "threads": os.cpu_count(),
+        }
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return {
+        "library": "cupy",
+        "version": cupy.__version__,
+        "device_name": props["name"].decode(),
+        "math_mode": {"CUPY_TF32": os.environ.get("CUPY_TF32", "0 (default: TF32 off)")},
+        "threads": None,
+    }
+
+
+@dataclass
+class Trainer:
+    problem: Any
+    device: str
+    dtype: str
+    xp: Any
+    data: dict[str, Any]
+    params: list
+    opt_state: dict | None = None
+    activations: list[str] = field(default_factory=list)
+
+
+def put(problem, device: str, dtype: str) -> dict[str, Any]:
+    xp = _xp(device)
+    arrays = {"x": problem.x_train.astype(dtype), "y": problem.y_train}
+    if problem.spec.loss.kind == "mse":
+        arrays["y"] = problem.y_train.astype(dtype)
+    if problem.batch_order is not None:
+        arrays["order"] = problem.batch_order
+    return {k: xp.asarray(v) for k, v in arrays.items()}
+
+
+def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
+    xp = _xp(device)
+    params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
+    trainer = Trainer(problem, device, dtype, xp, data, params)
+    trainer.activations = [layer.activation for layer in problem.spec.model.layers]
+    if problem.spec.optimizer.kind == "adam":
+        trainer.opt_state = xp_mlp.adam_init(xp, params)
+    return trainer
+
+
+def warm_up(trainer: Trainer) -> None:
+    """Nothing to compile; on the GPU, one throwaway step loads the kernels."""
+    if trainer.device != "cpu":
+        _update(trainer, trainer.params, trainer.opt_state, 0)
+
+
+def _batch(trainer: Trainer, step: int):
+    x, y = trainer.data["x"], trainer.data["y"]
+    if trainer.problem.batch_order is None:
+        return x, y
+    epoch, start, stop = trainer.problem.batch_slice(step)
+    rows = trainer.data["order"][epoch, start:stop]
+    return x[rows], y[rows]
+
+
+def _update(trainer: Trainer, params, opt_state, step: int):
+    xp = trainer.xp
+    spec = trainer.problem.spec
+    x, y = _batch(trainer, step)
+    loss, grads = xp_mlp.loss_and_grads(
+        xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train)
+    )
+    if spec.optimizer.kind == "adam":
+        params, opt_state = xp_mlp.adam_update(xp, params, grads, opt_state, spec.optimizer)
+    else:
+        params = xp_mlp.sgd_update(params, grads, spec.optimizer.lr)
+    return loss, params, opt_state
+
+
+def step(trainer: Trainer, t: int):
+    loss, trainer.params, trainer.opt_state = _update(trainer, trainer.params, trainer.opt_state, t)
+    return loss
+
+
+def synchronize(trainer: Trainer) -> None:
+    if trainer.device != "cpu":
+        trainer.xp.cuda.get_current_stream().synchronize()
+
+
+def losses(trainer: Trainer, handles: list) -> np.ndarray:
+    if not handles:
+        return np.zeros(0)
+    return np.asarray(_to_numpy(trainer, trainer.xp.stack(handles)), dtype=np.float64)
+
+
+def _to_numpy(trainer: Trainer, a):
+    return a if trainer.device == "cpu" else trainer.xp.asnumpy(a)
+
+
+def params(trainer: Trainer):
+    return [(np.array(_to_numpy(trainer, w)), np.array(_to_numpy(trainer, b))) for w, b in trainer.params]
+
+
+def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
+    xp = trainer.xp
+    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations)
+    return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)

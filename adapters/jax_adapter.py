@@ -1,0 +1,184 @@
+"""The JAX adapter: a pure loss function, jax.value_and_grad, optax updates, the step jitted."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+NAME = "jax"
+
+
+def _jax():
+    import jax
+
+    # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision.
+    jax.config.update("jax_default_matmul_precision", "highest")
+    return jax
+
+
+def _platform(device: str) -> str:
+    return "gpu" if device == "gpu" else "cpu"
+
+
+def unavailable(device: str) -> str | None:
+    try:
+        jax = _jax()
+        import optax  # noqa: F401
+    except ImportError as exc:
+        return f"jax or optax is not installed ({exc})"
+    try:
+        jax.devices(_platform(device))
+    except RuntimeError as exc:
+        return f"jax finds no {device} device ({exc})"
+    return None
+
+
+def describe(device: str) -> dict[str, Any]:
+    jax = _jax()
+    import jaxlib
+    import optax
+
+    dev = jax.devices(_platform(device))[0]
+    return {
+        "library": "jax",
+        "version": f"{jax.__version__} (jaxlib {jaxlib.__version__}, optax {optax.__version__})",
+        "device_name": dev.device_kind,
+        "math_mode": {
+            "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+            "jax_enable_x64": bool(jax.config.jax_enable_x64),
+        },
+        "threads": os.cpu_count(),
+    }
+
+
+@dataclass
+class Trainer:
+    problem: Any
+    device: str
+    dtype: str
+    data: dict[str, Any]
+    params: Any
+    opt_state: Any
+    train_step: Any
+    predict_fn: Any
+
+
+def put(problem, device: str, dtype: str) -> dict[str, Any]:
+    jax = _jax()
+    dev = jax.devices(_platform(device))[0]
+    arrays = {"x": problem.x_train.astype(dtype), "y": problem.y_train.astype(np.int32)}
+    if problem.spec.loss.kind == "mse":
+        arrays["y"] = problem.y_train.astype(dtype)
+    if problem.batch_order is not None:
+        arrays["order"] = problem.batch_order.astype(np.int32)
+    return jax.device_put(arrays, dev)
+
+
+def _functions(problem):
+    """The pure forward, loss and jitted train step of a spec."""
+    jax = _jax()
+    import jax.numpy as jnp
+    import optax
+
+    spec = problem.spec
+    acts = {"relu": jax.nn.relu, "tanh": jnp.tanh, "identity": lambda z: z}
+    activations = [acts[layer.activation] for layer in spec.model.layers]
+    n_examples = len(problem.x_train)
+
+    def forward(params, x):
+        for (w, b), act in zip(params, activations):
+            x = act(x @ w + b)
+        return x
+
+    def loss_fn(params, x, y):
+        out = forward(params, x)
+        if spec.loss.kind == "mse":
+            per_example = (out - y) ** 2
+        else:
+            per_example = optax.softmax_cross_entropy_with_integer_labels(out, y)
+        value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
+        if spec.loss.l2 is not None:
+            scale = spec.loss.l2.coefficient / 2 / (n_examples if spec.loss.l2.divide_by_examples else 1)
+            value = value + scale * sum(jnp.sum(w * w) for w, _ in params)
+        return value
+
+    opt = spec.optimizer
+    if opt.kind == "adam":
+        tx = optax.adam(opt.lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps)
+    else:
+        tx = optax.sgd(opt.lr)
+
+    def update(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def full_batch_step(params, opt_state, data):
+        return update(params, opt_state, data["x"], data["y"])
+
+    def minibatch_step(params, opt_state, data, epoch, start, size):
+        rows = jax.lax.dynamic_slice(data["order"][epoch], (start,), (size,))
+        return update(params, opt_state, data["x"][rows], data["y"][rows])
+
+    if problem.batch_order is None:
+        step = jax.jit(full_batch_step)
+    else:
+        step = jax.jit(minibatch_step, static_argnames="size")
+    return tx, step, jax.jit(forward)
+
+
+def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
+    jax = _jax()
+    dev = jax.devices(_platform(device))[0]
+    tx, train_step, predict_fn = _functions(problem)
+    params = jax.device_put([(w.astype(dtype), b.astype(dtype)) for w, b in problem.initial_params], dev)
+    return Trainer(problem, device, dtype, data, params, tx.init(params), train_step, predict_fn)
+
+
+def _call_step(trainer: Trainer, params, opt_state, t: int):
+    if trainer.problem.batch_order is None:
+        return trainer.train_step(params, opt_state, trainer.data)
+    epoch, start, stop = trainer.problem.batch_slice(t)
+    return trainer.train_step(params, opt_state, trainer.data, epoch, start, size=stop - start)
+
+
+def warm_up(trainer: Trainer) -> None:
+    """Compile the step once for every batch size the schedule uses; the state is untouched
+    because the step is a pure function."""
+    jax = _jax()
+    seen = set()
+    for t, (start, stop) in enumerate(trainer.problem.bounds):
+        if stop - start not in seen:
+            seen.add(stop - start)
+            jax.block_until_ready(_call_step(trainer, trainer.params, trainer.opt_state, t))
+    jax.block_until_ready(trainer.predict_fn(trainer.params, trainer.data["x"][:1]))
+
+
+def step(trainer: Trainer, t: int):
+    trainer.params, trainer.opt_state, loss = _call_step(trainer, trainer.params, trainer.opt_state, t)
+    return loss
+
+
+def synchronize(trainer: Trainer) -> None:
+    _jax().block_until_ready((trainer.params, trainer.opt_state))
+
+
+def losses(trainer: Trainer, handles: list) -> np.ndarray:
+    if not handles:
+        return np.zeros(0)
+    import jax.numpy as jnp
+
+    return np.asarray(jnp.stack(handles), dtype=np.float64)
+
+
+def params(trainer: Trainer):
+    return [(np.asarray(w).copy(), np.asarray(b).copy()) for w, b in trainer.params]
+
+
+def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
+    jax = _jax()
+    inputs = jax.device_put(x.astype(trainer.dtype), jax.devices(_platform(trainer.device))[0])
+    return np.asarray(trainer.predict_fn(trainer.params, inputs), dtype=np.float64)

@@ -1,0 +1,132 @@
+"""The MLP written once against an array module `xp` (NumPy or CuPy): forward, loss,
+hand-written backward pass, and the optimizer updates.
+
+Bound to NumPy in float64 it is the reference oracle; bound to NumPy in float32 it is the
+CuPy adapter's CPU path; bound to CuPy it runs on the GPU. It imports no framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Array = Any
+
+
+def activate(xp, z: Array, name: str) -> Array:
+    if name == "relu":
+        return xp.maximum(z, 0)
+    if name == "tanh":
+        return xp.tanh(z)
+    return z
+
+
+def activation_grad(xp, z: Array, a: Array, name: str) -> Array:
+    """d act / d z, from the pre-activation z and the activation a = act(z)."""
+    if name == "relu":
+        return (z > 0).astype(z.dtype)
+    if name == "tanh":
+        return 1 - a * a
+    return xp.ones_like(z)
+
+
+def forward(xp, params, x: Array, activations: list[str]) -> tuple[Array, list[tuple[Array, Array]]]:
+    """Outputs and the (input, pre-activation) of every layer, kept for the backward pass."""
+    cache = []
+    a = x
+    for (w, b), act in zip(params, activations):
+        z = a @ w + b
+        cache.append((a, z))
+        a = activate(xp, z, act)
+    return a, cache
+
+
+def log_softmax(xp, logits: Array) -> Array:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def l2_scale(loss_section, n_examples: int) -> float:
+    """The multiplier of sum(W^2): lambda/2, divided by N when the spec says so."""
+    l2 = loss_section.l2
+    if l2 is None:
+        return 0.0
+    return l2.coefficient / 2 / (n_examples if l2.divide_by_examples else 1)
+
+
+def data_loss(xp, outputs: Array, targets: Array, loss_section) -> tuple[Array, Array]:
+    """The data term of the loss and its gradient with respect to the outputs."""
+    n = outputs.shape[0]
+    if loss_section.kind == "mse":
+        diff = outputs - targets
+        total = (diff * diff).sum()
+        d_out = 2 * diff
+        denom = diff.size if loss_section.reduction == "mean" else 1
+    else:
+        logp = log_softmax(xp, outputs)
+        rows = xp.arange(n)
+        total = -logp[rows, targets].sum()
+        d_out = xp.exp(logp)
+        d_out[rows, targets] -= 1
+        denom = n if loss_section.reduction == "mean" else 1
+    return total / denom, d_out / denom
+
+
+def objective(xp, params, outputs: Array, targets: Array, loss_section, n_examples: int) -> Array:
+    """The full training loss: the data term plus the L2 penalty on the weights."""
+    value, _ = data_loss(xp, outputs, targets, loss_section)
+    scale = l2_scale(loss_section, n_examples)
+    if scale:
+        value = value + scale * sum((w * w).sum() for w, _ in params)
+    return value
+
+
+def loss_and_grads(xp, params, x: Array, targets: Array, activations, loss_section, n_examples: int):
+    """The training loss of a batch and its gradient for every (W, b)."""
+    outputs, cache = forward(xp, params, x, activations)
+    loss, d_a = data_loss(xp, outputs, targets, loss_section)
+    scale = l2_scale(loss_section, n_examples)
+    grads = [None] * len(params)
+    for i in reversed(range(len(params))):
+        a_in, z = cache[i]
+        a_out = outputs if i == len(params) - 1 else cache[i + 1][0]
+        d_z = d_a * activation_grad(xp, z, a_out, activations[i])
+        w = params[i][0]
+        d_w = a_in.T @ d_z
+        if scale:
+            d_w = d_w + (2 * scale) * w
+        grads[i] = (d_w, d_z.sum(axis=0))
+        if i:
+            d_a = d_z @ w.T
+    if scale:
+        loss = loss + scale * sum((w * w).sum() for w, _ in params)
+    return loss, grads
+
+
+def sgd_update(params, grads, lr: float):
+    return [(w - lr * dw, b - lr * db) for (w, b), (dw, db) in zip(params, grads)]
+
+
+def adam_init(xp, params):
+    zeros = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
+    return {"t": 0, "m": zeros, "v": [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]}
+
+
+def adam_update(xp, params, grads, state, opt):
+    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat)."""
+    t = state["t"] + 1
+    c1 = 1 - opt.beta1**t
+    c2 = 1 - opt.beta2**t
+    new_params, new_m, new_v = [], [], []
+    for p_pair, g_pair, m_pair, v_pair in zip(params, grads, state["m"], state["v"]):
+        layer_p, layer_m, layer_v = [], [], []
+        for p, g, m, v in zip(p_pair, g_pair, m_pair, v_pair):
+            m = opt.beta1 * m + (1 - opt.beta1) * g
+            v = opt.beta2 * v + (1 - opt.beta2) * (g * g)
+            p = p - opt.lr * (m / c1) / (xp.sqrt(v / c2) + opt.eps)
+            layer_p.append(p)
+            layer_m.append(m)
+            layer_v.append(v)
+        new_params.append(tuple(layer_p))
+        new_m.append(tuple(layer_m))
+        new_v.append(tuple(layer_v))
+    return new_params, {"t": t, "m": new_m, "v": new_v}

@@ -1,0 +1,188 @@
+"""Command line: `python -m harness run|validate|export|schema|list`.
+
+Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
+2 bad input (a spec, an option, a data file, the results folder), with one clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import records
+from harness import spec as spec_mod
+from harness.errors import HarnessError
+from harness.registry import ADAPTERS, DEVICES
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _csv(allowed: tuple[str, ...], what: str):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in allowed]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}")
+        return items
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def data_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="a profile defined in the spec (default: full)")
+        p.add_argument("--data-dir", type=Path, help="folder with data files (default: $HARNESS_DATA_DIR, else a cache folder)")
+        p.add_argument("--data-source", help="a named data source of the spec, e.g. test-set for MNIST offline")
+        p.add_argument("--download", action="store_true", help="download missing data files from the fixed mirrors")
+        p.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
+
+    run = sub.add_parser("run", help="run specs through adapters and devices, check, write records")
+    run.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
+    run.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
+    run.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
+    run.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
+    run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    data_options(run)
+
+    validate = sub.add_parser("validate", help="validate specs and every profile in them")
+    validate.add_argument("specs", nargs="*")
+    validate.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
+
+    export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
+    export.add_argument("spec")
+    export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
+    data_options(export)
+
+    schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
+    schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
+
+    sub.add_parser("list", help="list specs, adapters and devices")
+    return parser
+
+
+def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
+    if names:
+        return [spec_mod.resolve_spec(n, specs_dir) for n in names]
+    paths = list(spec_mod.spec_paths(specs_dir).values())
+    if not paths:
+        raise HarnessError(f"{specs_dir}: no spec files (*.yaml)")
+    return paths
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from harness import inputs, matrix, table
+
+    if args.repeats is not None and args.repeats < 1:
+        raise HarnessError("--repeats: must be at least 1")
+    loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
+    results_dir = None if args.no_records else args.results
+    if results_dir is not None:
+        records.ensure_writable(results_dir)
+    keys = matrix.matrix_keys(args.frameworks, args.devices)
+    run_id = records.new_id()
+    results = []
+    for spec in loaded:
+        problem = inputs.build_problem(spec, args.data_dir, args.data_source, args.download)
+        results.append(matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id))
+    console.print(table.verdict_table(results))
+    table.print_failures(console, results)
+    if results_dir is not None:
+        written = sum(len(r.paths) for r in results)
+        console.print(f"{written} records written under {results_dir} (run {run_id})")
+    return EXIT_FAILED if table.failed(results) else 0
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    for path in _spec_paths(args.specs, args.specs_dir):
+        loaded = spec_mod.load_spec(path)
+        profiles = ", ".join([spec_mod.FULL_PROFILE, *loaded.spec.profiles])
+        console.print(f"{path}: ok ({loaded.name}; profiles: {profiles})", highlight=False)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    import numpy as np
+
+    from harness import inputs, matrix
+
+    loaded = spec_mod.load_spec(spec_mod.resolve_spec(args.spec, args.specs_dir), args.profile)
+    problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download)
+    out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
+    arrays = {
+        "x_train": problem.x_train,
+        "y_train": problem.y_train,
+        "bounds": np.asarray(problem.bounds, dtype=np.int64),
+        "oracle_losses": matrix.oracle_curve(problem),
+        "spec_json": np.asarray(loaded.spec.model_dump_json()),
+        "spec_sha256": np.asarray(loaded.sha256),
+        "profile": np.asarray(loaded.profile),
+    }
+    if problem.x_val is not None:
+        arrays["x_val"], arrays["y_val"] = problem.x_val, problem.y_val
+    if problem.batch_order is not None:
+        arrays["batch_order"] = problem.batch_order
+    for i, (w, b) in enumerate(problem.initial_params):
+        arrays[f"W{i}"], arrays[f"b{i}"] = w, b
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        tmp.replace(out)
+    except OSError as exc:
+        raise HarnessError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    console.print(f"wrote {out}: inputs of {loaded.name} ({loaded.profile}) and the oracle's loss curve", highlight=False)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    targets = {
+        spec_mod.SPECS_DIR / "schema.json": spec_mod.json_schema(),
+        records.PROJECT_ROOT / "results" / "schema.json": records.json_schema(),
+    }
+    stale = []
+    for path, text in targets.items():
+        current = path.read_text() if path.exists() else None
+        if current != text:
+            stale.append(path)
+            if not args.check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    if args.check and stale:
+        console.print(f"out of date: {', '.join(map(str, stale))} (run `python -m harness schema`)")
+        return EXIT_FAILED
+    console.print("schemas up to date" if args.check else f"wrote {len(targets)} schema files")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    for name, path in spec_mod.spec_paths().items():
+        console.print(f"spec {name}: {path}", highlight=False)
+    console.print(f"frameworks: {', '.join(ADAPTERS)} (+ oracle: the array-module code in float64)")
+    console.print(f"devices: {', '.join(DEVICES)}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    try:
+        return COMMANDS[args.command](args, console)
+    except HarnessError as exc:
+        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", style="red", highlight=False, markup=False)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

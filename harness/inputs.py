@@ -1,0 +1,146 @@
+"""The framework-neutral inputs of a run, made once per spec and handed to every adapter:
+the data, the initial weights and the batch order, all NumPy, all seeded.
+
+Weights are stored (fan_in, fan_out), so a layer is x @ W + b; adapters whose framework
+stores them the other way (torch.nn.Linear) transpose on the way in and out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness import data
+from harness.errors import DataError
+from harness.spec import LoadedSpec, Spec, batch_bounds, check_batching
+
+Params = list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything an adapter needs to train a spec, and nothing framework-specific."""
+
+    spec: Spec
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray | None
+    y_val: np.ndarray | None
+    initial_params: Params
+    batch_order: np.ndarray | None  # (epochs, n_train) permutations, or None: each step is the whole set in order
+    bounds: list[tuple[int, int]]  # one epoch's [start, stop) slices, one per step
+    data_files: tuple[data.UsedFile, ...] = ()
+    data_source: str | None = None
+    prep_seconds: float = 0.0
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec.training.epochs * len(self.bounds)
+
+    @property
+    def probe(self) -> np.ndarray:
+        return self.x_train[: self.spec.checks.probe_size]
+
+    def batch_slice(self, step: int) -> tuple[int, int, int]:
+        """(epoch, start, stop) of a step's rows in that epoch's permutation."""
+        epoch, within = divmod(step, len(self.bounds))
+        start, stop = self.bounds[within]
+        return epoch, start, stop
+
+    def batch_indices(self, step: int) -> np.ndarray | None:
+        """The training rows of a step, or None when the step uses the whole set in order."""
+        if self.batch_order is None:
+            return None
+        epoch, start, stop = self.batch_slice(step)
+        return self.batch_order[epoch, start:stop]
+
+
+def initial_params(spec: Spec) -> Params:
+    """Draw the weights once in NumPy from the spec's seed and scheme, as float32.
+
+    A legacy RandomState draws layer by layer, weights then biases, so the moons weights
+    are exactly the Theano code's randn(2, 1000) / sqrt(2) then randn(1000, 2) / sqrt(1000).
+    """
+    rng = np.random.RandomState(spec.init.seed)
+    params = []
+    fan_in = spec.model.input_width
+    for layer in spec.model.layers:
+        fan_out = layer.width
+        shape = (fan_in, fan_out)
+        if spec.init.weights == "glorot_uniform":
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            w = rng.uniform(-limit, limit, size=shape)
+        elif spec.init.weights == "normal_over_sqrt_fan_in":
+            w = rng.randn(*shape) / np.sqrt(fan_in)
+        else:  # torch_linear_default: kaiming_uniform(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            bound = 1.0 / np.sqrt(fan_in)
+            w = rng.uniform(-bound, bound, size=shape)
+        if spec.init.biases == "zeros":
+            b = np.zeros(fan_out)
+        else:
+            bound = 1.0 / np.sqrt(fan_in)
+            b = rng.uniform(-bound, bound, size=fan_out)
+        params.append((w.astype(np.float32), b.astype(np.float32)))
+        fan_in = fan_out
+    return params
+
+
+def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:
+    """One seeded permutation per epoch, or None when every step is the whole set in order."""
+    training = spec.training
+    if not training.shuffle:
+        return None if training.batch_size == "full" else np.tile(np.arange(n_train), (training.epochs, 1))
+    rng = np.random.default_rng(training.shuffle_seed)
+    return np.stack([rng.permutation(n_train) for _ in range(training.epochs)])
+
+
+def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: bool):
+    section = spec.data
+    if section.kind == "peaks_grid":
+        x, y = data.peaks_grid(section)
+        return x, y, None, None, (), None
+    if section.kind == "moons":
+        x, y = data.make_moons(section.n_samples, section.noise, section.seed)
+        return x, y, None, None, (), None
+    source = source or section.source
+    split = data.load_idx(section, source, data_dir or data.default_data_dir(), download)
+    if split.x_train.shape[1] != spec.model.input_width:
+        raise DataError(
+            f"model.input_width: {spec.model.input_width}, but the {source} images have "
+            f"{split.x_train.shape[1]} pixels"
+        )
+    n_classes = spec.model.layers[-1].width
+    if split.y_train.max(initial=0) >= n_classes:
+        raise DataError(f"model.layers: {n_classes} outputs, but the labels go up to {split.y_train.max()}")
+    return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
+
+
+def build_problem(
+    loaded: LoadedSpec, data_dir: Path | None = None, source: str | None = None, download: bool = False
+) -> Problem:
+    """Make the data, the initial weights and the batch order of a spec, once."""
+    spec = loaded.spec
+    start = time.perf_counter()
+    x_train, y_train, x_val, y_val, files, used_source = _load_data(spec, data_dir, source, download)
+    try:
+        check_batching(spec.training, len(x_train))
+    except ValueError as exc:
+        raise DataError(f"{loaded.path}: {exc}") from None
+    params = initial_params(spec)
+    order = batch_order(spec, len(x_train))
+    return Problem(
+        spec=spec,
+        x_train=x_train,
+        y_train=y_train,
+        x_val=x_val,
+        y_val=y_val,
+        initial_params=params,
+        batch_order=order,
+        bounds=batch_bounds(spec.training, len(x_train)),
+        data_files=files,
+        data_source=used_source,
+        prep_seconds=time.perf_counter() - start,
+    )

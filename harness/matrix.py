@@ -1,0 +1,197 @@
+"""The matrix: one spec through every chosen adapter and device plus the float64 oracle,
+then every check, then one record per run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from harness import checks as checks_mod
+from harness import records
+from harness.checks import Check
+from harness.inputs import Problem
+from harness.registry import CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
+from harness.runner import Outcome, run
+from harness.spec import LoadedSpec
+
+
+@dataclass
+class SpecResult:
+    loaded: LoadedSpec
+    problem: Problem
+    outcomes: dict[RunKey, Outcome]
+    checks: list[Check]
+    paths: list[Path]
+
+
+def matrix_keys(frameworks: list[str], devices: list[str]) -> list[RunKey]:
+    """The chosen cells, plus the calibration run (cupy@cpu) and the oracle, which the
+    checks need; the oracle runs last, as it is the slowest."""
+    keys = [RunKey(f, d) for d in devices for f in frameworks]
+    if CALIBRATION_KEY not in keys:
+        keys.append(CALIBRATION_KEY)
+    keys.append(ORACLE_KEY)
+    return keys
+
+
+def _progress_printer(console: Console, label: str, total: int):
+    """A live bar on a terminal; a line every print_every steps otherwise (CI logs)."""
+    if console.is_terminal:
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        task = bar.add_task(label, total=total, loss="-")
+        bar.start()
+
+        def update(step: int, loss: float | None) -> None:
+            bar.update(task, completed=step, loss=f"{loss:.6g}")
+            if step >= total:
+                bar.stop()
+
+        return update
+
+    def log(step: int, loss: float | None) -> None:
+        console.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
+
+    return log
+
+
+def implementation(key: RunKey, describe: dict) -> str:
+    if key.framework == ORACLE:
+        return "array-module MLP on NumPy, float64 (reference oracle)"
+    if key.adapter == "cupy" and key.device == "cpu":
+        return "array-module MLP on NumPy, float32 (CuPy adapter, CPU path; calibrates the envelope)"
+    return f"{describe.get('library', key.adapter)} adapter"
+
+
+def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.Record, bytes | None]:
+    loaded, problem, outcome = result.loaded, result.problem, result.outcomes[key]
+    spec = loaded.spec
+    metrics = None
+    if outcome.losses is not None and outcome.status == "ok":
+        every = spec.logging.loss_every
+        steps = list(range(0, len(outcome.losses), every))
+        if steps[-1] != len(outcome.losses) - 1:
+            steps.append(len(outcome.losses) - 1)
+        metrics = records.Metrics(
+            loss_curve=records.Curve(steps=steps, values=[float(outcome.losses[s]) for s in steps]),
+            final_loss=outcome.metrics["train_loss"],
+            values=outcome.metrics,
+        )
+    timings = None
+    if outcome.timings:
+        timings = records.Timings(cpu_threads=outcome.describe.get("threads"), **outcome.timings)
+    checks = [
+        records.CheckRecord(
+            name=c.name,
+            against=c.other(key).label,
+            verdict=c.verdict,
+            tolerance=c.tolerance,
+            max_abs_error=c.max_abs_error,
+            max_rel_error=c.max_rel_error,
+            first_failure_step=c.first_failure_step,
+            horizon_steps=c.horizon_steps,
+            reason=c.reason,
+        )
+        for c in result.checks
+        if c.involves(key)
+    ]
+    data = spec.data
+    record = records.Record(
+        schema_version=records.SCHEMA_VERSION,
+        record_id=records.new_id(),
+        run_id=run_id,
+        created=records.now(),
+        status=outcome.status,
+        reason=outcome.reason,
+        spec=records.SpecRef(
+            name=spec.name,
+            path=str(loaded.path),
+            sha256=loaded.sha256,
+            profile=loaded.profile,
+            overrides=loaded.overrides,
+        ),
+        framework=key.framework,
+        implementation=implementation(key, outcome.describe),
+        library_version=outcome.describe.get("version"),
+        device=records.Device(kind=key.device, name=outcome.describe.get("device_name")),
+        dtype=key.dtype,
+        precision=outcome.describe.get("math_mode", {}),
+        host=records.host_info(),
+        libraries=records.library_versions(),
+        git=records.git_info(),
+        seeds=records.Seeds(
+            data=getattr(data, "seed", getattr(data, "split_seed", None)),
+            init=spec.init.seed,
+            shuffle=spec.training.shuffle_seed,
+        ),
+        data=records.DataUsed(
+            source=problem.data_source,
+            files=[records.DataFile(name=f.name, sha256=f.sha256) for f in problem.data_files],
+            n_train=len(problem.x_train),
+            n_validation=0 if problem.x_val is None else len(problem.x_val),
+        ),
+        timings=timings,
+        metrics=metrics,
+        checks=checks,
+        repeats_bitwise_identical=outcome.repeats_bitwise_identical,
+        failed_at_step=outcome.failed_at_step,
+        artifacts=None,
+    )
+    artifact = None
+    if outcome.losses is not None:
+        artifact = records.artifact_bytes(outcome.losses, outcome.final_params)
+    return record, artifact
+
+
+def run_spec(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    results_dir: Path | None,
+    console: Console,
+    repeats: int | None = None,
+    run_id: str | None = None,
+) -> SpecResult:
+    """Run every key on the spec, check every pair, and write one record per run."""
+    run_id = run_id or records.new_id()
+    outcomes = {}
+    for key in keys:
+        label = f"{loaded.name} {key.label}"
+        console.print(f"[bold]{label}[/bold] ({key.dtype}, {problem.total_steps} steps)")
+        outcome = run(
+            problem,
+            key,
+            repeats=repeats or loaded.spec.timing.repeats,
+            progress=_progress_printer(console, label, problem.total_steps),
+        )
+        if outcome.status != "ok":
+            console.print(f"  {outcome.status}: {outcome.reason}", style="yellow")
+        else:
+            console.print(f"  train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
+        outcomes[key] = outcome
+    result = SpecResult(loaded, problem, outcomes, checks_mod.check_all(loaded.spec, outcomes), [])
+    if results_dir is not None:
+        for key in keys:
+            record, artifact = build_record(result, key, run_id)
+            result.paths.append(records.write_record(results_dir, record, artifact))
+    return result
+
+
+def oracle_curve(problem: Problem) -> np.ndarray:
+    """The float64 oracle's loss curve, for `harness export`."""
+    outcome = run(problem, ORACLE_KEY)
+    if outcome.status != "ok":
+        raise RuntimeError(f"the oracle run failed: {outcome.reason}")
+    return outcome.losses

@@ -1,0 +1,282 @@
+"""The results schema, defined once here and exported to results/schema.json.
+
+One record per run. Every record is validated before it is written, written atomically
+(a temporary file linked into place) and never overwritten. Beside each record, an .npz
+holds the full loss curve and the final parameters, named in the record with its sha256.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.errors import RecordError
+
+SCHEMA_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LIBRARIES = ("numpy", "pydantic", "pyyaml", "torch", "jax", "jaxlib", "optax", "cupy-cuda12x", "cupy-cuda13x")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpecRef(Frozen):
+    name: str
+    path: str
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    profile: str
+    overrides: dict[str, Any]
+
+
+class Device(Frozen):
+    kind: Literal["cpu", "gpu"]
+    name: str | None
+
+
+class Host(Frozen):
+    hostname: str
+    cpu_model: str
+    cores: int
+    os: str
+    python: str
+
+
+class Git(Frozen):
+    commit: str | None
+    dirty: bool | None
+
+
+class DataFile(Frozen):
+    name: str
+    sha256: str
+
+
+class DataUsed(Frozen):
+    source: str | None
+    files: list[DataFile]
+    n_train: int
+    n_validation: int
+
+
+class Seeds(Frozen):
+    data: int | None
+    init: int
+    shuffle: int
+
+
+class Timings(Frozen):
+    repeats: int
+    total_steps: int
+    cpu_threads: int | None
+    data_prep_s: float
+    transfer_s: float
+    warmup_s: float
+    train_s: float
+    train_s_spread: float
+    train_s_each: list[float]
+    per_step_s: float
+
+
+class Curve(Frozen):
+    steps: list[int]
+    values: list[float]
+
+
+class Metrics(Frozen):
+    loss_curve: Curve
+    final_loss: float
+    values: dict[str, float]
+
+
+class CheckRecord(Frozen):
+    name: str
+    against: str
+    verdict: Literal["pass", "fail", "skipped"]
+    tolerance: str
+    max_abs_error: float | None
+    max_rel_error: float | None
+    first_failure_step: int | None
+    horizon_steps: int | None
+    reason: str | None
+
+
+class Artifact(Frozen):
+    file: str
+    sha256: str
+
+
+class Record(Frozen):
+    schema_version: Literal[1]
+    record_id: str
+    run_id: str
+    created: str
+    status: Literal["ok", "failed", "skipped"]
+    reason: str | None
+    spec: SpecRef
+    framework: str
+    implementation: str
+    library_version: str | None
+    device: Device
+    dtype: Literal["float32", "float64"]
+    precision: dict[str, Any]
+    host: Host
+    libraries: dict[str, str]
+    git: Git
+    seeds: Seeds
+    data: DataUsed
+    timings: Timings | None
+    metrics: Metrics | None
+    checks: list[CheckRecord]
+    repeats_bitwise_identical: bool | None
+    failed_at_step: int | None
+    artifacts: Artifact | None
+
+
+def json_schema() -> str:
+    schema = Record.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Reproducibility-harness run record"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+# --- facts about the machine -----------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_info() -> Host:
+    return Host(
+        hostname=platform.node(),
+        cpu_model=_cpu_model(),
+        cores=os.cpu_count() or 0,
+        os=platform.platform(),
+        python=platform.python_version(),
+    )
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata: nothing is imported."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def git_info(root: Path = PROJECT_ROOT) -> Git:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return Git(commit=commit, dirty=None if status is None else bool(status))
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _write_exclusive(path: Path, payload: bytes) -> None:
+    """Write payload to a temporary file, then link it into place: a reader sees the whole
+    file or none, and an existing file is never replaced."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        raise RecordError(f"{path}: already exists; records are never overwritten") from None
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ensure_writable(results_dir: Path) -> None:
+    """Fail before any run when the results folder cannot be written."""
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        probe = results_dir / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RecordError(f"{results_dir}: the results folder cannot be written: {exc.strerror or exc}") from None
+
+
+def artifact_bytes(losses: np.ndarray, params) -> bytes:
+    arrays = {"losses": np.asarray(losses)}
+    for i, (w, b) in enumerate(params or []):
+        arrays[f"W{i}"], arrays[f"b{i}"] = w, b
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def record_path(results_dir: Path, record: Record) -> Path:
+    stamp = record.created.replace(":", "").replace("-", "").replace("+0000", "Z")
+    name = f"{stamp}_{record.framework}_{record.device.kind}_{record.spec.profile}_{record.record_id}"
+    return results_dir / record.spec.name / f"{name}.json"
+
+
+def write_record(results_dir: Path, record: Record, artifact: bytes | None = None) -> Path:
+    """Validate and write a record (and its .npz artifact first, if any)."""
+    path = record_path(results_dir, record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if artifact is not None:
+        npz = path.with_suffix(".npz")
+        _write_exclusive(npz, artifact)
+        record = record.model_copy(update={"artifacts": Artifact(file=npz.name, sha256=hashlib.sha256(artifact).hexdigest())})
+    text = record.model_dump_json(indent=2) + "\n"
+    try:
+        Record.model_validate_json(text)
+    except ValidationError as exc:
+        raise RecordError(f"{path}: the record does not match the schema:\n{exc}") from None
+    _write_exclusive(path, text.encode())
+    return path
+
+
+def read_record(path: Path) -> Record:
+    try:
+        return Record.model_validate_json(Path(path).read_bytes())
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): {key}: {first['msg']}") from None

@@ -1,0 +1,48 @@
+"""Adapter names mapped to module paths, imported only when a run needs them.
+
+An adapter is a module with a handful of functions (see adapters/__init__.py). `import
+harness` never imports torch, jax or cupy; a test proves it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+ADAPTERS: dict[str, str] = {
+    "torch": "adapters.torch_adapter",
+    "jax": "adapters.jax_adapter",
+    "cupy": "adapters.cupy_adapter",
+}
+ORACLE = "oracle"
+CALIBRATION = "cupy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One cell of the matrix: a framework (or the oracle) on a device."""
+
+    framework: str
+    device: str
+
+    @property
+    def adapter(self) -> str:
+        return "cupy" if self.framework == ORACLE else self.framework
+
+    @property
+    def dtype(self) -> str:
+        return "float64" if self.framework == ORACLE else "float32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.framework}@{self.device}"
+
+
+ORACLE_KEY = RunKey(ORACLE, "cpu")
+CALIBRATION_KEY = RunKey(CALIBRATION, "cpu")
+
+
+def load(adapter: str) -> ModuleType:
+    return importlib.import_module(ADAPTERS[adapter])

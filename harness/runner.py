@@ -1,0 +1,155 @@
+"""Run one spec through one adapter on one device, timing each phase apart.
+
+The device is synchronised before every clock read. A run that raises, diverges (NaN or
+inf) or cannot start is an outcome with a status and a reason, never a crash of the matrix.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adapters import xp_mlp
+from harness import registry
+from harness.inputs import Params, Problem
+from harness.registry import RunKey
+
+Progress = Callable[[int, float | None], None]
+
+
+@dataclass
+class Outcome:
+    """What one run produced: its status, curves, snapshots, outputs, metrics and timings."""
+
+    key: RunKey
+    status: str  # ok, failed, skipped
+    reason: str | None = None
+    describe: dict[str, Any] = field(default_factory=dict)
+    losses: np.ndarray | None = None
+    snapshots: dict[int, Params] = field(default_factory=dict)
+    initial_outputs: np.ndarray | None = None
+    final_outputs: np.ndarray | None = None
+    final_params: Params | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    repeats_bitwise_identical: bool | None = None
+    failed_at_step: int | None = None
+
+
+def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_out: np.ndarray | None) -> dict[str, float]:
+    """Loss (with its L2 term) and, for classifiers, accuracy, computed in float64 from a
+    run's own outputs on the whole training and validation sets."""
+    spec = problem.spec
+    params64 = [(w.astype(np.float64), b.astype(np.float64)) for w, b in params]
+    n = len(problem.x_train)
+    splits = [("train", train_out, problem.y_train)]
+    if val_out is not None:
+        splits.append(("val", val_out, problem.y_val))
+    metrics = {}
+    for split, out, y in splits:
+        target = y.astype(np.float64) if spec.loss.kind == "mse" else y
+        metrics[f"{split}_loss"] = float(xp_mlp.objective(np, params64, out, target, spec.loss, n))
+        if spec.loss.kind == "cross_entropy":
+            metrics[f"{split}_accuracy"] = float((out.argmax(axis=1) == y).mean())
+    return metrics
+
+
+def _median_and_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), max(values) - min(values)
+
+
+def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
+    """Train `problem` with the adapter of `key`, `repeats` times from the same initial state."""
+    try:
+        adapter = registry.load(key.adapter)
+    except ImportError as exc:
+        return Outcome(key, "skipped", f"adapter {key.adapter} cannot be imported: {exc}")
+    reason = adapter.unavailable(key.device)
+    if reason:
+        return Outcome(key, "skipped", reason)
+    try:
+        return _run(adapter, problem, key, repeats, progress)
+    except Exception as exc:  # a framework error (out of memory, driver) fails this run only
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return Outcome(key, "failed", f"{key.label} raised {detail}")
+
+
+def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progress | None) -> Outcome:
+    outcome = Outcome(key, "ok", describe=adapter.describe(key.device))
+    total = problem.total_steps
+    snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
+    print_every = problem.spec.logging.print_every
+    transfer, warmup, train = [], [], []
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        data = adapter.put(problem, key.device, key.dtype)
+        trainer = adapter.build(problem, data, key.device, key.dtype)
+        adapter.synchronize(trainer)
+        transfer.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        adapter.warm_up(trainer)
+        adapter.synchronize(trainer)
+        warmup.append(time.perf_counter() - start)
+
+        if repeat == 0:
+            outcome.initial_outputs = adapter.predict(trainer, problem.probe)
+        handles = []
+        start = time.perf_counter()
+        for t in range(total):
+            handles.append(adapter.step(trainer, t))
+            if repeat == 0 and t + 1 in snapshot_steps:
+                outcome.snapshots[t + 1] = adapter.params(trainer)
+            if progress and repeat == 0 and ((t + 1) % print_every == 0 or t + 1 == total):
+                progress(t + 1, float(adapter.losses(trainer, handles[-1:])[0]))
+        adapter.synchronize(trainer)
+        train.append(time.perf_counter() - start)
+
+        curve = adapter.losses(trainer, handles)
+        if repeat == 0:
+            outcome.losses = curve
+        elif outcome.repeats_bitwise_identical is not False:
+            outcome.repeats_bitwise_identical = bool(np.array_equal(curve, outcome.losses))
+
+    outcome.final_params = adapter.params(trainer)
+    bad = _first_non_finite(outcome.losses, outcome.final_params)
+    if bad is not None:
+        outcome.status, outcome.failed_at_step = "failed", bad
+        outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
+    else:
+        outcome.final_outputs = adapter.predict(trainer, problem.probe)
+        train_out = adapter.predict(trainer, problem.x_train)
+        val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
+        outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)
+    outcome.timings = _timings(problem, transfer, warmup, train)
+    return outcome
+
+
+def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+        return int(bad[0])
+    if not all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in params):
+        return len(losses)
+    return None
+
+
+def _timings(problem: Problem, transfer: list[float], warmup: list[float], train: list[float]) -> dict[str, Any]:
+    train_median, train_spread = _median_and_spread(train)
+    return {
+        "repeats": len(train),
+        "total_steps": problem.total_steps,
+        "data_prep_s": problem.prep_seconds,
+        "transfer_s": statistics.median(transfer),
+        "warmup_s": statistics.median(warmup),
+        "train_s": train_median,
+        "train_s_spread": train_spread,
+        "train_s_each": train,
+        "per_step_s": train_median / max(problem.total_steps, 1),
+    }

@@ -1,0 +1,419 @@
+"""Workload specs: YAML files parsed with a safe loader into frozen, validated objects.
+
+A spec says everything framework-neutral about a workload: the data, the model, the
+initialisation, the loss, the optimizer, the training schedule, what is logged, and the
+tolerance of every check. Validation happens once, here; an error names the file and
+the key path. A profile is a named set of overrides (fewer steps, fewer points) that is
+merged into the document and validated by the same rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.errors import SpecError
+
+FULL_PROFILE = "full"
+SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+Rate = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+SourceName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=64)]
+# A bare file name: a spec cannot point the harness outside the data directory.
+FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- data -----------------------------------------------------------------------------
+
+
+class PeaksData(Strict):
+    """MATLAB's peaks surface sampled on a square grid (the Flux article)."""
+
+    kind: Literal["peaks_grid"]
+    points_per_axis: Annotated[int, Field(ge=2)]
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PeaksData:
+        if not self.low < self.high:
+            raise ValueError("low must be smaller than high")
+        return self
+
+    @property
+    def n_examples(self) -> int:
+        return self.points_per_axis**2
+
+
+class MoonsData(Strict):
+    """scikit-learn's make_moons, reproduced, after np.random.seed(seed) (Theano article)."""
+
+    kind: Literal["moons"]
+    n_samples: Annotated[int, Field(ge=2)]
+    noise: NonNegative
+    seed: Seed
+
+    @property
+    def n_examples(self) -> int:
+        return self.n_samples
+
+
+class IdxFile(Strict):
+    """A data file by bare name, with the sha256 of the gzip file and of its contents."""
+
+    file: FileName
+    sha256: Sha256
+    raw_sha256: Sha256 | None = None
+
+
+class IdxSource(Strict):
+    """One image/label file pair and how many of its examples are held out for validation."""
+
+    images: IdxFile
+    labels: IdxFile
+    validation: PositiveInt
+    note: str = ""
+
+
+class IdxData(Strict):
+    """An IDX image data set (MNIST and its kin), split at random into train and validation."""
+
+    kind: Literal["idx"]
+    dataset: Name
+    scale: Rate
+    split_seed: Seed
+    source: SourceName
+    sources: dict[SourceName, IdxSource]
+
+    @model_validator(mode="after")
+    def _source_known(self) -> IdxData:
+        if self.source not in self.sources:
+            raise ValueError(f"source {self.source!r} is not one of {sorted(self.sources)}")
+        return self
+
+    @property
+    def n_examples(self) -> int | None:
+        return None  # known once the files are read
+
+
+DataSection = Annotated[PeaksData | MoonsData | IdxData, Field(discriminator="kind")]
+
+
+# --- model, init, loss, optimizer -----------------------------------------------------------
+
+Activation = Literal["relu", "tanh", "identity"]
+
+
+class Layer(Strict):
+    width: PositiveInt
+    activation: Activation
+
+
+class ModelSection(Strict):
+    """A multi-layer perceptron: y = act(x W + b) per layer, W stored (fan_in, fan_out)."""
+
+    input_width: PositiveInt
+    layers: Annotated[list[Layer], Field(min_length=1)]
+
+
+class InitSection(Strict):
+    weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"]
+    biases: Literal["zeros", "torch_linear_default"]
+    seed: Seed
+
+
+class L2Penalty(Strict):
+    """lambda/2 * sum(W^2) over the weights (not biases), divided by N if normalized."""
+
+    coefficient: Rate
+    divide_by_examples: bool
+
+
+class LossSection(Strict):
+    kind: Literal["mse", "cross_entropy"]
+    reduction: Literal["mean", "sum"]
+    l2: L2Penalty | None = None
+
+
+class Adam(Strict):
+    """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected."""
+
+    kind: Literal["adam"]
+    lr: Rate
+    beta1: Beta
+    beta2: Beta
+    eps: Rate
+
+
+class Sgd(Strict):
+    kind: Literal["sgd"]
+    lr: Rate
+
+
+Optimizer = Annotated[Adam | Sgd, Field(discriminator="kind")]
+
+
+class TrainingSection(Strict):
+    epochs: PositiveInt
+    batch_size: PositiveInt | Literal["full"]
+    shuffle: bool
+    shuffle_seed: Seed
+    last_batch: Literal["keep", "drop"]
+
+
+class LoggingSection(Strict):
+    loss_every: PositiveInt
+    print_every: PositiveInt
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+class Close(Strict):
+    """|a - b| <= atol + rtol * |b|, elementwise (numpy.allclose)."""
+
+    rtol: NonNegative
+    atol: NonNegative
+
+
+class CloseAfter(Close):
+    step: PositiveInt
+
+
+class Horizon(Strict):
+    """The loss curves must agree to rtol, step by step, for at least must_hold_for steps
+    (null: the whole run). The first step where they stop agreeing is the horizon."""
+
+    rtol: Rate
+    must_hold_for: PositiveInt | None
+
+
+class Envelope(Strict):
+    """The long-run rule. Let e be the distance between the array-module float32 run and
+    the float64 oracle on this spec (per step for the curve, running maximum). Two runs
+    may differ by at most factor * e + floor."""
+
+    factor: Annotated[float, Field(ge=1)]
+    curve_floor: NonNegative
+    output_floor: NonNegative
+    metric_floor: NonNegative
+
+
+class ChecksSection(Strict):
+    probe_size: PositiveInt
+    initial_outputs: Close
+    initial_loss: Close
+    params_after_first_step: Close
+    params_after_steps: CloseAfter
+    loss_curve: Horizon
+    long_run: Envelope
+
+
+class TimingSection(Strict):
+    repeats: PositiveInt
+
+
+class Spec(Strict):
+    name: Name
+    title: str
+    article: str
+    choices: list[str] = []
+    data: DataSection
+    model: ModelSection
+    init: InitSection
+    loss: LossSection
+    optimizer: Optimizer
+    training: TrainingSection
+    logging: LoggingSection
+    checks: ChecksSection
+    timing: TimingSection
+    profiles: dict[Name, dict[str, Any]] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Spec:
+        n_out = self.model.layers[-1].width
+        if self.model.layers[-1].activation != "identity":
+            raise ValueError("model.layers: the last layer must be 'identity' (the loss applies softmax)")
+        if self.loss.kind == "cross_entropy" and n_out < 2:
+            raise ValueError("model.layers: cross_entropy needs an output width of at least 2")
+        if self.data.kind in ("peaks_grid", "moons") and self.model.input_width != 2:
+            raise ValueError(f"model.input_width: {self.data.kind} data has 2 features")
+        if self.data.kind == "peaks_grid" and (self.loss.kind != "mse" or n_out != 1):
+            raise ValueError("loss.kind: peaks data is a regression target: use mse and 1 output")
+        if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out != 2):
+            raise ValueError("loss.kind: moons data has 2 classes: use cross_entropy and 2 outputs")
+        step = self.checks.params_after_steps.step
+        n = self.data.n_examples
+        if n is not None:
+            check_batching(self.training, n)
+            if step > total_steps(self.training, n):
+                raise ValueError("checks.params_after_steps.step: beyond the last training step")
+        if self.profiles.get(FULL_PROFILE):
+            raise ValueError(f"profiles.{FULL_PROFILE}: the full spec is the default, it takes no overrides")
+        return self
+
+
+def check_batching(training: TrainingSection, n_examples: int) -> None:
+    """Reject a batch larger than the data when the rule would drop every batch."""
+    bs = training.batch_size
+    if bs != "full" and bs > n_examples and training.last_batch == "drop":
+        raise ValueError(
+            f"training.batch_size: {bs} is larger than the {n_examples} training examples "
+            "and last_batch is 'drop', so no step would run"
+        )
+
+
+def batch_bounds(training: TrainingSection, n_examples: int) -> list[tuple[int, int]]:
+    """The [start, stop) slices of one epoch's permutation, one per step."""
+    if training.batch_size == "full":
+        return [(0, n_examples)]
+    bs = training.batch_size
+    bounds = [(s, min(s + bs, n_examples)) for s in range(0, n_examples, bs)]
+    if training.last_batch == "drop" and bounds[-1][1] - bounds[-1][0] < bs:
+        bounds.pop()
+    return bounds
+
+
+def total_steps(training: TrainingSection, n_examples: int) -> int:
+    return training.epochs * len(batch_bounds(training, n_examples))
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    # Drop the discriminator tags pydantic inserts ("data.peaks_grid.noise" -> "data.noise").
+    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd")]
+    return ".".join(parts) or "(document)"
+
+
+def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        key = _format_loc(e["loc"])
+        key = f"{prefix}{key}" if prefix else key
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "missing key"
+        lines.append(f"{path}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec with the profile applied, and where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    spec: Spec
+    path: Path
+    sha256: str
+    profile: str
+    overrides: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def parse_document(path: Path, text: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: (document): a spec is a mapping of keys, got {type(doc).__name__}")
+    return doc
+
+
+def validate_document(path: Path, doc: dict[str, Any], profile: str = FULL_PROFILE) -> tuple[Spec, dict[str, Any]]:
+    """Validate the document and every profile in it; return the spec with `profile` applied."""
+    try:
+        base = Spec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(_validation_message(path, exc)) from None
+    except (TypeError, ValueError) as exc:  # a non-string key and the like
+        raise SpecError(f"{path}: (document): {exc}") from None
+    shrunk = {}
+    for name, overrides in base.profiles.items():
+        if "profiles" in overrides or "name" in overrides:
+            raise SpecError(f"{path}: profiles.{name}: a profile may not override 'name' or 'profiles'")
+        try:
+            shrunk[name] = Spec.model_validate(_deep_merge(doc, overrides))
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"profiles.{name}.")) from None
+    if profile == FULL_PROFILE:
+        return base, {}
+    if profile not in shrunk:
+        known = ", ".join([FULL_PROFILE, *sorted(shrunk)])
+        raise SpecError(f"{path}: profile {profile!r} is not defined (known: {known})")
+    return shrunk[profile], base.profiles[profile]
+
+
+def load_spec(path: str | Path, profile: str = FULL_PROFILE) -> LoadedSpec:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: (document): not UTF-8 text") from None
+    spec, overrides = validate_document(path, parse_document(path, text), profile)
+    return LoadedSpec(
+        spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides
+    )
+
+
+def spec_paths(specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+    """Spec name (file stem) -> path, for every YAML file in the specs folder."""
+    return {p.stem: p for p in sorted(specs_dir.glob("*.yaml"))}
+
+
+def resolve_spec(name_or_path: str, specs_dir: Path = SPECS_DIR) -> Path:
+    """A spec given by name ("peaks_mlp") or by path ("specs/peaks_mlp.yaml")."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise SpecError(f"{candidate}: no such spec file")
+        return candidate
+    known = spec_paths(specs_dir)
+    if name_or_path not in known:
+        raise SpecError(f"unknown spec {name_or_path!r} (known: {', '.join(known) or 'none'})")
+    return known[name_or_path]
+
+
+def json_schema() -> str:
+    """The JSON Schema of a spec file, for editors."""
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Reproducibility-harness workload spec"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,67 @@
+"""The verdict table printed at the end of a run."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.matrix import SpecResult
+from harness.registry import ORACLE_KEY
+
+
+def _fmt(value: float | None, spec: str = ".6g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def verdict_table(results: list[SpecResult]) -> Table:
+    table = Table(title="Verdicts", show_lines=False)
+    for column in ("spec", "run", "status", "final loss", "accuracy", "horizon vs oracle", "checks", "train s", "ms/step"):
+        table.add_column(column, justify="left" if column in ("spec", "run", "status") else "right")
+    for result in results:
+        total = result.problem.total_steps
+        for key, outcome in result.outcomes.items():
+            mine = [c for c in result.checks if c.involves(key)]
+            passed = sum(c.verdict == "pass" for c in mine)
+            failed = sum(c.verdict == "fail" for c in mine)
+            skipped = sum(c.verdict == "skipped" for c in mine)
+            horizon = next(
+                (c.horizon_steps for c in mine if c.name == "loss_curve_horizon" and c.other(key) == ORACLE_KEY), None
+            )
+            acc = outcome.metrics.get("val_accuracy", outcome.metrics.get("train_accuracy"))
+            status = outcome.status if outcome.status != "ok" or not failed else "ok, checks fail"
+            style = "red" if failed or outcome.status == "failed" else "yellow" if outcome.status == "skipped" else None
+            table.add_row(
+                result.loaded.name,
+                f"{key.label} {key.dtype}",
+                status,
+                _fmt(outcome.metrics.get("train_loss")),
+                _fmt(acc, ".4f"),
+                "-" if horizon is None else f"{horizon}/{total}",
+                f"{passed} ok, {failed} fail, {skipped} skip",
+                _fmt(outcome.timings.get("train_s"), ".2f"),
+                _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
+                style=style,
+            )
+    return table
+
+
+def print_failures(console: Console, results: list[SpecResult]) -> None:
+    for result in results:
+        for c in result.checks:
+            if c.verdict == "fail":
+                where = f" (first at step {c.first_failure_step})" if c.first_failure_step is not None else ""
+                console.print(
+                    f"FAIL {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
+                    f"max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}{where}; tolerance {c.tolerance}",
+                    style="red",
+                    highlight=False,
+                )
+        for key, outcome in result.outcomes.items():
+            if outcome.status != "ok":
+                console.print(f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}", highlight=False)
+
+
+def failed(results: list[SpecResult]) -> bool:
+    return any(c.verdict == "fail" for r in results for c in r.checks) or any(
+        o.status == "failed" for r in results for o in r.outcomes.values()
+    )
