@@ -16,7 +16,7 @@ skipped, with that reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from harness.inputs import Params
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.runner import Outcome
-from harness.spec import Close, Spec
+from harness.spec import Close, KnownDifference, Spec
 
 TINY = 1e-30
 
@@ -34,7 +34,7 @@ class Check:
     name: str
     a: RunKey
     b: RunKey
-    verdict: str  # pass, fail, skipped
+    verdict: str  # pass, fail, known (an explained failure, see the spec), skipped
     tolerance: str
     max_abs_error: float | None = None
     max_rel_error: float | None = None
@@ -191,10 +191,42 @@ def pair_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration | None) -> 
     ]
 
 
+def _matches(known: KnownDifference, check: Check) -> bool:
+    return check.name == known.check and any(
+        k.framework == known.framework and k.device in known.devices for k in (check.a, check.b)
+    )
+
+
+def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
+    """Mark explained failures 'known'; report an entry that no longer fails as a failure."""
+    marked = []
+    for check in checks:
+        known = next((k for k in spec.known_differences if _matches(k, check)), None)
+        if known and check.verdict == "fail":
+            check = replace(check, verdict="known", reason=f"known difference: {known.reason}")
+        marked.append(check)
+    for known in spec.known_differences:
+        judged = [c for c in checks if _matches(known, c) and c.verdict != "skipped"]
+        if judged and not any(c.verdict == "fail" for c in judged):
+            first = judged[0]
+            marked.append(
+                Check(
+                    "known_difference_absent",
+                    first.a,
+                    first.b,
+                    "fail",
+                    f"spec lists {known.framework}/{known.check} as a known difference",
+                    reason="the listed difference did not occur: remove it from known_differences",
+                )
+            )
+    return marked
+
+
 def check_all(spec: Spec, outcomes: dict[RunKey, Outcome]) -> list[Check]:
     """Every pair of successful runs: each framework against the oracle and against each other."""
     cal = calibrate(outcomes)
     ok = [o for o in outcomes.values() if o.status == "ok"]
     # The oracle is always the reference (b) of its pairs.
     ok.sort(key=lambda o: o.key == ORACLE_KEY)
-    return [check for a, b in combinations(ok, 2) for check in pair_checks(spec, a, b, cal)]
+    checks = [check for a, b in combinations(ok, 2) for check in pair_checks(spec, a, b, cal)]
+    return apply_known_differences(spec, checks)

@@ -104,7 +104,7 @@ class Metrics(Frozen):
 class CheckRecord(Frozen):
     name: str
     against: str
-    verdict: Literal["pass", "fail", "skipped"]
+    verdict: Literal["pass", "fail", "known", "skipped"]
     tolerance: str
     max_abs_error: float | None
     max_rel_error: float | None

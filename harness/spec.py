@@ -225,6 +225,18 @@ class ChecksSection(Strict):
     long_run: Envelope
 
 
+class KnownDifference(Strict):
+    """A failing check that has been investigated and explained. Its verdict becomes
+    'known' (the measured error is still recorded); if it stops failing, that is reported
+    as a failure, so a stale entry cannot hide anything (like xfail_strict)."""
+
+    framework: Name
+    check: Name
+    devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
+    reason: Annotated[str, Field(min_length=20)]
+    evidence: str = ""
+
+
 class TimingSection(Strict):
     repeats: PositiveInt
 
@@ -243,6 +255,7 @@ class Spec(Strict):
     logging: LoggingSection
     checks: ChecksSection
     timing: TimingSection
+    known_differences: list[KnownDifference] = []
     profiles: dict[Name, dict[str, Any]] = {}
 
     @model_validator(mode="after")

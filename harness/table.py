@@ -24,6 +24,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
             passed = sum(c.verdict == "pass" for c in mine)
             failed = sum(c.verdict == "fail" for c in mine)
             skipped = sum(c.verdict == "skipped" for c in mine)
+            known = sum(c.verdict == "known" for c in mine)
             horizon = next(
                 (c.horizon_steps for c in mine if c.name == "loss_curve_horizon" and c.other(key) == ORACLE_KEY), None
             )
@@ -37,7 +38,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
                 _fmt(outcome.metrics.get("train_loss")),
                 _fmt(acc, ".4f"),
                 "-" if horizon is None else f"{horizon}/{total}",
-                f"{passed} ok, {failed} fail, {skipped} skip",
+                f"{passed} ok, {failed} fail, {known} known, {skipped} skip",
                 _fmt(outcome.timings.get("train_s"), ".2f"),
                 _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
                 style=style,
@@ -48,17 +49,27 @@ def verdict_table(results: list[SpecResult]) -> Table:
 def print_failures(console: Console, results: list[SpecResult]) -> None:
     for result in results:
         for c in result.checks:
-            if c.verdict == "fail":
+            if c.verdict in ("fail", "known"):
                 where = f" (first at step {c.first_failure_step})" if c.first_failure_step is not None else ""
+                measured = (
+                    f"max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}{where}; "
+                    if c.max_abs_error is not None
+                    else ""
+                )
                 console.print(
-                    f"FAIL {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
-                    f"max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}{where}; tolerance {c.tolerance}",
-                    style="red",
+                    f"{c.verdict.upper()} {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
+                    f"{measured}tolerance {c.tolerance}" + (f"; {c.reason}" if c.reason else ""),
+                    style="red" if c.verdict == "fail" else "yellow",
                     highlight=False,
+                    soft_wrap=True,
                 )
         for key, outcome in result.outcomes.items():
             if outcome.status != "ok":
-                console.print(f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}", highlight=False)
+                console.print(
+                    f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
 
 def failed(results: list[SpecResult]) -> bool:

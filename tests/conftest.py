@@ -1,0 +1,37 @@
+"""Shared fixtures: spec paths, the offline MNIST folder, quick problems."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import data, inputs
+from harness.spec import SPECS_DIR, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
+
+
+def offline_mnist_dir() -> Path | None:
+    """A folder with the real MNIST test-set files: $HARNESS_DATA_DIR or ../shared/data/mnist."""
+    for candidate in (os.environ.get(data.DATA_DIR_ENV), SHARED_MNIST):
+        if candidate and (Path(candidate) / "t10k-images-idx3-ubyte.gz").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def mnist_dir() -> Path:
+    found = offline_mnist_dir()
+    if found is None:
+        pytest.skip("the real MNIST test-set files are not here: set HARNESS_DATA_DIR to a folder holding them")
+    return found
+
+
+def quick_problem(name: str, mnist: Path | None = None) -> inputs.Problem:
+    loaded = load_spec(SPECS_DIR / f"{name}.yaml", "quick")
+    if name == "mnist_mlp":
+        return inputs.build_problem(loaded, mnist, "test-set")
+    return inputs.build_problem(loaded)

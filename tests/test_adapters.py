@@ -1,0 +1,104 @@
+"""Each adapter against the float64 oracle after one step, with the spec's own tolerances;
+and the protocol's promises (warm-up changes nothing, unavailable is a reason)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import registry
+from tests.conftest import offline_mnist_dir, quick_problem
+
+FRAMEWORKS = ["torch", "jax", "cupy"]
+SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
+
+
+def adapter_or_skip(name: str):
+    module = registry.load(name) if name == "cupy" else None
+    if module is None:
+        pytest.importorskip({"torch": "torch", "jax": "optax"}[name])
+        module = registry.load(name)
+    reason = module.unavailable("cpu")
+    if reason:
+        pytest.skip(reason)
+    return module
+
+
+def problem_or_skip(name: str):
+    if name == "mnist_mlp":
+        folder = offline_mnist_dir()
+        if folder is None:
+            pytest.skip("the real MNIST test-set files are not here: set HARNESS_DATA_DIR")
+        return quick_problem(name, folder)
+    return quick_problem(name)
+
+
+def one_step(adapter, problem, dtype):
+    trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
+    adapter.warm_up(trainer)
+    outputs = adapter.predict(trainer, problem.probe)
+    loss = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    return outputs, loss, adapter.params(trainer)
+
+
+@pytest.fixture(scope="module")
+def oracle_step():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            problem = problem_or_skip(name)
+            cache[name] = (problem, one_step(registry.load("cupy"), problem, "float64"))
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_adapter_matches_oracle_after_one_step(framework, spec_name, oracle_step):
+    adapter = adapter_or_skip(framework)
+    problem, (ref_out, ref_loss, ref_params) = oracle_step(spec_name)
+    outputs, loss, params = one_step(adapter, problem, "float32")
+    checks = problem.spec.checks
+    tol = checks.initial_outputs
+    np.testing.assert_allclose(outputs, ref_out, rtol=tol.rtol, atol=tol.atol)
+    assert loss == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
+    tol = checks.params_after_first_step
+    for (w, b), (rw, rb) in zip(params, ref_params):
+        assert w.shape == rw.shape and b.shape == rb.shape
+        np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
+        np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)
+    moved = any(not np.array_equal(w, w0) for (w, _), (w0, _) in zip(params, problem.initial_params))
+    assert moved, "one step left every weight where it was"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_warm_up_leaves_the_state_alone(framework):
+    adapter = adapter_or_skip(framework)
+    problem = quick_problem("peaks_mlp")
+    trainer = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32")
+    before = adapter.params(trainer)
+    adapter.warm_up(trainer)
+    adapter.synchronize(trainer)
+    for (w, b), (w0, b0) in zip(adapter.params(trainer), before):
+        assert np.array_equal(w, w0) and np.array_equal(b, b0)
+    first = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    again = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32")
+    assert adapter.losses(again, [adapter.step(again, 0)])[0] == first
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_describe_records_the_math_mode(framework):
+    info = adapter_or_skip(framework).describe("cpu")
+    assert info["version"] and info["math_mode"] and "device_name" in info
+
+
+def test_no_gpu_is_a_reason_not_a_crash():
+    for framework in FRAMEWORKS:
+        try:
+            module = registry.load(framework)
+        except ImportError:
+            continue
+        reason = module.unavailable("gpu")
+        assert reason is None or isinstance(reason, str) and reason

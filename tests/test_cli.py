@@ -1,0 +1,69 @@
+"""The command line: exit codes 0 / 1 / 2, records written or not, export."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import yaml
+
+from harness.spec import SPECS_DIR
+from tests.conftest import ROOT
+
+
+def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_run_writes_records_and_exits_zero(tmp_path):
+    done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--results", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Verdicts" in done.stdout and "2 records written" in done.stdout
+    assert len(list((tmp_path / "moons_net").glob("*.json"))) == 2
+
+
+def test_a_failing_check_exits_one(tmp_path):
+    doc = yaml.safe_load((SPECS_DIR / "moons_net.yaml").read_text())
+    doc["checks"]["initial_loss"] = {"rtol": 0.0, "atol": 0.0}  # float32 cannot equal float64 exactly
+    spec = tmp_path / "strict_moons.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "cupy", "--no-records")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL moons_net cupy@cpu vs oracle@cpu: initial_loss" in done.stdout
+
+
+def test_bad_input_exits_two_and_writes_nothing(tmp_path):
+    results = tmp_path / "results"
+    for args, message in [
+        (["run", "nope", "--results", str(results)], "unknown spec 'nope'"),
+        (["run", "--frameworks", "tensorflow", "--results", str(results)], "unknown framework tensorflow"),
+        (["run", "--devices", "tpu", "--results", str(results)], "unknown device tpu"),
+        (["run", "peaks_mlp", "--profile", "huge", "--results", str(results)], "profile 'huge' is not defined"),
+        (["run", str(tmp_path / "missing.yaml"), "--results", str(results)], "no such spec file"),
+    ]:
+        done = harness(*args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr
+    assert not results.exists()
+
+
+def test_missing_mnist_files_exit_two(tmp_path):
+    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--results", str(tmp_path / "r"))
+    assert done.returncode == 2 and "train-images-idx3-ubyte.gz: missing" in done.stderr
+    assert not list((tmp_path / "r").rglob("*.json"))
+
+
+def test_validate_and_schema_check():
+    done = harness("validate")
+    assert done.returncode == 0 and done.stdout.count(": ok") == 3
+    assert harness("schema", "--check").returncode == 0
+
+
+def test_export_writes_inputs_and_oracle_curve(tmp_path):
+    out = tmp_path / "peaks.npz"
+    done = harness("export", "peaks_mlp", "--profile", "quick", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    with np.load(out) as arrays:
+        assert arrays["x_train"].shape == (2500, 2) and arrays["W0"].shape == (2, 20)
+        assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"

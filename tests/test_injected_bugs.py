@@ -1,0 +1,279 @@
+"""A check that cannot fail is a defect: known implementation bugs, injected into copies of
+the real adapters, must be reported by the harness as failed checks against the oracle,
+while the correct adapters in the same matrix pass.
+
+Each buggy adapter is a fresh module executed from a real adapter's source file (so its
+functions look their helpers up in the copy, not in the original) with one global
+replaced. It is registered under its own name in harness.registry.ADAPTERS and in
+sys.modules while its matrix runs, and goes through harness.matrix.run_spec like any
+other framework. Two matrices are run once per module and shared by the tests: peaks
+(Adam, chaotic after a few dozen steps) and a shortened moons (plain gradient descent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import sys
+import types
+from contextlib import contextmanager
+from itertools import combinations
+
+import pytest
+from rich.console import Console
+
+from adapters import xp_mlp
+from harness import registry
+from harness.checks import Check
+from harness.inputs import build_problem
+from harness.matrix import SpecResult, matrix_keys, run_spec
+from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.spec import SPECS_DIR, LoadedSpec, load_spec, parse_document, validate_document
+
+SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
+REAL = ("torch", "jax", "cupy")
+TEST_PROFILE = "injected_bugs"
+# moons quick (1,000 points) stopped after 20 steps: the float64 oracle costs ~0.1 s a step.
+MOONS_SHORT = {"training": {"epochs": 20}, "checks": {"params_after_steps": {"step": 10}}}
+
+
+# --- the injected bugs --------------------------------------------------------------------
+
+
+def adam_update_eps_inside_sqrt(xp, params, grads, state, opt):
+    """xp_mlp.adam_update with eps under the square root: sqrt(v_hat + eps)."""
+    t = state["t"] + 1
+    c1 = 1 - opt.beta1**t
+    c2 = 1 - opt.beta2**t
+    new_params, new_m, new_v = [], [], []
+    for p_pair, g_pair, m_pair, v_pair in zip(params, grads, state["m"], state["v"]):
+        layer_p, layer_m, layer_v = [], [], []
+        for p, g, m, v in zip(p_pair, g_pair, m_pair, v_pair):
+            m = opt.beta1 * m + (1 - opt.beta1) * g
+            v = opt.beta2 * v + (1 - opt.beta2) * (g * g)
+            p = p - opt.lr * (m / c1) / xp.sqrt(v / c2 + opt.eps)  # the bug: eps inside
+            layer_p.append(p)
+            layer_m.append(m)
+            layer_v.append(v)
+        new_params.append(tuple(layer_p))
+        new_m.append(tuple(layer_m))
+        new_v.append(tuple(layer_v))
+    return new_params, {"t": t, "m": new_m, "v": new_v}
+
+
+def torch_loss_summed(torch, spec, model, n_examples, outputs, targets):
+    """torch_adapter._loss with the data term summed over the batch instead of averaged."""
+    real = registry.load("torch")
+    summed = spec.model_copy(update={"reduction": "sum"})
+    return real._loss(torch, summed, model, n_examples, outputs, targets)
+
+
+def torch_model_low_precision(low: str):
+    """torch_adapter._model whose Linear layers multiply in `low` (bfloat16, float16) and
+    cast the product back: what TF32 or autocast would do to the float32 matmul."""
+
+    def _model(torch, spec, params, dev, dtype):
+        model = registry.load("torch")._model(torch, spec, params, dev, dtype)
+        low_dtype = getattr(torch, low)
+
+        def forward(self, x):
+            return (x.to(low_dtype) @ self.weight.to(low_dtype).T).to(x.dtype) + self.bias
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                layer.forward = types.MethodType(forward, layer)
+        return model
+
+    return _model
+
+
+# name -> (real adapter, the globals the copy gets instead of the real ones)
+BUGGY = {
+    "cupy_eps_inside": ("cupy", {"xp_mlp": types.SimpleNamespace(**{**vars(xp_mlp), "adam_update": adam_update_eps_inside_sqrt})}),
+    "torch_loss_sum": ("torch", {"_loss": torch_loss_summed}),
+    "torch_matmul_bfloat16": ("torch", {"_model": torch_model_low_precision("bfloat16")}),
+    "torch_matmul_float16": ("torch", {"_model": torch_model_low_precision("float16")}),
+}
+LOW_PRECISION = ("torch_matmul_bfloat16", "torch_matmul_float16")
+
+
+# --- building and running the matrices ----------------------------------------------------
+
+
+def register_copy(monkeypatch: pytest.MonkeyPatch, name: str, real: str, overrides: dict) -> None:
+    """Execute adapter `real`'s source as a new module, replace `overrides` in it, and
+    register it as adapter `name` until `monkeypatch` is undone."""
+    origin = importlib.util.find_spec(registry.ADAPTERS[real]).origin
+    module_path = f"injected_bugs_{name}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_path, origin))
+    monkeypatch.setitem(sys.modules, module_path, module)  # dataclasses look their module up there
+    module.__spec__.loader.exec_module(module)
+    module.NAME = name
+    for attr, value in overrides.items():
+        assert hasattr(module, attr), f"adapter {real} has no {attr} to replace"
+        setattr(module, attr, value)
+    monkeypatch.setitem(registry.ADAPTERS, name, module_path)
+
+
+def shortened_spec(name: str, extra: dict) -> LoadedSpec:
+    """The quick profile of a spec with `extra` merged on top, validated by the same rules
+    as a profile written in the file."""
+    path = SPECS_DIR / f"{name}.yaml"
+    doc = parse_document(path, path.read_text())
+    doc["profiles"][TEST_PROFILE] = _merge(doc["profiles"]["quick"], extra)
+    spec, overrides = validate_document(path, doc, TEST_PROFILE)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return LoadedSpec(spec=spec, path=path, sha256=sha, profile=TEST_PROFILE, overrides=overrides)
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merge(merged[key], value) if nested else value
+    return merged
+
+
+@contextmanager
+def torch_single_threaded():
+    """On 2 cores, torch's CPU step gets ~30x slower once JAX has run in the same process
+    after torch did (two spinning thread pools); one torch thread avoids it. Results are
+    compared to tolerances far above what the thread count changes."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_with_copies(loaded: LoadedSpec, buggy: list[str]) -> SpecResult:
+    with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
+        for name in buggy:
+            real, overrides = BUGGY[name]
+            register_copy(monkeypatch, name, real, overrides)
+        keys = matrix_keys([*REAL, *buggy], ["cpu"])
+        return run_spec(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO()), repeats=1)
+
+
+@pytest.fixture(scope="module")
+def peaks() -> SpecResult:
+    return run_with_copies(load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick"), list(BUGGY))
+
+
+@pytest.fixture(scope="module")
+def moons() -> SpecResult:
+    return run_with_copies(shortened_spec("moons_net", MOONS_SHORT), ["torch_loss_sum", *LOW_PRECISION])
+
+
+# --- reading the results ------------------------------------------------------------------
+
+
+def require(result: SpecResult, framework: str) -> None:
+    """Skip where the real framework is missing; otherwise the run must have finished."""
+    outcome = result.outcomes[RunKey(framework, "cpu")]
+    if outcome.status == "skipped":
+        pytest.skip(outcome.reason)
+    assert outcome.status == "ok", f"{framework}: {outcome.status}: {outcome.reason}"
+
+
+def against_oracle(result: SpecResult, framework: str) -> dict[str, Check]:
+    key = RunKey(framework, "cpu")
+    found = {c.name: c for c in result.checks if c.a == key and c.b == ORACLE_KEY}
+    assert found, f"no checks of {framework} against the oracle"
+    return found
+
+
+def verdicts(checks: dict[str, Check], names) -> dict[str, str]:
+    return {name: checks[name].verdict for name in names}
+
+
+def describe(checks: dict[str, Check]) -> str:
+    return "; ".join(f"{c.name} {c.verdict} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks.values())
+
+
+# --- the tests ----------------------------------------------------------------------------
+
+
+def test_adam_eps_inside_the_square_root_fails_the_update_checks(peaks):
+    require(peaks, "cupy_eps_inside")
+    checks = against_oracle(peaks, "cupy_eps_inside")
+    # The forward pass is untouched: step 0 agrees.
+    assert verdicts(checks, ["initial_outputs", "initial_loss"]) == {"initial_outputs": "pass", "initial_loss": "pass"}
+    # The first update already moves small-gradient weights by lr * eps / (2 g^2) too little.
+    failing = ["params_after_step_1", "params_after_step_10", "loss_curve_horizon"]
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+    assert checks["loss_curve_horizon"].horizon_steps < peaks.loaded.spec.checks.loss_curve.must_hold_for
+    # The same code with the correct update, in the same matrix, passes them all.
+    calibration = against_oracle(peaks, CALIBRATION_KEY.framework)
+    names = [*SHORT_HORIZON, "loss_curve_horizon"]
+    assert verdicts(calibration, names) == dict.fromkeys(names, "pass"), describe(calibration)
+
+
+@pytest.mark.parametrize("result_name", ["moons", "peaks"])
+def test_summed_loss_fails_initial_loss(result_name, request):
+    result = request.getfixturevalue(result_name)
+    require(result, "torch")
+    require(result, "torch_loss_sum")
+    checks = against_oracle(result, "torch_loss_sum")
+    assert checks["initial_outputs"].verdict == "pass", describe(checks)
+    assert checks["initial_loss"].verdict == "fail", describe(checks)
+    assert checks["loss_curve_horizon"].first_failure_step == 0, describe(checks)
+    real = against_oracle(result, "torch")
+    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), describe(real)
+
+
+def test_summed_loss_under_gradient_descent_fails_the_update_checks(moons):
+    # SGD steps scale with the loss (N times too far here); Adam's would not, so on peaks
+    # only the loss checks see this bug.
+    require(moons, "torch_loss_sum")
+    checks = against_oracle(moons, "torch_loss_sum")
+    failing = ["params_after_step_1", "params_after_step_10", "loss_curve_envelope", "final_outputs"]
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+
+
+@pytest.mark.parametrize("result_name", ["peaks", "moons"])
+@pytest.mark.parametrize("buggy", LOW_PRECISION)
+def test_low_precision_matmul_fails_initial_outputs(buggy, result_name, request):
+    result = request.getfixturevalue(result_name)
+    require(result, "torch")
+    require(result, buggy)
+    checks = against_oracle(result, buggy)
+    failing = ["initial_outputs", "initial_loss"]
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+    real = against_oracle(result, "torch")
+    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), describe(real)
+
+
+def real_pairs(result: SpecResult) -> list[Check]:
+    """The checks between two real runs (the oracle, the calibration and every framework
+    that ran), leaving the buggy copies out."""
+    keys = {k for k, o in result.outcomes.items() if o.status == "ok" and k.framework not in BUGGY}
+    assert ORACLE_KEY in keys and CALIBRATION_KEY in keys, "the oracle and the calibration run must run"
+    pairs = {frozenset(pair) for pair in combinations(keys, 2)}
+    return [c for c in result.checks if frozenset((c.a, c.b)) in pairs]
+
+
+def test_real_adapters_pass_the_short_horizon_on_peaks(peaks):
+    """Control: the correct adapters agree over the short horizon. (The long-run envelope is
+    not asserted: Adam at lr 0.08 is chaotic, and the frameworks leave it within 100 steps.)"""
+    checks = [c for c in real_pairs(peaks) if c.name in (*SHORT_HORIZON, "loss_curve_horizon")]
+    failed = [f"{c.a.label} vs {c.b.label}: {c.name} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks if c.verdict != "pass"]
+    assert not failed, failed
+    assert len(checks) >= 5 * 3  # at least the calibration run, the oracle and one framework
+
+
+def test_real_adapters_pass_every_check_on_moons(moons):
+    """Control: gradient descent on moons is not chaotic, so every check, the envelope
+    included, passes between the correct runs (the calibration pair skips the envelope)."""
+    checks = real_pairs(moons)
+    failed = [f"{c.a.label} vs {c.b.label}: {c.name} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks if c.verdict == "fail"]
+    assert not failed, failed
+    skipped = {c.name for c in checks if c.verdict == "skipped" and {c.a, c.b} != {CALIBRATION_KEY, ORACLE_KEY}}
+    assert not skipped, skipped

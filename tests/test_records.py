@@ -1,0 +1,94 @@
+"""Records: one schema, validated before writing, written atomically, never overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from harness import matrix, records
+from harness.errors import RecordError
+from harness.registry import ORACLE_KEY, RunKey
+from tests.conftest import ROOT, quick_problem
+
+
+@pytest.fixture(scope="module")
+def moons_result(tmp_path_factory):
+    from harness.spec import SPECS_DIR, load_spec
+
+    loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
+    problem = quick_problem("moons_net")
+    out = tmp_path_factory.mktemp("results")
+    keys = matrix.matrix_keys(["cupy"], ["cpu"])
+    result = matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
+    return result, out
+
+
+def test_committed_results_schema_is_current():
+    assert (ROOT / "results" / "schema.json").read_text() == records.json_schema()
+
+
+def test_one_valid_record_per_run_with_its_artifact(moons_result):
+    jsonschema = pytest.importorskip("jsonschema")
+    result, out = moons_result
+    schema = json.loads((ROOT / "results" / "schema.json").read_text())
+    assert len(result.paths) == 2
+    for path in result.paths:
+        doc = json.loads(path.read_text())
+        jsonschema.validate(doc, schema)
+        assert doc["status"] == "ok" and doc["spec"]["profile"] == "quick" and doc["spec"]["overrides"]
+        assert doc["timings"]["repeats"] == 2 and doc["repeats_bitwise_identical"] is True
+        assert doc["host"]["cores"] >= 1 and doc["libraries"]["numpy"] == np.__version__
+        assert doc["checks"] and {c["against"] for c in doc["checks"]} <= {"cupy@cpu", "oracle@cpu"}
+        npz = path.with_name(doc["artifacts"]["file"])
+        assert hashlib.sha256(npz.read_bytes()).hexdigest() == doc["artifacts"]["sha256"]
+        with np.load(npz) as arrays:
+            assert len(arrays["losses"]) == doc["timings"]["total_steps"]
+            assert doc["metrics"]["loss_curve"]["values"][0] == arrays["losses"][0]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_oracle_record_is_labelled_float64(moons_result):
+    result, _ = moons_result
+    oracle = [json.loads(p.read_text()) for p in result.paths if "_oracle_" in p.name][0]
+    assert oracle["dtype"] == "float64" and "oracle" in oracle["implementation"]
+
+
+def test_records_are_never_overwritten(moons_result, tmp_path):
+    result, _ = moons_result
+    record, artifact = matrix.build_record(result, ORACLE_KEY, "run1")
+    records.write_record(tmp_path, record, artifact)
+    with pytest.raises(RecordError, match="never overwritten"):
+        records.write_record(tmp_path, record, artifact)
+
+
+def test_a_failed_write_leaves_nothing(moons_result, tmp_path, monkeypatch):
+    result, _ = moons_result
+    record, _ = matrix.build_record(result, RunKey("cupy", "cpu"), "run2")
+
+    def broken_link(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", broken_link)
+    with pytest.raises(RecordError, match="No space left"):
+        records.write_record(tmp_path, record)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_unwritable_results_folder_is_reported(tmp_path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    with pytest.raises(RecordError, match="cannot be written"):
+        records.ensure_writable(blocked / "results")
+
+
+def test_foreign_json_is_not_a_record(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"hello": "world"}))
+    with pytest.raises(RecordError, match="not a harness record"):
+        records.read_record(path)
