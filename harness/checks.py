@@ -53,6 +53,7 @@ class Check:
 class Calibration:
     curve: np.ndarray  # running maximum of the relative float32-vs-float64 loss distance
     outputs: float  # max |float32 - float64| of the final probe outputs
+    runs: int  # how many float32 runs measured it
 
 
 def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -67,11 +68,12 @@ def _flat(params: Params) -> np.ndarray:
 
 def close_check(name: str, a: RunKey, b: RunKey, va: np.ndarray, vb: np.ndarray, tol: Close) -> Check:
     va, vb = np.asarray(va, np.float64), np.asarray(vb, np.float64)
+    rule = f"|a-b| <= {tol.atol:g} + {tol.rtol:g}*|b|"
+    if va.shape != vb.shape:
+        return Check(name, a, b, "fail", rule, reason=f"shapes differ: {va.shape} vs {vb.shape}")
     max_abs, max_rel = _errors(va, vb)
-    ok = va.shape == vb.shape and bool(np.all(np.abs(va - vb) <= tol.atol + tol.rtol * np.abs(vb)))
-    return Check(
-        name, a, b, "pass" if ok else "fail", f"|a-b| <= {tol.atol:g} + {tol.rtol:g}*|b|", max_abs, max_rel
-    )
+    ok = bool(np.all(np.abs(va - vb) <= tol.atol + tol.rtol * np.abs(vb)))
+    return Check(name, a, b, "pass" if ok else "fail", rule, max_abs, max_rel)
 
 
 def relative_curve_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -98,14 +100,16 @@ def horizon_check(spec: Spec, a: RunKey, b: RunKey, la: np.ndarray, lb: np.ndarr
     )
 
 
-def calibrate(outcomes: dict[RunKey, Outcome]) -> Calibration | None:
-    """The float32-vs-float64 distances of the array-module code on this spec."""
+def calibrate(outcomes: dict[RunKey, Outcome], members: list[Outcome]) -> Calibration | None:
+    """The float32-vs-float64 distances of the array-module code on this spec: the plain
+    float32 run and the members with perturbed initial weights, the largest at each step."""
     cal, oracle = outcomes.get(CALIBRATION_KEY), outcomes.get(ORACLE_KEY)
-    if not (cal and oracle and cal.status == "ok" and oracle.status == "ok"):
+    runs = [cal, *members]
+    if not (oracle and oracle.status == "ok" and all(r and r.status == "ok" for r in runs)):
         return None
-    curve = np.maximum.accumulate(relative_curve_distance(cal.losses, oracle.losses))
-    outputs = float(np.abs(cal.final_outputs - oracle.final_outputs).max())
-    return Calibration(curve, outputs)
+    distance = np.max([relative_curve_distance(r.losses, oracle.losses) for r in runs], axis=0)
+    outputs = max(float(np.abs(r.final_outputs - oracle.final_outputs).max()) for r in runs)
+    return Calibration(np.maximum.accumulate(distance), outputs, len(runs))
 
 
 def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration | None) -> list[Check]:
@@ -113,7 +117,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration | None)
     names = ["loss_curve_envelope", "final_outputs", *(f"final_{m}" for m in sorted(b.metrics))]
     skip_reason = None
     if cal is None:
-        skip_reason = "no calibration: needs ok runs of cupy@cpu (float32) and the oracle"
+        skip_reason = "no calibration: needs ok runs of cupy@cpu (float32, and its members) and the oracle"
     elif {a.key, b.key} == {CALIBRATION_KEY, ORACLE_KEY}:
         skip_reason = "this pair is the calibration that defines the envelope"
     if skip_reason:
@@ -130,7 +134,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration | None)
             b.key,
             "fail" if outside.size else "pass",
             f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, "
-            f"e(t) = float32-vs-float64 distance (final e = {cal.curve[-1]:.3g})",
+            f"e(t) = float32-vs-float64 distance, max of {cal.runs} runs (final e = {cal.curve[-1]:.3g})",
             float(np.abs(a.losses - b.losses).max(initial=0.0)),
             float(rel.max(initial=0.0)),
             first_failure_step=int(outside[0]) if outside.size else None,
@@ -222,9 +226,9 @@ def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
     return marked
 
 
-def check_all(spec: Spec, outcomes: dict[RunKey, Outcome]) -> list[Check]:
+def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], members: list[Outcome] = ()) -> list[Check]:
     """Every pair of successful runs: each framework against the oracle and against each other."""
-    cal = calibrate(outcomes)
+    cal = calibrate(outcomes, list(members))
     ok = [o for o in outcomes.values() if o.status == "ok"]
     # The oracle is always the reference (b) of its pairs.
     ok.sort(key=lambda o: o.key == ORACLE_KEY)

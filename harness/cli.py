@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness import records
+from harness import progress, records
 from harness import spec as spec_mod
 from harness.errors import HarnessError
 from harness.registry import ADAPTERS, DEVICES
@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
     data_options(run)
 
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
@@ -91,7 +92,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     results = []
     for spec in loaded:
         problem = inputs.build_problem(spec, args.data_dir, args.data_source, args.download)
-        results.append(matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id))
+        results.append(
+            matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate=not args.in_process)
+        )
     console.print(table.verdict_table(results))
     table.print_failures(console, results)
     if results_dir is not None:
@@ -176,7 +179,7 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "export": cmd_export, "sch
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = progress.console()
     try:
         return COMMANDS[args.command](args, console)
     except HarnessError as exc:

@@ -8,7 +8,7 @@ stores them the other way (torch.nn.Linear) transpose on the way in and out.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +86,18 @@ def initial_params(spec: Spec) -> Params:
         params.append((w.astype(np.float32), b.astype(np.float32)))
         fan_in = fan_out
     return params
+
+
+def perturbed(problem: Problem, seed: int) -> Problem:
+    """The same problem with every initial weight moved one float32 ulp up or down at
+    random: a rounding-sized perturbation, for calibrating the long-run envelope."""
+    rng = np.random.default_rng(seed)
+    params = []
+    for w, b in problem.initial_params:
+        up = rng.random(w.shape) < 0.5
+        nudged = np.where(up, np.nextafter(w, np.float32(np.inf)), np.nextafter(w, np.float32(-np.inf)))
+        params.append((nudged.astype(np.float32), b))
+    return replace(problem, initial_params=params)
 
 
 def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:

@@ -3,18 +3,20 @@ then every check, then one record per run."""
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from harness import checks as checks_mod
-from harness import records
+from harness import progress, records
 from harness.checks import Check
-from harness.inputs import Problem
-from harness.registry import CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
+from harness.inputs import Problem, perturbed
+from harness.registry import CALIBRATION, CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
 from harness.runner import Outcome, run
 from harness.spec import LoadedSpec
 
@@ -24,6 +26,7 @@ class SpecResult:
     loaded: LoadedSpec
     problem: Problem
     outcomes: dict[RunKey, Outcome]
+    members: list[Outcome]  # the calibration runs with perturbed initial weights
     checks: list[Check]
     paths: list[Path]
 
@@ -36,35 +39,6 @@ def matrix_keys(frameworks: list[str], devices: list[str]) -> list[RunKey]:
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
     return keys
-
-
-def _progress_printer(console: Console, label: str, total: int):
-    """A live bar on a terminal; a line every print_every steps otherwise (CI logs)."""
-    if console.is_terminal:
-        bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        )
-        task = bar.add_task(label, total=total, loss="-")
-        bar.start()
-
-        def update(step: int, loss: float | None) -> None:
-            bar.update(task, completed=step, loss=f"{loss:.6g}")
-            if step >= total:
-                bar.stop()
-
-        return update
-
-    def log(step: int, loss: float | None) -> None:
-        console.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
-
-    return log
 
 
 def implementation(key: RunKey, describe: dict) -> str:
@@ -155,6 +129,35 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
     return record, artifact
 
 
+def _run_child(problem: Problem, key: RunKey, repeats: int, label: str) -> Outcome:
+    """The body of an isolated run, in its own process."""
+    return run(problem, key, repeats=repeats, progress=progress.printer(progress.console(), label, problem.total_steps))
+
+
+def run_isolated(problem: Problem, key: RunKey, repeats: int, label: str) -> Outcome:
+    """One run in a fresh process: frameworks' thread pools and GPU memory do not meet
+    (torch on 2 cores ran 30x slower after JAX had run in the same process)."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        try:
+            return pool.submit(_run_child, problem, key, repeats, label).result()
+        except BrokenProcessPool:
+            return Outcome(key, "failed", f"{key.label}: the run's process died (killed, or out of memory)")
+
+
+def _one(problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool) -> Outcome:
+    console.print(f"[bold]{label}[/bold] ({key.dtype}, {problem.total_steps} steps, {repeats} repeat(s))")
+    if isolate:
+        outcome = run_isolated(problem, key, repeats, label)
+    else:
+        outcome = run(problem, key, repeats=repeats, progress=progress.printer(console, label, problem.total_steps))
+    if outcome.status != "ok":
+        console.print(f"  {outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
+    else:
+        console.print(f"  train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
+    return outcome
+
+
 def run_spec(
     loaded: LoadedSpec,
     problem: Problem,
@@ -163,25 +166,23 @@ def run_spec(
     console: Console,
     repeats: int | None = None,
     run_id: str | None = None,
+    isolate: bool = False,
 ) -> SpecResult:
-    """Run every key on the spec, check every pair, and write one record per run."""
+    """Run every key on the spec, then the calibration members, check every pair, and
+    write one record per run (the members are part of the checks' tolerance, not records)."""
     run_id = run_id or records.new_id()
     outcomes = {}
     for key in keys:
-        label = f"{loaded.name} {key.label}"
-        console.print(f"[bold]{label}[/bold] ({key.dtype}, {problem.total_steps} steps)")
-        outcome = run(
-            problem,
-            key,
-            repeats=repeats or loaded.spec.timing.repeats,
-            progress=_progress_printer(console, label, problem.total_steps),
-        )
-        if outcome.status != "ok":
-            console.print(f"  {outcome.status}: {outcome.reason}", style="yellow")
-        else:
-            console.print(f"  train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
-        outcomes[key] = outcome
-    result = SpecResult(loaded, problem, outcomes, checks_mod.check_all(loaded.spec, outcomes), [])
+        # The oracle's speed is nobody's question: it runs once.
+        runs = 1 if key == ORACLE_KEY else repeats or loaded.spec.timing.repeats
+        outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate)
+    members = []
+    for i in range(loaded.spec.checks.long_run.members):
+        key = RunKey(CALIBRATION, "cpu", f"ulp{i + 1}")
+        label = f"{loaded.name} {key.label} (calibration: initial weights moved one ulp)"
+        members.append(_one(perturbed(problem, seed=i + 1), key, 1, label, console, isolate))
+    checks = checks_mod.check_all(loaded.spec, outcomes, members)
+    result = SpecResult(loaded, problem, outcomes, members, checks, [])
     if results_dir is not None:
         for key in keys:
             record, artifact = build_record(result, key, run_id)

@@ -26,6 +26,7 @@ class RunKey:
 
     framework: str
     device: str
+    variant: str = ""  # a calibration member: same code, perturbed inputs
 
     @property
     def adapter(self) -> str:
@@ -37,7 +38,7 @@ class RunKey:
 
     @property
     def label(self) -> str:
-        return f"{self.framework}@{self.device}"
+        return f"{self.framework}@{self.device}" + (f"~{self.variant}" if self.variant else "")
 
 
 ORACLE_KEY = RunKey(ORACLE, "cpu")

@@ -114,21 +114,25 @@ def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progres
         curve = adapter.losses(trainer, handles)
         if repeat == 0:
             outcome.losses = curve
+            _finish(adapter, trainer, problem, outcome)
         elif outcome.repeats_bitwise_identical is not False:
             outcome.repeats_bitwise_identical = bool(np.array_equal(curve, outcome.losses))
+    outcome.timings = _timings(problem, transfer, warmup, train)
+    return outcome
 
+
+def _finish(adapter, trainer, problem: Problem, outcome: Outcome) -> None:
+    """Final parameters, outputs and metrics of a trained run, or its divergence."""
     outcome.final_params = adapter.params(trainer)
     bad = _first_non_finite(outcome.losses, outcome.final_params)
     if bad is not None:
         outcome.status, outcome.failed_at_step = "failed", bad
         outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
-    else:
-        outcome.final_outputs = adapter.predict(trainer, problem.probe)
-        train_out = adapter.predict(trainer, problem.x_train)
-        val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
-        outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)
-    outcome.timings = _timings(problem, transfer, warmup, train)
-    return outcome
+        return
+    outcome.final_outputs = adapter.predict(trainer, problem.probe)
+    train_out = adapter.predict(trainer, problem.x_train)
+    val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
+    outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)
 
 
 def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:

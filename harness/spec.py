@@ -205,11 +205,13 @@ class Horizon(Strict):
 
 
 class Envelope(Strict):
-    """The long-run rule. Let e be the distance between the array-module float32 run and
-    the float64 oracle on this spec (per step for the curve, running maximum). Two runs
-    may differ by at most factor * e + floor."""
+    """The long-run rule. Let e be the largest distance between an array-module float32
+    run and the float64 oracle on this spec: the plain run and `members` more whose initial
+    weights are moved one ulp (per step for the curve, running maximum). Two runs may
+    differ by at most factor * e + floor."""
 
     factor: Annotated[float, Field(ge=1)]
+    members: Annotated[int, Field(ge=0, le=16)]
     curve_floor: NonNegative
     output_floor: NonNegative
     metric_floor: NonNegative

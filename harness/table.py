@@ -43,6 +43,19 @@ def verdict_table(results: list[SpecResult]) -> Table:
                 _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
                 style=style,
             )
+        for member in result.members:
+            table.add_row(
+                result.loaded.name,
+                f"{member.key.label} float32",
+                f"{member.status} (calibration)",
+                _fmt(member.metrics.get("train_loss")),
+                _fmt(member.metrics.get("val_accuracy", member.metrics.get("train_accuracy")), ".4f"),
+                "-",
+                "defines the envelope",
+                _fmt(member.timings.get("train_s"), ".2f"),
+                _fmt(member.timings["per_step_s"] * 1e3 if member.timings else None, ".3f"),
+                style="dim",
+            )
     return table
 
 
@@ -63,7 +76,8 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
                     highlight=False,
                     soft_wrap=True,
                 )
-        for key, outcome in result.outcomes.items():
+        for outcome in [*result.outcomes.values(), *result.members]:
+            key = outcome.key
             if outcome.status != "ok":
                 console.print(
                     f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}",
@@ -74,5 +88,5 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
 
 def failed(results: list[SpecResult]) -> bool:
     return any(c.verdict == "fail" for r in results for c in r.checks) or any(
-        o.status == "failed" for r in results for o in r.outcomes.values()
+        o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members]
     )

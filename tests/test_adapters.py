@@ -102,3 +102,23 @@ def test_no_gpu_is_a_reason_not_a_crash():
             continue
         reason = module.unavailable("gpu")
         assert reason is None or isinstance(reason, str) and reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
+    adapter = adapter_or_skip(framework)
+    reason = adapter.unavailable("gpu")
+    if reason:
+        pytest.skip(reason)
+    problem, (ref_out, ref_loss, ref_params) = oracle_step("moons_net")
+    trainer = adapter.build(problem, adapter.put(problem, "gpu", "float32"), "gpu", "float32")
+    adapter.warm_up(trainer)
+    tol = problem.spec.checks.initial_outputs
+    np.testing.assert_allclose(adapter.predict(trainer, problem.probe), ref_out, rtol=tol.rtol, atol=tol.atol)
+    loss = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    assert loss == pytest.approx(ref_loss, rel=problem.spec.checks.initial_loss.rtol)
+    tol = problem.spec.checks.params_after_first_step
+    for (w, b), (rw, rb) in zip(adapter.params(trainer), ref_params):
+        np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
+        np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)

@@ -31,6 +31,7 @@ from harness.matrix import SpecResult, matrix_keys, run_spec
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.spec import SPECS_DIR, LoadedSpec, load_spec, parse_document, validate_document
 
+# Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
 REAL = ("torch", "jax", "cupy")
 TEST_PROFILE = "injected_bugs"
@@ -89,8 +90,9 @@ def torch_model_low_precision(low: str):
 
 
 # name -> (real adapter, the globals the copy gets instead of the real ones)
+XP_MLP_EPS_INSIDE = types.SimpleNamespace(**{**vars(xp_mlp), "adam_update": adam_update_eps_inside_sqrt})
 BUGGY = {
-    "cupy_eps_inside": ("cupy", {"xp_mlp": types.SimpleNamespace(**{**vars(xp_mlp), "adam_update": adam_update_eps_inside_sqrt})}),
+    "cupy_eps_inside": ("cupy", {"xp_mlp": XP_MLP_EPS_INSIDE}),
     "torch_loss_sum": ("torch", {"_loss": torch_loss_summed}),
     "torch_matmul_bfloat16": ("torch", {"_model": torch_model_low_precision("bfloat16")}),
     "torch_matmul_float16": ("torch", {"_model": torch_model_low_precision("float16")}),
@@ -194,7 +196,7 @@ def verdicts(checks: dict[str, Check], names) -> dict[str, str]:
     return {name: checks[name].verdict for name in names}
 
 
-def describe(checks: dict[str, Check]) -> str:
+def summary(checks: dict[str, Check]) -> str:
     return "; ".join(f"{c.name} {c.verdict} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks.values())
 
 
@@ -205,15 +207,16 @@ def test_adam_eps_inside_the_square_root_fails_the_update_checks(peaks):
     require(peaks, "cupy_eps_inside")
     checks = against_oracle(peaks, "cupy_eps_inside")
     # The forward pass is untouched: step 0 agrees.
-    assert verdicts(checks, ["initial_outputs", "initial_loss"]) == {"initial_outputs": "pass", "initial_loss": "pass"}
+    passing = ["initial_outputs", "initial_loss"]
+    assert verdicts(checks, passing) == dict.fromkeys(passing, "pass"), summary(checks)
     # The first update already moves small-gradient weights by lr * eps / (2 g^2) too little.
     failing = ["params_after_step_1", "params_after_step_10", "loss_curve_horizon"]
-    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), summary(checks)
     assert checks["loss_curve_horizon"].horizon_steps < peaks.loaded.spec.checks.loss_curve.must_hold_for
     # The same code with the correct update, in the same matrix, passes them all.
     calibration = against_oracle(peaks, CALIBRATION_KEY.framework)
     names = [*SHORT_HORIZON, "loss_curve_horizon"]
-    assert verdicts(calibration, names) == dict.fromkeys(names, "pass"), describe(calibration)
+    assert verdicts(calibration, names) == dict.fromkeys(names, "pass"), summary(calibration)
 
 
 @pytest.mark.parametrize("result_name", ["moons", "peaks"])
@@ -222,11 +225,11 @@ def test_summed_loss_fails_initial_loss(result_name, request):
     require(result, "torch")
     require(result, "torch_loss_sum")
     checks = against_oracle(result, "torch_loss_sum")
-    assert checks["initial_outputs"].verdict == "pass", describe(checks)
-    assert checks["initial_loss"].verdict == "fail", describe(checks)
-    assert checks["loss_curve_horizon"].first_failure_step == 0, describe(checks)
+    assert checks["initial_outputs"].verdict == "pass", summary(checks)
+    assert checks["initial_loss"].verdict == "fail", summary(checks)
+    assert checks["loss_curve_horizon"].first_failure_step == 0, summary(checks)
     real = against_oracle(result, "torch")
-    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), describe(real)
+    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), summary(real)
 
 
 def test_summed_loss_under_gradient_descent_fails_the_update_checks(moons):
@@ -235,7 +238,7 @@ def test_summed_loss_under_gradient_descent_fails_the_update_checks(moons):
     require(moons, "torch_loss_sum")
     checks = against_oracle(moons, "torch_loss_sum")
     failing = ["params_after_step_1", "params_after_step_10", "loss_curve_envelope", "final_outputs"]
-    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), summary(checks)
 
 
 @pytest.mark.parametrize("result_name", ["peaks", "moons"])
@@ -246,9 +249,9 @@ def test_low_precision_matmul_fails_initial_outputs(buggy, result_name, request)
     require(result, buggy)
     checks = against_oracle(result, buggy)
     failing = ["initial_outputs", "initial_loss"]
-    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), describe(checks)
+    assert verdicts(checks, failing) == dict.fromkeys(failing, "fail"), summary(checks)
     real = against_oracle(result, "torch")
-    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), describe(real)
+    assert verdicts(real, SHORT_HORIZON) == dict.fromkeys(SHORT_HORIZON, "pass"), summary(real)
 
 
 def real_pairs(result: SpecResult) -> list[Check]:
@@ -260,20 +263,25 @@ def real_pairs(result: SpecResult) -> list[Check]:
     return [c for c in result.checks if frozenset((c.a, c.b)) in pairs]
 
 
+def failures(checks: list[Check], allowed: tuple[str, ...]) -> list[str]:
+    return [
+        f"{c.a.label} vs {c.b.label}: {c.name} {c.verdict} (abs {c.max_abs_error}, rel {c.max_rel_error})"
+        for c in checks
+        if c.verdict not in allowed
+    ]
+
+
 def test_real_adapters_pass_the_short_horizon_on_peaks(peaks):
     """Control: the correct adapters agree over the short horizon. (The long-run envelope is
     not asserted: Adam at lr 0.08 is chaotic, and the frameworks leave it within 100 steps.)"""
     checks = [c for c in real_pairs(peaks) if c.name in (*SHORT_HORIZON, "loss_curve_horizon")]
-    failed = [f"{c.a.label} vs {c.b.label}: {c.name} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks if c.verdict != "pass"]
-    assert not failed, failed
-    assert len(checks) >= 5 * 3  # at least the calibration run, the oracle and one framework
+    assert checks and not failures(checks, ("pass",))
 
 
 def test_real_adapters_pass_every_check_on_moons(moons):
     """Control: gradient descent on moons is not chaotic, so every check, the envelope
     included, passes between the correct runs (the calibration pair skips the envelope)."""
     checks = real_pairs(moons)
-    failed = [f"{c.a.label} vs {c.b.label}: {c.name} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks if c.verdict == "fail"]
-    assert not failed, failed
+    assert not failures(checks, ("pass", "skipped"))
     skipped = {c.name for c in checks if c.verdict == "skipped" and {c.a, c.b} != {CALIBRATION_KEY, ORACLE_KEY}}
     assert not skipped, skipped

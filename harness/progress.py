@@ -1,0 +1,41 @@
+"""Progress of a long run: a live bar on a terminal, a line every print_every steps in a log."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+LOG_WIDTH = 160  # a log file has no terminal width: keep the table and the lines whole
+
+
+def console() -> Console:
+    plain = Console()
+    return plain if plain.is_terminal else Console(width=LOG_WIDTH)
+
+
+def printer(out: Console, label: str, total: int):
+    if out.is_terminal:
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=out,
+            transient=True,
+        )
+        task = bar.add_task(label, total=total, loss="-")
+        bar.start()
+
+        def update(step: int, loss: float | None) -> None:
+            bar.update(task, completed=step, loss=f"{loss:.6g}")
+            if step >= total:
+                bar.stop()
+
+        return update
+
+    def log(step: int, loss: float | None) -> None:
+        out.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
+
+    return log

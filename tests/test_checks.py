@@ -1,0 +1,67 @@
+"""The checks themselves: the envelope's calibration, known differences, divergence,
+and isolated runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import checks, matrix, runner
+from harness.inputs import perturbed
+from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.spec import KnownDifference
+from tests.conftest import quick_problem
+
+TORCH = RunKey("torch", "cpu")
+
+
+def test_perturbed_moves_every_weight_one_ulp():
+    problem = quick_problem("peaks_mlp")
+    moved = perturbed(problem, seed=1)
+    for (w, b), (w0, b0) in zip(moved.initial_params, problem.initial_params):
+        steps = np.abs(w.view(np.int32).astype(np.int64) - w0.view(np.int32).astype(np.int64))
+        assert w.dtype == np.float32 and np.all(steps == 1) and np.array_equal(b, b0)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(moved.initial_params, perturbed(problem, 1).initial_params))
+    assert not np.array_equal(moved.initial_params[0][0], perturbed(problem, 2).initial_params[0][0])
+
+
+def test_close_check_with_different_shapes_fails_instead_of_raising():
+    tol = quick_problem("peaks_mlp").spec.checks.initial_outputs
+    check = checks.close_check("initial_outputs", TORCH, ORACLE_KEY, np.zeros(256), np.zeros(255), tol)
+    assert check.verdict == "fail" and "shapes differ" in check.reason
+
+
+def fake_check(verdict: str, name: str = "loss_curve_envelope") -> checks.Check:
+    return checks.Check(name, RunKey("jax", "cpu"), ORACLE_KEY, verdict, "rule")
+
+
+def test_known_differences_are_marked_and_must_keep_failing():
+    spec = quick_problem("peaks_mlp").spec
+    assert [k.framework for k in spec.known_differences] == ["jax"]
+    marked = checks.apply_known_differences(spec, [fake_check("fail"), fake_check("fail", "initial_loss")])
+    assert [c.verdict for c in marked] == ["known", "fail"]
+    assert marked[0].reason.startswith("known difference: optax.adam")
+    stale = checks.apply_known_differences(spec, [fake_check("pass")])
+    assert [c.verdict for c in stale] == ["pass", "fail"] and stale[1].name == "known_difference_absent"
+    gpu_only = spec.model_copy(
+        update={"known_differences": [KnownDifference(framework="jax", check="loss_curve_envelope", devices=["gpu"], reason="x" * 20)]}
+    )
+    assert [c.verdict for c in checks.apply_known_differences(gpu_only, [fake_check("fail")])] == ["fail"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_diverging_run_is_failed_with_its_step():
+    problem = quick_problem("peaks_mlp")
+    spec = problem.spec.model_copy(update={"optimizer": problem.spec.optimizer.model_copy(update={"lr": 1e30})})
+    outcome = runner.run(type(problem)(**{**problem.__dict__, "spec": spec}), CALIBRATION_KEY)
+    assert outcome.status == "failed" and outcome.failed_at_step is not None
+    assert f"step {outcome.failed_at_step}" in outcome.reason and not np.isfinite(outcome.losses[outcome.failed_at_step])
+
+
+def test_an_isolated_run_gives_the_same_bits():
+    problem = quick_problem("moons_net")
+    short = type(problem)(**{**problem.__dict__, "spec": problem.spec.model_copy(
+        update={"training": problem.spec.training.model_copy(update={"epochs": 5})})})
+    here = runner.run(short, CALIBRATION_KEY)
+    there = matrix.run_isolated(short, CALIBRATION_KEY, 1, "isolated")
+    assert there.status == "ok" and np.array_equal(here.losses, there.losses)
