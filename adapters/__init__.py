@@ -6,11 +6,12 @@
 - ``build(problem, data, device, dtype)``: a trainer holding the initial weights and the
   optimizer state, from ``problem.initial_params`` (NumPy, stored (fan_in, fan_out)).
 - ``warm_up(trainer)``: compile and warm kernels without changing the trainer's state.
-- ``step(trainer, t)``: one optimizer step on step t's batch; returns the batch loss
-  before the update, left on the device.
+- ``step(trainer, t)``: one optimizer step on step t's batch. The batch loss before the
+  update is written into a loss log the trainer keeps on the device (preallocated: no
+  per-step objects pile up, no host sync).
 - ``synchronize(trainer)``: wait for the device.
-- ``losses(trainer, handles)``, ``params(trainer)``, ``predict(trainer, x)``: results back
-  as float64 NumPy arrays.
+- ``losses(trainer, upto)``, ``params(trainer)``, ``predict(trainer, x)``: results back
+  as float64 NumPy arrays (the first ``upto`` logged losses).
 
 Framework imports happen inside these functions, never at module import of harness.
 """

@@ -67,6 +67,7 @@ class Trainer:
     xp: Any
     data: dict[str, Any]
     params: list
+    loss_log: Any = None
     opt_state: dict | None = None
     activations: list[str] = field(default_factory=list)
 
@@ -84,7 +85,7 @@ def put(problem, device: str, dtype: str) -> dict[str, Any]:
 def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
     xp = _xp(device)
     params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
-    trainer = Trainer(problem, device, dtype, xp, data, params)
+    trainer = Trainer(problem, device, dtype, xp, data, params, xp.zeros(problem.total_steps, dtype=dtype))
     trainer.activations = [layer.activation for layer in problem.spec.model.layers]
     if problem.spec.optimizer.kind == "adam":
         trainer.opt_state = xp_mlp.adam_init(xp, params)
@@ -120,9 +121,8 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     return loss, params, opt_state
 
 
-def step(trainer: Trainer, t: int):
-    loss, trainer.params, trainer.opt_state = _update(trainer, trainer.params, trainer.opt_state, t)
-    return loss
+def step(trainer: Trainer, t: int) -> None:
+    trainer.loss_log[t], trainer.params, trainer.opt_state = _update(trainer, trainer.params, trainer.opt_state, t)
 
 
 def synchronize(trainer: Trainer) -> None:
@@ -130,10 +130,8 @@ def synchronize(trainer: Trainer) -> None:
         trainer.xp.cuda.get_current_stream().synchronize()
 
 
-def losses(trainer: Trainer, handles: list) -> np.ndarray:
-    if not handles:
-        return np.zeros(0)
-    return np.asarray(_to_numpy(trainer, trainer.xp.stack(handles)), dtype=np.float64)
+def losses(trainer: Trainer, upto: int) -> np.ndarray:
+    return np.asarray(_to_numpy(trainer, trainer.loss_log[:upto]), dtype=np.float64)
 
 
 def _to_numpy(trainer: Trainer, a):

@@ -64,6 +64,7 @@ class Trainer:
     opt_state: Any
     train_step: Any
     predict_fn: Any
+    loss_log: Any
 
 
 def put(problem, device: str, dtype: str) -> dict[str, Any]:
@@ -116,17 +117,22 @@ def _functions(problem):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def full_batch_step(params, opt_state, data):
-        return update(params, opt_state, data["x"], data["y"])
+    def logged(params, opt_state, log, t, x, y):
+        params, opt_state, loss = update(params, opt_state, x, y)
+        return params, opt_state, log.at[t].set(loss)
 
-    def minibatch_step(params, opt_state, data, epoch, start, size):
+    def full_batch_step(params, opt_state, log, t, data):
+        return logged(params, opt_state, log, t, data["x"], data["y"])
+
+    def minibatch_step(params, opt_state, log, t, data, epoch, start, size):
         rows = jax.lax.dynamic_slice(data["order"][epoch], (start,), (size,))
-        return update(params, opt_state, data["x"][rows], data["y"][rows])
+        return logged(params, opt_state, log, t, data["x"][rows], data["y"][rows])
 
+    # The loss log is donated: written in place, not copied every step.
     if problem.batch_order is None:
-        step = jax.jit(full_batch_step)
+        step = jax.jit(full_batch_step, donate_argnames="log")
     else:
-        step = jax.jit(minibatch_step, static_argnames="size")
+        step = jax.jit(minibatch_step, static_argnames="size", donate_argnames="log")
     return tx, step, jax.jit(forward)
 
 
@@ -135,14 +141,15 @@ def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
     dev = jax.devices(_platform(device))[0]
     tx, train_step, predict_fn = _functions(problem)
     params = jax.device_put([(w.astype(dtype), b.astype(dtype)) for w, b in problem.initial_params], dev)
-    return Trainer(problem, device, dtype, data, params, tx.init(params), train_step, predict_fn)
+    log = jax.device_put(np.zeros(problem.total_steps, dtype=dtype), dev)
+    return Trainer(problem, device, dtype, data, params, tx.init(params), train_step, predict_fn, log)
 
 
-def _call_step(trainer: Trainer, params, opt_state, t: int):
+def _call_step(trainer: Trainer, params, opt_state, log, t: int):
     if trainer.problem.batch_order is None:
-        return trainer.train_step(params, opt_state, trainer.data)
+        return trainer.train_step(params, opt_state, log, t, trainer.data)
     epoch, start, stop = trainer.problem.batch_slice(t)
-    return trainer.train_step(params, opt_state, trainer.data, epoch, start, size=stop - start)
+    return trainer.train_step(params, opt_state, log, t, trainer.data, epoch, start, size=stop - start)
 
 
 def warm_up(trainer: Trainer) -> None:
@@ -153,25 +160,23 @@ def warm_up(trainer: Trainer) -> None:
     for t, (start, stop) in enumerate(trainer.problem.bounds):
         if stop - start not in seen:
             seen.add(stop - start)
-            jax.block_until_ready(_call_step(trainer, trainer.params, trainer.opt_state, t))
+            scratch = jax.numpy.zeros_like(trainer.loss_log)
+            jax.block_until_ready(_call_step(trainer, trainer.params, trainer.opt_state, scratch, t))
     jax.block_until_ready(trainer.predict_fn(trainer.params, trainer.data["x"][:1]))
 
 
-def step(trainer: Trainer, t: int):
-    trainer.params, trainer.opt_state, loss = _call_step(trainer, trainer.params, trainer.opt_state, t)
-    return loss
+def step(trainer: Trainer, t: int) -> None:
+    trainer.params, trainer.opt_state, trainer.loss_log = _call_step(
+        trainer, trainer.params, trainer.opt_state, trainer.loss_log, t
+    )
 
 
 def synchronize(trainer: Trainer) -> None:
-    _jax().block_until_ready((trainer.params, trainer.opt_state))
+    _jax().block_until_ready((trainer.params, trainer.opt_state, trainer.loss_log))
 
 
-def losses(trainer: Trainer, handles: list) -> np.ndarray:
-    if not handles:
-        return np.zeros(0)
-    import jax.numpy as jnp
-
-    return np.asarray(jnp.stack(handles), dtype=np.float64)
+def losses(trainer: Trainer, upto: int) -> np.ndarray:
+    return np.asarray(trainer.loss_log, dtype=np.float64)[:upto]
 
 
 def params(trainer: Trainer):

@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
     data_options(export)
 
+    comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
+    comp.add_argument("new", type=Path, nargs="?", default=Path("results"), help="folder of new records (default: results)")
+    comp.add_argument("--baseline", required=True, help="folder of baseline records, or git:REV for results/ at REV")
+    comp.add_argument("--across-hosts", action="store_true", help="also compare records of other hosts or library versions")
+
     schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
     schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
 
@@ -146,6 +151,27 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from harness import compare
+
+    findings = compare.compare(args.new, args.baseline, args.across_hosts)
+    table = Table(title=f"{args.new} against {args.baseline}")
+    for column in ("spec", "run", "profile", "what", "baseline", "new", "verdict"):
+        table.add_column(column)
+    styles = {"regression": "red", "improved": "green", "ok": None}
+    for f in findings:
+        table.add_row(f.spec, f.run, f.profile, f.what, f.baseline, f.new, f.verdict, style=styles.get(f.verdict, "yellow"))
+    console.print(table)
+    regressions = sum(f.verdict == "regression" for f in findings)
+    compared = sum(not f.verdict.startswith("not compared") for f in findings)
+    console.print(f"{regressions} regression(s) in {compared} comparison(s)")
+    if compared == 0:
+        raise HarnessError(f"{args.new}: no record matched the baseline {args.baseline}")
+    return EXIT_FAILED if regressions else 0
+
+
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     targets = {
         spec_mod.SPECS_DIR / "schema.json": spec_mod.json_schema(),
@@ -174,7 +200,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

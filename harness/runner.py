@@ -100,18 +100,17 @@ def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progres
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
-        handles = []
         start = time.perf_counter()
         for t in range(total):
-            handles.append(adapter.step(trainer, t))
+            adapter.step(trainer, t)
             if repeat == 0 and t + 1 in snapshot_steps:
                 outcome.snapshots[t + 1] = adapter.params(trainer)
             if progress and repeat == 0 and ((t + 1) % print_every == 0 or t + 1 == total):
-                progress(t + 1, float(adapter.losses(trainer, handles[-1:])[0]))
+                progress(t + 1, float(adapter.losses(trainer, t + 1)[-1]))
         adapter.synchronize(trainer)
         train.append(time.perf_counter() - start)
 
-        curve = adapter.losses(trainer, handles)
+        curve = adapter.losses(trainer, total)
         if repeat == 0:
             outcome.losses = curve
             _finish(adapter, trainer, problem, outcome)

@@ -33,11 +33,16 @@ def problem_or_skip(name: str):
     return quick_problem(name)
 
 
+def first_loss(adapter, trainer) -> float:
+    adapter.step(trainer, 0)
+    return adapter.losses(trainer, 1)[0]
+
+
 def one_step(adapter, problem, dtype):
     trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
     adapter.warm_up(trainer)
     outputs = adapter.predict(trainer, problem.probe)
-    loss = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    loss = first_loss(adapter, trainer)
     return outputs, loss, adapter.params(trainer)
 
 
@@ -83,9 +88,9 @@ def test_warm_up_leaves_the_state_alone(framework):
     adapter.synchronize(trainer)
     for (w, b), (w0, b0) in zip(adapter.params(trainer), before):
         assert np.array_equal(w, w0) and np.array_equal(b, b0)
-    first = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    first = first_loss(adapter, trainer)
     again = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32")
-    assert adapter.losses(again, [adapter.step(again, 0)])[0] == first
+    assert first_loss(adapter, again) == first
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -116,7 +121,7 @@ def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
     adapter.warm_up(trainer)
     tol = problem.spec.checks.initial_outputs
     np.testing.assert_allclose(adapter.predict(trainer, problem.probe), ref_out, rtol=tol.rtol, atol=tol.atol)
-    loss = adapter.losses(trainer, [adapter.step(trainer, 0)])[0]
+    loss = first_loss(adapter, trainer)
     assert loss == pytest.approx(ref_loss, rel=problem.spec.checks.initial_loss.rtol)
     tol = problem.spec.checks.params_after_first_step
     for (w, b), (rw, rb) in zip(adapter.params(trainer), ref_params):
