@@ -1,4 +1,5 @@
-"""Sessions: `nox -s cpu` (the main job), `nox -s tests` (the test suite), `nox -s gpu` (a CUDA host).
+"""Sessions: `nox -s cpu` (the main job), `nox -s tests` (the test suite), `nox -s regress`
+(the quick profile against the committed baseline).
 
 Policy: pip, never uv (the local pip configuration holds the CPU build of torch); torch is
 pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CUDA build.
@@ -7,6 +8,7 @@ pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CU
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -57,3 +59,14 @@ def tests(session: nox.Session) -> None:
         env["HARNESS_DATA_DIR"] = str(OFFLINE_MNIST)
     session.run("python", "-m", "harness", "schema", "--check")
     session.run("pytest", *session.posargs, env=env)
+
+
+@nox.session
+def regress(session: nox.Session) -> None:
+    """The quick profile on the CPU, compared with the committed baseline (baselines/cpu-quick)."""
+    _install(session, "torch", "jax")
+    new = Path(session.create_tmp()) / "records"
+    shutil.rmtree(new, ignore_errors=True)
+    options = ["--profile", "quick", "--devices", "cpu", "--results", str(new), *_mnist_options(session)]
+    session.run("python", "-m", "harness", "run", *options, success_codes=[0, 1])
+    session.run("python", "-m", "harness", "compare", str(new), "--baseline", "baselines/cpu-quick", *session.posargs)

@@ -1,7 +1,7 @@
 """Regression checks: new records against a baseline (a folder, or results/ at a git revision).
 
-Records are matched by spec, framework, device, profile and dtype (the newest of each in
-either set). A pair regresses when a check that passed now fails (an agreement error grew
+Records are matched by spec, framework, device, profile, dtype and data source (the newest
+of each in either set). A pair regresses when a check that passed now fails (an agreement error grew
 past its tolerance, or a verdict flipped), when a final metric moved by more than its
 tolerance, or when the time per step grew by more than the noise both sides recorded.
 Records of different hosts or library versions are compared only when asked.
@@ -37,7 +37,7 @@ class Finding:
 
 
 def load_records(folder: Path) -> dict[tuple, Record]:
-    """The newest record of each (spec, framework, device, profile, dtype) under folder."""
+    """The newest record of each (spec, framework, device, profile, dtype, data source) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
     newest: dict[tuple, Record] = {}
@@ -45,7 +45,7 @@ def load_records(folder: Path) -> dict[tuple, Record]:
         if path.name == "schema.json":
             continue
         record = read_record(path)
-        key = (record.spec.name, record.framework, record.device.kind, record.spec.profile, record.dtype)
+        key = (record.spec.name, record.framework, record.device.kind, record.spec.profile, record.dtype, record.data.source)
         if key not in newest or record.created > newest[key].created:
             newest[key] = record
     return newest

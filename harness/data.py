@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import DataError
-from harness.spec import IdxData, IdxFile, MoonsData, PeaksData
+from harness.spec import IdxData, IdxFile, PeaksData
 
 DATA_DIR_ENV = "HARNESS_DATA_DIR"
 # Fixed in code, never taken from a spec: a spec names files, not addresses.

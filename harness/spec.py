@@ -328,6 +328,11 @@ def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> s
             msg = "unknown key"
         elif e["type"] == "missing":
             msg = "missing key"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
+                lines.append(f"{path}: {prefix}{msg}")
+                continue
         lines.append(f"{path}: {key}: {msg}")
     return "\n".join(lines)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 
 from harness.spec import SPECS_DIR
@@ -67,3 +69,47 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
     with np.load(out) as arrays:
         assert arrays["x_train"].shape == (2500, 2) and arrays["W0"].shape == (2, 20)
         assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"
+
+
+BAD_SPECS = {
+    "yaml_does_not_parse": ("a: [1, 2", "not valid YAML"),
+    "unknown_key": (lambda d: d.update(colour="blue"), "colour: unknown key"),
+    "missing_key": (lambda d: d.pop("optimizer"), "optimizer: missing key"),
+    "wrong_type": (lambda d: d["training"].update(epochs="many"), "training.epochs: Input should be a valid integer"),
+    "lr_zero": (lambda d: d["optimizer"].update(lr=0), "optimizer.lr: Input should be greater than 0"),
+    "width_zero": (lambda d: d["model"]["layers"][0].update(width=0), "model.layers.0.width: Input should be greater than 0"),
+    "negative_epochs": (lambda d: d["training"].update(epochs=-5), "training.epochs: Input should be greater than 0"),
+    "batch_larger_than_data": (
+        lambda d: d["training"].update(batch_size=6000, last_batch="drop"),
+        "training.batch_size: 6000 is larger than the 5000 training examples",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_spec_through_the_cli_exits_two_and_writes_nothing(tmp_path, case):
+    change, message = BAD_SPECS[case]
+    spec = tmp_path / f"{case}.yaml"
+    if isinstance(change, str):
+        spec.write_text(change)
+    else:
+        doc = yaml.safe_load((SPECS_DIR / "moons_net.yaml").read_text())
+        change(doc)
+        spec.write_text(yaml.safe_dump(doc))
+    done = harness("run", str(spec), "--results", str(tmp_path / "results"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert str(spec) in done.stderr and message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*.json"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong_magic"])
+def test_damaged_data_file_exits_two(tmp_path, mnist_dir, damage):
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        shutil.copy(mnist_dir / name, tmp_path / name)
+    target = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    raw = target.read_bytes()
+    target.write_bytes(raw[:-100] if damage == "truncated" else b"\x00\x00\x07\x01" + raw[4:])
+    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "test-set",
+                   "--results", str(tmp_path / "results"))
+    assert done.returncode == 2 and f"{target}: checksum mismatch" in done.stderr
+    assert not list((tmp_path / "results").rglob("*.json"))

@@ -1,0 +1,146 @@
+"""Faults and hostile input: the spec loader under fuzzing, interrupted runs, concurrent
+writers. Nothing may crash obscurely, and no half-written record may be left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import records
+from harness.errors import RecordError, SpecError
+from harness.spec import SPECS_DIR, parse_document, validate_document
+from tests.conftest import ROOT
+
+PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
+SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=12)
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+
+
+def paths_of(doc, prefix=()):
+    """Every key path into a nested document."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield (*prefix, key)
+            yield from paths_of(value, (*prefix, key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield (*prefix, i)
+            yield from paths_of(value, (*prefix, i))
+
+
+PATHS = list(paths_of(PEAKS_DOC))
+
+
+def loads_or_spec_error(doc) -> None:
+    try:
+        validate_document(Path("fuzz.yaml"), doc)
+    except SpecError as exc:
+        assert str(exc).startswith("fuzz.yaml")
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_any_text_parses_or_gives_a_spec_error(text):
+    try:
+        doc = parse_document(Path("fuzz.yaml"), text)
+    except SpecError:
+        return
+    loads_or_spec_error(doc)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(PATHS), VALUES | st.just("<delete>")), min_size=1, max_size=4))
+def test_mutated_specs_load_or_give_a_spec_error(mutations):
+    import copy
+
+    doc = copy.deepcopy(PEAKS_DOC)
+    for path, value in mutations:
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if value == "<delete>":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation removed this path
+    loads_or_spec_error(doc)
+
+
+@FUZZ
+@given(VALUES)
+def test_any_document_loads_or_gives_a_spec_error(doc):
+    if isinstance(doc, dict):
+        loads_or_spec_error(doc)
+    else:
+        with pytest.raises(SpecError):
+            parse_document(Path("fuzz.yaml"), yaml.safe_dump(doc))
+
+
+def run_cli(results: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--results", str(results)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_run_leaves_no_record(tmp_path, sig):
+    proc = run_cli(tmp_path)
+    deadline = time.monotonic() + 60
+    line = ""
+    while "step" not in line and time.monotonic() < deadline:  # interrupt it mid-training
+        line = proc.stdout.readline()
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_an_interrupt_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
+    record = records.read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        records.write_record(tmp_path, record)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
+    first, second = run_cli(tmp_path), run_cli(tmp_path)
+    assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
+    written = sorted(tmp_path.rglob("*.json"))
+    assert len(written) == 4 and len({p.name for p in written}) == 4
+    for path in written:
+        records.read_record(path)
+
+
+def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the folder should be")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--results", str(blocked / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "cannot be written" in done.stderr
+    with pytest.raises(RecordError):
+        records.ensure_writable(blocked / "r")
