@@ -48,8 +48,9 @@ def flip_first_passing(doc):
 
 
 def slower(doc):
-    doc["timings"]["per_step_s"] *= 2
-    doc["timings"]["train_s"] *= 2
+    # Ten times: the tiny quick runs record a spread of up to ~60% between repeats.
+    doc["timings"]["per_step_s"] *= 10
+    doc["timings"]["train_s"] *= 10
 
 
 def metric_moved(doc):
