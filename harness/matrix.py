@@ -177,11 +177,11 @@ def run_spec(
         runs = 1 if key == ORACLE_KEY else repeats or loaded.spec.timing.repeats
         outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate)
     members = []
-    for i in range(loaded.spec.checks.long_run.members):
+    for i in range(problem.spec.checks.long_run.members):
         key = RunKey(CALIBRATION, "cpu", f"ulp{i + 1}")
         label = f"{loaded.name} {key.label} (calibration: initial weights moved one ulp)"
         members.append(_one(perturbed(problem, seed=i + 1), key, 1, label, console, isolate))
-    checks = checks_mod.check_all(loaded.spec, outcomes, members)
+    checks = checks_mod.check_all(problem.spec, outcomes, members)
     result = SpecResult(loaded, problem, outcomes, members, checks, [])
     if results_dir is not None:
         for key in keys:

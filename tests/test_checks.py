@@ -65,3 +65,27 @@ def test_an_isolated_run_gives_the_same_bits():
     here = runner.run(short, CALIBRATION_KEY)
     there = matrix.run_isolated(short, CALIBRATION_KEY, 1, "isolated")
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
+
+
+def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from harness import registry
+    from harness.spec import SPECS_DIR, load_spec
+
+    monkeypatch.setitem(registry.ADAPTERS, "absent", "adapters.no_such_framework")
+    loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
+    problem = quick_problem("moons_net")
+    spec = problem.spec
+    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 3}), "checks": checks_section})
+    short = type(problem)(**{**problem.__dict__, "spec": spec})
+    keys = matrix.matrix_keys(["absent", "cupy"], ["cpu", "gpu"])
+    result = matrix.run_spec(loaded, short, keys, None, Console(file=io.StringIO()))
+    statuses = {k.label: o.status for k, o in result.outcomes.items()}
+    assert statuses["absent@cpu"] == "skipped" and "cannot be imported" in result.outcomes[RunKey("absent", "cpu")].reason
+    assert statuses["cupy@cpu"] == statuses["oracle@cpu"] == "ok"
+    assert statuses["cupy@gpu"] in ("ok", "skipped")
+    assert not any(c.involves(RunKey("absent", "cpu")) for c in result.checks)
