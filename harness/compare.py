@@ -18,7 +18,8 @@ from harness.errors import RecordError
 from harness.records import Record, read_record
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
-# this fraction of the baseline (single-repeat runs have no spread to go by).
+# this fraction of the baseline. Runs of a single repeat record no spread: their times are
+# not judged (the oracle runs once; so do specs whose runs take minutes).
 TIME_NOISE_FLOOR = 0.05
 # Final metrics may move by this much relative, plus the spec's metric floor, before it
 # counts (a bitwise-reproducible CPU run moves by exactly zero).
@@ -112,7 +113,9 @@ def compare_pair(base: Record, new: Record, across: bool) -> list[Finding]:
             verdict = "regression" if moved > allowed else "ok"
             findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g}", verdict))
 
-    if base.timings and new.timings and base.timings.total_steps == new.timings.total_steps:
+    if base.timings and new.timings and min(base.timings.repeats, new.timings.repeats) < 2:
+        findings.append(finding("time per step", "", "", "not compared: a single repeat records no spread"))
+    elif base.timings and new.timings and base.timings.total_steps == new.timings.total_steps:
         steps = base.timings.total_steps
         noise = (base.timings.train_s_spread + new.timings.train_s_spread) / steps
         allowed = base.timings.per_step_s + noise + TIME_NOISE_FLOOR * base.timings.per_step_s

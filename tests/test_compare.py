@@ -102,3 +102,10 @@ def test_the_cli_exits_one_on_a_regression_and_two_on_a_foreign_record(tmp_path)
 def test_missing_baseline_folder_is_an_error(tmp_path):
     with pytest.raises(RecordError, match="no such records folder"):
         compare.compare(copy_baseline(tmp_path), str(tmp_path / "nowhere"))
+
+
+def test_single_repeat_times_are_not_judged(tmp_path):
+    new = copy_baseline(tmp_path)
+    edit_one(new, "oracle", slower)
+    findings = [f for f in compare.compare(new, str(BASELINE)) if f.run == "oracle@cpu" and f.what == "time per step"]
+    assert findings and all(f.verdict.startswith("not compared: a single repeat") for f in findings)
