@@ -111,18 +111,30 @@ def adam_init(xp, params):
     return {"t": 0, "m": zeros, "v": [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]}
 
 
-def adam_update(xp, params, grads, state, opt):
-    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat)."""
+def bias_corrections(opt, t: int) -> tuple[float, float]:
+    """1 - beta1^t and 1 - beta2^t, in Python floats (as torch.optim computes them)."""
+    return 1 - opt.beta1**t, 1 - opt.beta2**t
+
+
+def adam_denominator(xp, v_hat: Array, eps: float) -> Array:
+    return xp.sqrt(v_hat) + eps
+
+
+def adam_update(xp, params, grads, state, opt, corrections=bias_corrections, denominator=adam_denominator):
+    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat).
+
+    `corrections` and `denominator` are the definition's two places where implementations
+    differ; tests swap them to reproduce such differences.
+    """
     t = state["t"] + 1
-    c1 = 1 - opt.beta1**t
-    c2 = 1 - opt.beta2**t
+    c1, c2 = corrections(opt, t)
     new_params, new_m, new_v = [], [], []
     for p_pair, g_pair, m_pair, v_pair in zip(params, grads, state["m"], state["v"]):
         layer_p, layer_m, layer_v = [], [], []
         for p, g, m, v in zip(p_pair, g_pair, m_pair, v_pair):
             m = opt.beta1 * m + (1 - opt.beta1) * g
             v = opt.beta2 * v + (1 - opt.beta2) * (g * g)
-            p = p - opt.lr * (m / c1) / (xp.sqrt(v / c2) + opt.eps)
+            p = p - opt.lr * (m / c1) / denominator(xp, v / c2, opt.eps)
             layer_p.append(p)
             layer_m.append(m)
             layer_v.append(v)

@@ -12,6 +12,7 @@ other framework. Two matrices are run once per module and shared by the tests: p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import io
@@ -42,25 +43,12 @@ MOONS_SHORT = {"training": {"epochs": 20}, "checks": {"params_after_steps": {"st
 # --- the injected bugs --------------------------------------------------------------------
 
 
-def adam_update_eps_inside_sqrt(xp, params, grads, state, opt):
-    """xp_mlp.adam_update with eps under the square root: sqrt(v_hat + eps)."""
-    t = state["t"] + 1
-    c1 = 1 - opt.beta1**t
-    c2 = 1 - opt.beta2**t
-    new_params, new_m, new_v = [], [], []
-    for p_pair, g_pair, m_pair, v_pair in zip(params, grads, state["m"], state["v"]):
-        layer_p, layer_m, layer_v = [], [], []
-        for p, g, m, v in zip(p_pair, g_pair, m_pair, v_pair):
-            m = opt.beta1 * m + (1 - opt.beta1) * g
-            v = opt.beta2 * v + (1 - opt.beta2) * (g * g)
-            p = p - opt.lr * (m / c1) / xp.sqrt(v / c2 + opt.eps)  # the bug: eps inside
-            layer_p.append(p)
-            layer_m.append(m)
-            layer_v.append(v)
-        new_params.append(tuple(layer_p))
-        new_m.append(tuple(layer_m))
-        new_v.append(tuple(layer_v))
-    return new_params, {"t": t, "m": new_m, "v": new_v}
+def denominator_eps_inside_sqrt(xp, v_hat, eps):
+    """The bug: eps under the square root, sqrt(v_hat + eps), instead of sqrt(v_hat) + eps."""
+    return xp.sqrt(v_hat + eps)
+
+
+adam_update_eps_inside_sqrt = functools.partial(xp_mlp.adam_update, denominator=denominator_eps_inside_sqrt)
 
 
 def torch_loss_summed(torch, spec, model, n_examples, outputs, targets):
