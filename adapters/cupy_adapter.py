@@ -98,19 +98,10 @@ def warm_up(trainer: Trainer) -> None:
         _update(trainer, trainer.params, trainer.opt_state, 0)
 
 
-def _batch(trainer: Trainer, step: int):
-    x, y = trainer.data["x"], trainer.data["y"]
-    if trainer.problem.batch_order is None:
-        return x, y
-    epoch, start, stop = trainer.problem.batch_slice(step)
-    rows = trainer.data["order"][epoch, start:stop]
-    return x[rows], y[rows]
-
-
 def _update(trainer: Trainer, params, opt_state, step: int):
     xp = trainer.xp
     spec = trainer.problem.spec
-    x, y = _batch(trainer, step)
+    x, y = trainer.problem.batch(trainer.data, step)
     loss, grads = xp_mlp.loss_and_grads(
         xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train)
     )

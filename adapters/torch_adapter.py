@@ -128,18 +128,9 @@ def _loss(torch, spec, model, n_examples: int, outputs, targets):
     return value
 
 
-def _batch(trainer: Trainer, step: int):
-    x, y = trainer.data["x"], trainer.data["y"]
-    if trainer.problem.batch_order is None:
-        return x, y
-    epoch, start, stop = trainer.problem.batch_slice(step)
-    rows = trainer.data["order"][epoch, start:stop]
-    return x[rows], y[rows]
-
-
 def _train_step(trainer: Trainer, model, optimizer, step: int):
     torch = _torch()
-    x, y = _batch(trainer, step)
+    x, y = trainer.problem.batch(trainer.data, step)
     optimizer.zero_grad(set_to_none=True)
     loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x), y)
     loss.backward()

@@ -50,12 +50,15 @@ class Problem:
         start, stop = self.bounds[within]
         return epoch, start, stop
 
-    def batch_indices(self, step: int) -> np.ndarray | None:
-        """The training rows of a step, or None when the step uses the whole set in order."""
+    def batch(self, data: dict, step: int):
+        """A step's (x, y), indexed out of arrays an adapter put on its device: data["x"],
+        data["y"] and, when there is a batch order, data["order"]. Any array library."""
+        x, y = data["x"], data["y"]
         if self.batch_order is None:
-            return None
+            return x, y
         epoch, start, stop = self.batch_slice(step)
-        return self.batch_order[epoch, start:stop]
+        rows = data["order"][epoch, start:stop]
+        return x[rows], y[rows]
 
 
 def initial_params(spec: Spec) -> Params:
