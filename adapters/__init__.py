@@ -1,5 +1,7 @@
 """Framework adapters. Each is one module exposing the same few functions:
 
+- ``configure(precision)``: called first, before the framework is imported: "strict"
+  (full float32 products, deterministic kernels) or "tf32" (TF32 allowed on the GPU).
 - ``unavailable(device) -> str | None``: why it cannot run there, or None.
 - ``describe(device) -> dict``: library, version, device name, math mode, threads.
 - ``put(problem, device, dtype)``: the training data on the device (timed as transfer).

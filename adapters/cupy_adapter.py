@@ -15,6 +15,11 @@ from adapters import xp_mlp
 NAME = "cupy"
 
 
+def configure(precision: str) -> None:
+    """CuPy reads CUPY_TF32 when it creates its cuBLAS handle: set before the first product."""
+    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
+
+
 def _xp(device: str):
     if device == "cpu":
         return np
@@ -54,7 +59,10 @@ def describe(device: str) -> dict[str, Any]:
         "library": "cupy",
         "version": cupy.__version__,
         "device_name": props["name"].decode(),
-        "math_mode": {"CUPY_TF32": os.environ.get("CUPY_TF32", "0 (default: TF32 off)")},
+        "math_mode": {
+            "CUPY_TF32": os.environ.get("CUPY_TF32", "0 (default: TF32 off)"),
+            "reductions": "CuPy's own kernels (no atomics: the same order every run)",
+        },
         "threads": None,
     }
 

@@ -9,13 +9,25 @@ from typing import Any
 import numpy as np
 
 NAME = "jax"
+_PRECISION = "strict"
+# XLA reads this when its backend starts: no atomics-based (run-to-run varying) GPU kernels.
+DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def configure(precision: str) -> None:
+    global _PRECISION
+    _PRECISION = precision
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DETERMINISTIC_FLAG not in flags.split():
+        os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
 
 
 def _jax():
     import jax
 
-    # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision.
-    jax.config.update("jax_default_matmul_precision", "highest")
+    # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision,
+    # or for TF32 by name when that variant is the point.
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if _PRECISION == "tf32" else "highest")
     return jax
 
 
@@ -49,6 +61,7 @@ def describe(device: str) -> dict[str, Any]:
         "math_mode": {
             "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
             "jax_enable_x64": bool(jax.config.jax_enable_x64),
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         },
         "threads": os.cpu_count(),
     }

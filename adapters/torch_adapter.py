@@ -11,6 +11,12 @@ from typing import Any
 import numpy as np
 
 NAME = "torch"
+_PRECISION = "strict"
+
+
+def configure(precision: str) -> None:
+    global _PRECISION
+    _PRECISION = precision
 
 
 def _torch():
@@ -36,10 +42,11 @@ def unavailable(device: str) -> str | None:
 
 
 def _configure(torch) -> None:
-    """Full float32 precision and deterministic kernels, whatever the defaults."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    """Deterministic kernels, and full float32 products unless TF32 was asked for."""
+    tf32 = _PRECISION == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.use_deterministic_algorithms(True)
 
 
@@ -56,6 +63,7 @@ def describe(device: str) -> dict[str, Any]:
             "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         },
         "threads": torch.get_num_threads(),
     }

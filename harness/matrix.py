@@ -21,6 +21,9 @@ from harness.runner import Outcome, run
 from harness.spec import LoadedSpec
 
 
+GPU_MIN_REPEATS = 2
+
+
 @dataclass
 class SpecResult:
     loaded: LoadedSpec
@@ -31,10 +34,13 @@ class SpecResult:
     paths: list[Path]
 
 
-def matrix_keys(frameworks: list[str], devices: list[str]) -> list[RunKey]:
-    """The chosen cells, plus the calibration run (cupy@cpu) and the oracle, which the
-    checks need; the oracle runs last, as it is the slowest."""
+def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False) -> list[RunKey]:
+    """The chosen cells (and with `tf32`, each framework again on the GPU with TF32
+    allowed), plus the calibration run (cupy@cpu) and the oracle, which the checks need;
+    the oracle runs last, as it is the slowest."""
     keys = [RunKey(f, d) for d in devices for f in frameworks]
+    if tf32 and "gpu" in devices:
+        keys += [RunKey(f, "gpu", precision="tf32") for f in frameworks]
     if CALIBRATION_KEY not in keys:
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
@@ -101,6 +107,7 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
         library_version=outcome.describe.get("version"),
         device=records.Device(kind=key.device, name=outcome.describe.get("device_name")),
         dtype=key.dtype,
+        precision_mode=key.precision,
         precision=outcome.describe.get("math_mode", {}),
         host=records.host_info(),
         libraries=records.library_versions(),
@@ -120,6 +127,8 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
         metrics=metrics,
         checks=checks,
         repeats_bitwise_identical=outcome.repeats_bitwise_identical,
+        repeats_max_abs_diff=outcome.repeats_max_abs_diff,
+        repeats_first_diff_step=outcome.repeats_first_diff_step,
         failed_at_step=outcome.failed_at_step,
         artifacts=None,
     )
@@ -173,8 +182,11 @@ def run_spec(
     run_id = run_id or records.new_id()
     outcomes = {}
     for key in keys:
-        # The oracle's speed is nobody's question: it runs once.
+        # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
+        # least twice, so that run-to-run determinism on the device is measured.
         runs = 1 if key == ORACLE_KEY else repeats or loaded.spec.timing.repeats
+        if key.device == "gpu":
+            runs = max(runs, GPU_MIN_REPEATS)
         outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate)
     members = []
     for i in range(problem.spec.checks.long_run.members):

@@ -131,6 +131,8 @@ class Record(Frozen):
     library_version: str | None
     device: Device
     dtype: Literal["float32", "float64"]
+    # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not gated)
+    precision_mode: Literal["strict", "tf32"] = "strict"
     precision: dict[str, Any]
     host: Host
     libraries: dict[str, str]
@@ -141,6 +143,10 @@ class Record(Frozen):
     metrics: Metrics | None
     checks: list[CheckRecord]
     repeats_bitwise_identical: bool | None
+    # Across the repeats of this run: the largest |difference| of the loss curve and final
+    # parameters, and the first step whose loss differs (None when identical or one repeat).
+    repeats_max_abs_diff: float | None = None
+    repeats_first_diff_step: int | None = None
     failed_at_step: int | None
     artifacts: Artifact | None
 

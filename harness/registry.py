@@ -18,6 +18,8 @@ ADAPTERS: dict[str, str] = {
 ORACLE = "oracle"
 CALIBRATION = "cupy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
 DEVICES = ("cpu", "gpu")
+STRICT = "strict"
+PRECISIONS = (STRICT, "tf32")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class RunKey:
     framework: str
     device: str
     variant: str = ""  # a calibration member: same code, perturbed inputs
+    precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only)
 
     @property
     def adapter(self) -> str:
@@ -38,7 +41,10 @@ class RunKey:
 
     @property
     def label(self) -> str:
-        return f"{self.framework}@{self.device}" + (f"~{self.variant}" if self.variant else "")
+        label = f"{self.framework}@{self.device}"
+        if self.precision != STRICT:
+            label += f"+{self.precision}"
+        return label + (f"~{self.variant}" if self.variant else "")
 
 
 ORACLE_KEY = RunKey(ORACLE, "cpu")

@@ -39,6 +39,8 @@ class Outcome:
     metrics: dict[str, float] = field(default_factory=dict)
     timings: dict[str, Any] = field(default_factory=dict)
     repeats_bitwise_identical: bool | None = None
+    repeats_max_abs_diff: float | None = None
+    repeats_first_diff_step: int | None = None
     failed_at_step: int | None = None
 
 
@@ -70,6 +72,7 @@ def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | No
         adapter = registry.load(key.adapter)
     except ImportError as exc:
         return Outcome(key, "skipped", f"adapter {key.adapter} cannot be imported: {exc}")
+    adapter.configure(key.precision)
     reason = adapter.unavailable(key.device)
     if reason:
         return Outcome(key, "skipped", reason)
@@ -114,10 +117,27 @@ def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progres
         if repeat == 0:
             outcome.losses = curve
             _finish(adapter, trainer, problem, outcome)
-        elif outcome.repeats_bitwise_identical is not False:
-            outcome.repeats_bitwise_identical = bool(np.array_equal(curve, outcome.losses))
+        else:
+            _compare_repeat(outcome, curve, adapter.params(trainer))
     outcome.timings = _timings(problem, transfer, warmup, train)
     return outcome
+
+
+def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None:
+    """Fold one more repeat into the run-to-run verdict: bitwise equality of the loss curve
+    and the final parameters with the first repeat, and if not, how far apart."""
+    first = np.concatenate([outcome.losses, *(np.ravel(a) for pair in outcome.final_params for a in pair)])
+    this = np.concatenate([curve, *(np.ravel(a) for pair in params for a in pair)])
+    same = first.shape == this.shape and np.array_equal(first, this, equal_nan=True)
+    outcome.repeats_bitwise_identical = same and outcome.repeats_bitwise_identical is not False
+    if same:
+        return
+    diff = float(np.nanmax(np.abs(first - this))) if first.shape == this.shape else float("inf")
+    outcome.repeats_max_abs_diff = max(diff, outcome.repeats_max_abs_diff or 0.0)
+    differs = np.flatnonzero(curve != outcome.losses) if curve.shape == outcome.losses.shape else np.array([0])
+    step = int(differs[0]) if differs.size else len(curve)  # the curve agrees: only parameters differ
+    if outcome.repeats_first_diff_step is None or step < outcome.repeats_first_diff_step:
+        outcome.repeats_first_diff_step = step
 
 
 def _finish(adapter, trainer, problem: Problem, outcome: Outcome) -> None:

@@ -243,6 +243,33 @@ class TimingSection(Strict):
     repeats: PositiveInt
 
 
+class SpeedupClaim(Strict):
+    """What the source article claims for GPU over CPU, to set beside our measurement."""
+
+    low: Annotated[float, Field(gt=0)]
+    high: Annotated[float, Field(gt=0)]
+    source: Annotated[str, Field(min_length=5)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpeedupClaim:
+        if self.high < self.low:
+            raise ValueError("high: smaller than low")
+        return self
+
+
+class Claims(Strict):
+    gpu_speedup: SpeedupClaim | None = None
+
+
+class Sweep(Strict):
+    """A crossover sweep: the spec run at several values of one data key (e.g. the number
+    of points), with a profile that shortens training; every point is an ordinary record."""
+
+    key: Literal["data.points_per_axis", "data.n_samples"]
+    values: Annotated[list[PositiveInt], Field(min_length=1)]
+    profile: Name
+
+
 class Spec(Strict):
     name: Name
     title: str
@@ -259,6 +286,8 @@ class Spec(Strict):
     timing: TimingSection
     known_differences: list[KnownDifference] = []
     profiles: dict[Name, dict[str, Any]] = {}
+    claims: Claims = Claims()
+    sweep: Sweep | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
@@ -279,6 +308,10 @@ class Spec(Strict):
             check_batching(self.training, n)
             if step > total_steps(self.training, n):
                 raise ValueError("checks.params_after_steps.step: beyond the last training step")
+        if self.sweep is not None and self.sweep.profile not in self.profiles:
+            raise ValueError(f"sweep.profile: {self.sweep.profile!r} is not a profile of this spec")
+        if self.sweep is not None and self.sweep.key.split(".")[1] not in type(self.data).model_fields:
+            raise ValueError(f"sweep.key: {self.data.kind} data has no {self.sweep.key}")
         if self.profiles.get(FULL_PROFILE):
             raise ValueError(f"profiles.{FULL_PROFILE}: the full spec is the default, it takes no overrides")
         return self
@@ -373,8 +406,11 @@ def parse_document(path: Path, text: str) -> dict[str, Any]:
     return doc
 
 
-def validate_document(path: Path, doc: dict[str, Any], profile: str = FULL_PROFILE) -> tuple[Spec, dict[str, Any]]:
-    """Validate the document and every profile in it; return the spec with `profile` applied."""
+def validate_document(
+    path: Path, doc: dict[str, Any], profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None
+) -> tuple[Spec, dict[str, Any]]:
+    """Validate the document and every profile in it; return the spec with `profile` (and
+    `extra`, one point of a sweep) applied, and the overrides that made it."""
     try:
         base = Spec.model_validate(doc)
     except ValidationError as exc:
@@ -389,15 +425,28 @@ def validate_document(path: Path, doc: dict[str, Any], profile: str = FULL_PROFI
             shrunk[name] = Spec.model_validate(_deep_merge(doc, overrides))
         except ValidationError as exc:
             raise SpecError(_validation_message(path, exc, prefix=f"profiles.{name}.")) from None
-    if profile == FULL_PROFILE:
-        return base, {}
-    if profile not in shrunk:
+    if profile != FULL_PROFILE and profile not in shrunk:
         known = ", ".join([FULL_PROFILE, *sorted(shrunk)])
         raise SpecError(f"{path}: profile {profile!r} is not defined (known: {known})")
-    return shrunk[profile], base.profiles[profile]
+    overrides = base.profiles.get(profile, {})
+    if extra:  # one point of a sweep: the profile plus one more override, validated alike
+        overrides = _deep_merge(overrides, extra)
+        try:
+            return Spec.model_validate(_deep_merge(doc, overrides)), overrides
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"sweep point {extra}: ")) from None
+    return (base, {}) if profile == FULL_PROFILE else (shrunk[profile], overrides)
 
 
-def load_spec(path: str | Path, profile: str = FULL_PROFILE) -> LoadedSpec:
+def sweep_overrides(spec: Spec) -> list[dict[str, Any]]:
+    """The extra overrides of each point of the spec's sweep, e.g. {"data": {"points_per_axis": 10}}."""
+    if spec.sweep is None:
+        return []
+    section, key = spec.sweep.key.split(".")
+    return [{section: {key: value}} for value in spec.sweep.values]
+
+
+def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None) -> LoadedSpec:
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -407,7 +456,7 @@ def load_spec(path: str | Path, profile: str = FULL_PROFILE) -> LoadedSpec:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{path}: (document): not UTF-8 text") from None
-    spec, overrides = validate_document(path, parse_document(path, text), profile)
+    spec, overrides = validate_document(path, parse_document(path, text), profile, extra)
     return LoadedSpec(
         spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides
     )

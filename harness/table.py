@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from harness import checks as checks_mod
 from harness.matrix import SpecResult
 from harness.registry import ORACLE_KEY
 
@@ -15,7 +16,7 @@ def _fmt(value: float | None, spec: str = ".6g") -> str:
 
 def verdict_table(results: list[SpecResult]) -> Table:
     table = Table(title="Verdicts", show_lines=False)
-    for column in ("spec", "run", "status", "final loss", "accuracy", "horizon vs oracle", "checks", "train s", "ms/step"):
+    for column in ("spec", "run", "status", "final loss", "accuracy", "horizon vs oracle", "checks", "repeats", "train s", "ms/step"):
         table.add_column(column, justify="left" if column in ("spec", "run", "status") else "right")
     for result in results:
         total = result.problem.total_steps
@@ -39,6 +40,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
                 _fmt(acc, ".4f"),
                 "-" if horizon is None else f"{horizon}/{total}",
                 f"{passed} ok, {failed} fail, {known} known, {skipped} skip",
+                run_to_run(outcome),
                 _fmt(outcome.timings.get("train_s"), ".2f"),
                 _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
                 style=style,
@@ -52,6 +54,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
                 _fmt(member.metrics.get("val_accuracy", member.metrics.get("train_accuracy")), ".4f"),
                 "-",
                 "defines the envelope",
+                "-",
                 _fmt(member.timings.get("train_s"), ".2f"),
                 _fmt(member.timings["per_step_s"] * 1e3 if member.timings else None, ".3f"),
                 style="dim",
@@ -63,6 +66,7 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
     for result in results:
         for c in result.checks:
             if c.verdict in ("fail", "known"):
+                label = c.verdict.upper() if checks_mod.gating(c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
                 where = f" (first at step {c.first_failure_step})" if c.first_failure_step is not None else ""
                 measured = (
                     f"max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}{where}; "
@@ -70,7 +74,7 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
                     else ""
                 )
                 console.print(
-                    f"{c.verdict.upper()} {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
+                    f"{label} {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
                     f"{measured}tolerance {c.tolerance}" + (f"; {c.reason}" if c.reason else ""),
                     style="red" if c.verdict == "fail" else "yellow",
                     highlight=False,
@@ -86,7 +90,15 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
                 )
 
 
+def run_to_run(outcome) -> str:
+    if outcome.repeats_bitwise_identical is None:
+        return "-"
+    if outcome.repeats_bitwise_identical:
+        return "bitwise"
+    return f"differ {outcome.repeats_max_abs_diff:.2g} from step {outcome.repeats_first_diff_step}"
+
+
 def failed(results: list[SpecResult]) -> bool:
-    return any(c.verdict == "fail" for r in results for c in r.checks) or any(
+    return any(c.verdict == "fail" and checks_mod.gating(c) for r in results for c in r.checks) or any(
         o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members]
     )
