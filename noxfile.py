@@ -1,14 +1,19 @@
-"""Sessions: `nox -s cpu` (the main job), `nox -s tests` (the test suite), `nox -s regress`
-(the quick profile against the committed baseline).
+"""Sessions: `nox -s cpu` (the main job), `nox -s gpu` (the same on a CUDA host, CPU and
+GPU), `nox -s tests` (the test suite), `nox -s regress` (the quick profile against the
+committed baseline).
 
 Policy: pip, never uv (the local pip configuration holds the CPU build of torch); torch is
 pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CUDA build.
+On a CUDA host the builds follow the driver's CUDA major version (12 or 13, or
+$HARNESS_CUDA); `nox -s gpu --no-venv` installs nothing and uses the Python it runs in.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import nox
@@ -43,6 +48,32 @@ def _install(session: nox.Session, *extras: str) -> None:
     session.install("-e", f".[{','.join(extras)}]")
 
 
+# The PyTorch wheel index for each CUDA major version (pyproject's gpu-cudaNN extras hold
+# the matching jax and cupy builds).
+TORCH_CUDA_INDEX = {"12": "https://download.pytorch.org/whl/cu126", "13": "https://download.pytorch.org/whl/cu130"}
+
+
+def _cuda_major(session: nox.Session) -> str:
+    """12 or 13: $HARNESS_CUDA if set, else the CUDA version the driver reports."""
+    chosen = os.environ.get("HARNESS_CUDA")
+    if chosen:
+        if chosen not in TORCH_CUDA_INDEX:
+            session.error(f"HARNESS_CUDA={chosen}: choose one of {', '.join(TORCH_CUDA_INDEX)}")
+        return chosen
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        session.error("no usable CUDA GPU: nvidia-smi is not on PATH (no NVIDIA driver on this host)")
+    try:
+        report = subprocess.run([smi], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        session.error(f"no usable CUDA GPU: nvidia-smi failed ({exc})")
+    found = re.search(r"CUDA Version:\s*(\d+)", report)
+    if not found:
+        session.error("no usable CUDA GPU: nvidia-smi reports no CUDA version (set HARNESS_CUDA=12 or 13)")
+    major = found.group(1)
+    return major if major in TORCH_CUDA_INDEX else max(TORCH_CUDA_INDEX, key=int)
+
+
 @nox.session
 def cpu(session: nox.Session) -> None:
     """Every spec, full size, in every framework plus the float64 oracle, on the CPU; records in results/."""
@@ -51,14 +82,32 @@ def cpu(session: nox.Session) -> None:
 
 
 @nox.session
+def gpu(session: nox.Session) -> None:
+    """Every spec on this host's CPU and GPU in every framework, with the TF32 variant and the oracle; then the GPU tests."""
+    if session.venv_backend == "none":
+        session.log("--no-venv: using this Python's own torch, jax and cupy builds; installing nothing")
+    else:
+        cuda = _cuda_major(session)
+        session.log(f"CUDA {cuda}: installing torch from {TORCH_CUDA_INDEX[cuda]} and the gpu-cuda{cuda} extra")
+        session.install("torch", "--index-url", TORCH_CUDA_INDEX[cuda])
+        _install(session, f"gpu-cuda{cuda}", "test")
+    options = ["--devices", "cpu,gpu", "--tf32", "--require-gpu", *_mnist_options(session)]
+    session.run("python", "-m", "harness", "run", *options, *session.posargs)
+    session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", env=_test_env())
+
+
+def _test_env() -> dict[str, str]:
+    if not os.environ.get("HARNESS_DATA_DIR") and OFFLINE_MNIST.is_dir():
+        return {"HARNESS_DATA_DIR": str(OFFLINE_MNIST)}
+    return {}
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """The test suite (pytest and hypothesis), on the CPU."""
     _install(session, "torch", "jax", "test")
-    env = {}
-    if not os.environ.get("HARNESS_DATA_DIR") and OFFLINE_MNIST.is_dir():
-        env["HARNESS_DATA_DIR"] = str(OFFLINE_MNIST)
     session.run("python", "-m", "harness", "schema", "--check")
-    session.run("pytest", *session.posargs, env=env)
+    session.run("pytest", *session.posargs, env=_test_env())
 
 
 @nox.session

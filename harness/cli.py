@@ -32,6 +32,21 @@ def _csv(allowed: tuple[str, ...], what: str):
     return parse
 
 
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"values must be positive: {text!r}")
+    return values
+
+
+def gpu_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tf32", action="store_true", help="also run each framework on the GPU with TF32 allowed (measured, not gated)")
+    p.add_argument("--require-gpu", action="store_true", help="stop with one line, before any run, if no framework finds a GPU")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,7 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
+    gpu_options(run)
     data_options(run)
+
+    sweep = sub.add_parser("sweep", help="run a spec's crossover sweep (e.g. peaks over 100..160,000 points); records as usual")
+    sweep.add_argument("specs", nargs="*", help="spec names or paths (default: every spec that declares a sweep)")
+    sweep.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
+    sweep.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
+    sweep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    sweep.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
+    gpu_options(sweep)
+    sweep.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    sweep.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
 
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
     validate.add_argument("specs", nargs="*")
@@ -83,16 +110,42 @@ def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
     return paths
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from harness import inputs, matrix, table
+def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
+    """Checks shared by run and sweep, before anything runs: repeats, the results folder,
+    the GPU when it is required; then the matrix's keys."""
+    from harness import matrix
 
     if args.repeats is not None and args.repeats < 1:
         raise HarnessError("--repeats: must be at least 1")
-    loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
-    results_dir = None if args.no_records else args.results
+    results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         records.ensure_writable(results_dir)
-    keys = matrix.matrix_keys(args.frameworks, args.devices)
+    if args.require_gpu:
+        if "gpu" not in args.devices:
+            raise HarnessError("--require-gpu: add gpu to --devices")
+        matrix.require_gpu(args.frameworks)
+    return results_dir, matrix.matrix_keys(args.frameworks, args.devices, tf32=args.tf32)
+
+
+def _finish_run(console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
+    from harness import table
+
+    console.print(table.verdict_table(results))
+    table.print_failures(console, results)
+    if results_dir is not None:
+        paths = [p for r in results for p in r.paths]
+        speeds = table.speed_table([records.read_record(p) for p in paths])
+        if speeds is not None:
+            console.print(speeds)
+        console.print(f"{len(paths)} records written under {results_dir} (run {run_id})")
+    return EXIT_FAILED if table.failed(results) else 0
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from harness import inputs, matrix
+
+    results_dir, keys = _prepare(args)
+    loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     run_id = records.new_id()
     results = []
     for spec in loaded:
@@ -100,12 +153,31 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         results.append(
             matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate=not args.in_process)
         )
-    console.print(table.verdict_table(results))
-    table.print_failures(console, results)
-    if results_dir is not None:
-        written = sum(len(r.paths) for r in results)
-        console.print(f"{written} records written under {results_dir} (run {run_id})")
-    return EXIT_FAILED if table.failed(results) else 0
+    return _finish_run(console, results, results_dir, run_id)
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from harness import inputs, matrix
+
+    results_dir, keys = _prepare(args)
+    paths = _spec_paths(args.specs, args.specs_dir)
+    if not args.specs:
+        paths = [p for p in paths if spec_mod.load_spec(p).spec.sweep is not None]
+    points = []
+    for path in paths:
+        spec = spec_mod.load_spec(path).spec
+        if spec.sweep is None:
+            raise HarnessError(f"{path}: sweep: the spec declares no sweep")
+        values = args.values or spec.sweep.values
+        points += [(path, spec.sweep, extra) for extra in spec_mod.sweep_overrides(spec, values)]
+    run_id = records.new_id()
+    results = []
+    for i, (path, sweep, extra) in enumerate(points, 1):
+        loaded = spec_mod.load_spec(path, sweep.profile, extra)
+        problem = inputs.build_problem(loaded, args.data_dir)
+        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {sweep.key} = {extra}, {len(problem.x_train)} examples")
+        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, isolate=True))
+    return _finish_run(console, results, results_dir, run_id)
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -200,7 +272,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

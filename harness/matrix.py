@@ -15,6 +15,7 @@ from rich.console import Console
 from harness import checks as checks_mod
 from harness import progress, records
 from harness.checks import Check
+from harness.errors import HarnessError
 from harness.inputs import Problem, perturbed
 from harness.registry import CALIBRATION, CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
 from harness.runner import Outcome, run
@@ -136,6 +137,35 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
     if outcome.losses is not None:
         artifact = records.artifact_bytes(outcome.losses, outcome.final_params)
     return record, artifact
+
+
+def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
+    from harness import registry
+
+    reasons = {}
+    for framework in frameworks:
+        try:
+            adapter = registry.load(framework)
+        except ImportError as exc:
+            reasons[framework] = f"cannot be imported ({exc})"
+            continue
+        adapter.configure(registry.STRICT)
+        reasons[framework] = adapter.unavailable("gpu")
+    return reasons
+
+
+def require_gpu(frameworks: list[str]) -> None:
+    """Stop before any run, with one line, when no framework finds a GPU. Asked in a
+    throwaway process: a framework that starts on the GPU here would hold its memory."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        try:
+            reasons = pool.submit(_gpu_reasons, frameworks).result()
+        except BrokenProcessPool:
+            raise HarnessError("no usable CUDA GPU: the probe's process died") from None
+    if all(reasons.values()):
+        detail = "; ".join(f"{f}: {why}" for f, why in reasons.items())
+        raise HarnessError(f"no usable CUDA GPU on this host ({detail})")
 
 
 def _run_child(problem: Problem, key: RunKey, repeats: int, label: str) -> Outcome:

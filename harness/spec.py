@@ -438,12 +438,13 @@ def validate_document(
     return (base, {}) if profile == FULL_PROFILE else (shrunk[profile], overrides)
 
 
-def sweep_overrides(spec: Spec) -> list[dict[str, Any]]:
-    """The extra overrides of each point of the spec's sweep, e.g. {"data": {"points_per_axis": 10}}."""
+def sweep_overrides(spec: Spec, values: list[int] | None = None) -> list[dict[str, Any]]:
+    """The extra overrides of each point of the spec's sweep (or of the given values),
+    e.g. {"data": {"points_per_axis": 10}}."""
     if spec.sweep is None:
         return []
     section, key = spec.sweep.key.split(".")
-    return [{section: {key: value}} for value in spec.sweep.values]
+    return [{section: {key: value}} for value in (values or spec.sweep.values)]
 
 
 def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None) -> LoadedSpec:

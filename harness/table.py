@@ -20,6 +20,9 @@ def verdict_table(results: list[SpecResult]) -> Table:
         table.add_column(column, justify="left" if column in ("spec", "run", "status") else "right")
     for result in results:
         total = result.problem.total_steps
+        name = result.loaded.name
+        if result.loaded.spec.sweep is not None and result.loaded.profile == result.loaded.spec.sweep.profile:
+            name = f"{name} n={len(result.problem.x_train)}"
         for key, outcome in result.outcomes.items():
             mine = [c for c in result.checks if c.involves(key)]
             passed = sum(c.verdict == "pass" for c in mine)
@@ -33,7 +36,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
             status = outcome.status if outcome.status != "ok" or not failed else "ok, checks fail"
             style = "red" if failed or outcome.status == "failed" else "yellow" if outcome.status == "skipped" else None
             table.add_row(
-                result.loaded.name,
+                name,
                 f"{key.label} {key.dtype}",
                 status,
                 _fmt(outcome.metrics.get("train_loss")),
@@ -47,7 +50,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
             )
         for member in result.members:
             table.add_row(
-                result.loaded.name,
+                name,
                 f"{member.key.label} float32",
                 f"{member.status} (calibration)",
                 _fmt(member.metrics.get("train_loss")),
@@ -102,3 +105,27 @@ def failed(results: list[SpecResult]) -> bool:
     return any(c.verdict == "fail" and checks_mod.gating(c) for r in results for c in r.checks) or any(
         o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members]
     )
+
+
+def speed_table(written: list) -> Table | None:
+    """GPU-over-CPU speedups of the records just written, where both sides ran."""
+    from harness import speed
+
+    rows = [r for r in speed.speed_rows(written) if r.speedup is not None]
+    if not rows:
+        return None
+    table = Table(title="Speedup, GPU over CPU (same host, same framework; compile and warm-up excluded)")
+    for column in ("spec", "examples", "framework", "GPU math", "CPU ms/step", "GPU ms/step", "speedup", "with transfers"):
+        table.add_column(column, justify="left" if column in ("spec", "framework", "GPU math") else "right")
+    for row in rows:
+        table.add_row(
+            row.cell.spec,
+            str(row.cell.n_train),
+            row.cell.framework,
+            row.cell.precision_mode,
+            f"{row.cpu.timings.per_step_s * 1e3:.3f}",
+            f"{row.gpu.timings.per_step_s * 1e3:.3f}",
+            f"{row.speedup:.1f}x",
+            f"{row.speedup_with_transfers:.1f}x",
+        )
+    return table

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from harness.errors import SpecError
-from harness.spec import SPECS_DIR, json_schema, load_spec, resolve_spec, spec_paths, total_steps
+from harness.spec import SPECS_DIR, json_schema, load_spec, resolve_spec, spec_paths, sweep_overrides, total_steps
 
 PEAKS = SPECS_DIR / "peaks_mlp.yaml"
 
@@ -120,3 +120,44 @@ def test_unknown_profile_and_spec_names():
 
 def test_committed_schema_is_current():
     assert (SPECS_DIR / "schema.json").read_text() == json_schema()
+
+
+def test_the_peaks_sweep_spans_100_to_160000_points():
+    spec = load_spec(PEAKS).spec
+    sizes = [value**2 for value in spec.sweep.values]
+    assert sizes[0] == 100 and sizes[-1] == 160_000 and sizes == sorted(sizes)
+    point = load_spec(PEAKS, spec.sweep.profile, sweep_overrides(spec)[-1])
+    assert point.spec.data.n_examples == 160_000 and point.profile == "sweep"
+    assert point.overrides == {"training": {"epochs": 100}, "data": {"points_per_axis": 400}}
+
+
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        ({"key": "data.points_per_axis", "values": [10], "profile": "nope"}, "sweep.profile: 'nope' is not a profile"),
+        ({"key": "data.n_samples", "values": [10], "profile": "quick"}, "sweep.key: peaks_grid data has no data.n_samples"),
+        ({"key": "data.points_per_axis", "values": [], "profile": "quick"}, "sweep.values"),
+        ({"key": "data.points_per_axis", "values": [0], "profile": "quick"}, "sweep.values.0"),
+    ],
+)
+def test_a_bad_sweep_names_its_key(tmp_path, sweep, message):
+    doc = peaks_doc()
+    doc["sweep"] = sweep
+    with pytest.raises(SpecError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_spec(write(tmp_path, doc))
+
+
+def test_a_sweep_point_that_breaks_the_spec_names_the_point(tmp_path):
+    doc = peaks_doc()
+    path = write(tmp_path, doc)
+    spec = load_spec(path).spec
+    with pytest.raises(SpecError, match="sweep point .*points_per_axis"):
+        load_spec(path, "sweep", {"data": {"points_per_axis": 1}})
+    assert spec.claims.gpu_speedup.low == 200
+
+
+def test_a_claim_range_must_be_ordered(tmp_path):
+    doc = peaks_doc()
+    doc["claims"] = {"gpu_speedup": {"low": 40, "high": 5, "source": "somewhere"}}
+    with pytest.raises(SpecError, match="claims.gpu_speedup.*high: smaller than low"):
+        load_spec(write(tmp_path, doc))
