@@ -45,6 +45,11 @@ def _positive_ints(text: str) -> list[int]:
 def gpu_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf32", action="store_true", help="also run each framework on the GPU with TF32 allowed (measured, not gated)")
     p.add_argument("--require-gpu", action="store_true", help="stop with one line, before any run, if no framework finds a GPU")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep each finished run here; a later call with the same inputs reuses it (split a long matrix, resume a crash)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,14 +149,16 @@ def _finish_run(console: Console, results: list, results_dir: Path | None, run_i
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from harness import inputs, matrix
 
-    results_dir, keys = _prepare(args)
     loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
+    results_dir, keys = _prepare(args)
     run_id = records.new_id()
     results = []
     for spec in loaded:
         problem = inputs.build_problem(spec, args.data_dir, args.data_source, args.download)
         results.append(
-            matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate=not args.in_process)
+            matrix.run_spec(
+                spec, problem, keys, results_dir, console, args.repeats, run_id, not args.in_process, args.work_dir
+            )
         )
     return _finish_run(console, results, results_dir, run_id)
 
@@ -159,7 +166,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from harness import inputs, matrix
 
-    results_dir, keys = _prepare(args)
     paths = _spec_paths(args.specs, args.specs_dir)
     if not args.specs:
         paths = [p for p in paths if spec_mod.load_spec(p).spec.sweep is not None]
@@ -170,13 +176,16 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             raise HarnessError(f"{path}: sweep: the spec declares no sweep")
         values = args.values or spec.sweep.values
         points += [(path, spec.sweep, extra) for extra in spec_mod.sweep_overrides(spec, values)]
+    for path, sweep, extra in points:  # every point valid before anything runs
+        spec_mod.load_spec(path, sweep.profile, extra)
+    results_dir, keys = _prepare(args)
     run_id = records.new_id()
     results = []
     for i, (path, sweep, extra) in enumerate(points, 1):
         loaded = spec_mod.load_spec(path, sweep.profile, extra)
         problem = inputs.build_problem(loaded, args.data_dir)
         console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {sweep.key} = {extra}, {len(problem.x_train)} examples")
-        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, isolate=True))
+        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir))
     return _finish_run(console, results, results_dir, run_id)
 
 

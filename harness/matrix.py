@@ -3,7 +3,10 @@ then every check, then one record per run."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
+import pickle
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -184,7 +187,32 @@ def run_isolated(problem: Problem, key: RunKey, repeats: int, label: str) -> Out
             return Outcome(key, "failed", f"{key.label}: the run's process died (killed, or out of memory)")
 
 
-def _one(problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool) -> Outcome:
+def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int) -> Path:
+    """Where a finished cell's outcome is kept: named by everything that makes it what it
+    is (spec bytes, profile and overrides, data files, run key, repeats, code commit, host)."""
+    facts = {
+        "spec_sha256": loaded.sha256,
+        "profile": loaded.profile,
+        "overrides": loaded.overrides,
+        "data": [f.sha256 for f in problem.data_files],
+        "source": problem.data_source,
+        "key": [key.framework, key.device, key.variant, key.precision],
+        "repeats": repeats,
+        "commit": records.git_info().commit,
+        "host": records.host_info().hostname,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return work_dir / loaded.name / f"{key.label.replace('@', '-').replace('+', '-').replace('~', '-')}-{digest}.pkl"
+
+
+def _one(
+    problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool, cell: Path | None = None
+) -> Outcome:
+    if cell is not None and cell.is_file():
+        with open(cell, "rb") as f:
+            outcome = pickle.load(f)
+        console.print(f"[bold]{label}[/bold]: finished earlier, taken from {cell}", highlight=False)
+        return outcome
     console.print(f"[bold]{label}[/bold] ({key.dtype}, {problem.total_steps} steps, {repeats} repeat(s))")
     if isolate:
         outcome = run_isolated(problem, key, repeats, label)
@@ -194,6 +222,12 @@ def _one(problem: Problem, key: RunKey, repeats: int, label: str, console: Conso
         console.print(f"  {outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
     else:
         console.print(f"  train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
+    if cell is not None and outcome.status == "ok":
+        cell.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cell.with_name(f".{cell.name}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(outcome, f)
+        tmp.replace(cell)
     return outcome
 
 
@@ -206,10 +240,19 @@ def run_spec(
     repeats: int | None = None,
     run_id: str | None = None,
     isolate: bool = False,
+    work_dir: Path | None = None,
 ) -> SpecResult:
     """Run every key on the spec, then the calibration members, check every pair, and
-    write one record per run (the members are part of the checks' tolerance, not records)."""
+    write one record per run (the members are part of the checks' tolerance, not records).
+
+    With a `work_dir`, each finished cell is kept there and a later call with the same
+    inputs takes it instead of running it again: a long matrix can be split over several
+    calls (a time-limited GPU lease) or resumed after a crash."""
     run_id = run_id or records.new_id()
+
+    def cell(p: Problem, key: RunKey, runs: int) -> Path | None:
+        return None if work_dir is None else _cell_path(work_dir, loaded, p, key, runs)
+
     outcomes = {}
     for key in keys:
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
@@ -217,12 +260,13 @@ def run_spec(
         runs = 1 if key == ORACLE_KEY else repeats or loaded.spec.timing.repeats
         if key.device == "gpu":
             runs = max(runs, GPU_MIN_REPEATS)
-        outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate)
+        outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate, cell(problem, key, runs))
     members = []
     for i in range(problem.spec.checks.long_run.members):
         key = RunKey(CALIBRATION, "cpu", f"ulp{i + 1}")
         label = f"{loaded.name} {key.label} (calibration: initial weights moved one ulp)"
-        members.append(_one(perturbed(problem, seed=i + 1), key, 1, label, console, isolate))
+        member_problem = perturbed(problem, seed=i + 1)
+        members.append(_one(member_problem, key, 1, label, console, isolate, cell(member_problem, key, 1)))
     checks = checks_mod.check_all(problem.spec, outcomes, members)
     result = SpecResult(loaded, problem, outcomes, members, checks, [])
     if results_dir is not None:

@@ -144,3 +144,22 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
     assert done.returncode == 2 and "cannot be written" in done.stderr
     with pytest.raises(RecordError):
         records.ensure_writable(blocked / "r")
+
+
+def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
+    """A long matrix split over calls (or resumed after a crash) runs each cell once; the
+    records of the second call carry the first call's numbers."""
+    work = tmp_path / "work"
+    base = [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--work-dir", str(work)]
+    first = subprocess.run([*base, "--frameworks", "cupy", "--no-records"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "finished earlier" not in first.stdout
+    second = subprocess.run(
+        [*base, "--frameworks", "cupy,torch", "--results", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+    reused = [line for line in second.stdout.splitlines() if "finished earlier" in line]
+    assert len(reused) == 3  # cupy@cpu, the oracle and the calibration member; torch runs
+    assert "moons_net torch@cpu (float32" in second.stdout
+    written = {r.framework: r for r in map(records.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
+    assert set(written) == {"cupy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
