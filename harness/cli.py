@@ -181,7 +181,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from harness import report
 
     out, doc = report.report(args.results, args.out, args.profile)
-    console.print(f"wrote {out} and {len(doc.figures)} figures in {out.parent / report.FIGURES_DIR}", highlight=False)
+    console.print(f"wrote {out} and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
     return 0
 
 

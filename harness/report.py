@@ -166,7 +166,7 @@ def final_params(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.nda
 def _spec_text_at(commit: str, repo_path: str) -> bytes | None:
     try:
         done = subprocess.run(
-            ["git", "show", f"{commit}:{repo_path}"], cwd=PROJECT_ROOT, capture_output=True, timeout=30
+            ["git", "show", f"{commit}:{repo_path}"], cwd=PROJECT_ROOT, capture_output=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
