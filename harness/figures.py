@@ -88,7 +88,7 @@ def time_per_step_bars(rows: list[SpeedRow]) -> Figure:
     """Per spec one panel: per framework a CPU bar and a GPU bar of ms per step."""
     grouped = _rows_by_spec(rows)
     hosts = len({row.cell.host for row in rows})
-    fig = Figure(figsize=(4.4 * len(grouped), 4.4), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
     axes = fig.subplots(1, len(grouped), squeeze=False)[0]
     for ax, (spec_name, mine) in zip(axes, grouped.items()):
         x = np.arange(len(mine))
@@ -124,7 +124,7 @@ def speedup_bars(rows: list[SpeedRow], claims: dict[str, SpeedupClaim | None]) -
     """Per spec one panel: per framework the speedup without and with transfers, and the claim."""
     grouped = _rows_by_spec(rows)
     hosts = len({row.cell.host for row in rows})
-    fig = Figure(figsize=(4.2 * len(grouped), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
     axes = fig.subplots(1, len(grouped), squeeze=False)[0]
     for ax, (spec_name, mine) in zip(axes, grouped.items()):
         x = np.arange(len(mine))
@@ -179,12 +179,17 @@ def _curve_panel(ax, pairs: Iterable[tuple[Record, Record]], sources: Sources, f
     drawn = False
     for a, b in pairs:
         try:
-            rel = relative_difference(sources.losses(a), sources.losses(b), floor)
+            la, lb = sources.losses(a), sources.losses(b)
         except Unavailable:
             continue
+        rel = relative_difference(la, lb, floor)
         label = f"{run_label(a)} vs {'oracle' if b.framework == 'oracle' else run_label(b)}"
+        equal = int(np.sum(la[: len(rel)] == lb[: len(rel)]))
+        if equal:
+            label += f" ({equal:,} of {len(rel):,} steps equal)"
         steps, worst = block_maximum(rel)
-        ax.plot(steps, worst, linewidth=0.9, label=label)
+        style = "--" if "gpu" in (a.device.kind, b.device.kind) else "-"
+        ax.plot(steps, worst, style, linewidth=0.9, label=label)
         drawn = True
     ax.set_title(title)
     ax.set_xlabel("training step")
@@ -209,7 +214,7 @@ def divergence(
     for ax in (left, right):
         ax.axhline(rtol, color="black", linestyle="--", linewidth=1, label=f"tolerance (loss_curve.rtol = {rtol:g})")
         ax.axhline(floor, color="0.6", linestyle=":", linewidth=1, label=f"floor {floor:g} (exactly equal)")
-        ax.legend(loc="lower right", fontsize=7)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
     left.set_ylabel("relative loss difference |a - b| / |b|")
     if any(len(sources.losses(a)) > CURVE_POINTS for a, _ in vs_oracle + between):
         left.set_xlabel("training step (maximum over blocks of steps)")
