@@ -281,7 +281,7 @@ def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
     if oracle is None or oracle.metrics is None or record.metrics is None:
         return "-"
     rel = abs(record.metrics.final_loss - oracle.metrics.final_loss) / abs(oracle.metrics.final_loss)
-    return f"{rel:.2g} (not judged: {check.verdict})" if check else f"{rel:.2g}"
+    return f"{rel:.2g} (not judged)" if check else f"{rel:.2g}"
 
 
 def oracle_of(record: Record, records: list[Record]) -> Record | None:
