@@ -241,3 +241,22 @@ def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):
     npz.write_bytes(npz.read_bytes() + b"x")
     text, _ = build(tmp_path)
     assert f"{npz.name}: sha256 differs from the record's" in text
+
+
+def test_a_spec_that_cannot_be_found_skips_its_figures_with_the_reason(tmp_path):
+    for framework in ("torch", "jax"):
+        template, _ = committed("peaks_mlp", framework)
+        lost = template.spec.model_copy(update={"path": "/nowhere/peaks_mlp.yaml", "sha256": "0" * 64})
+        fake(tmp_path, "peaks_mlp", framework, git=template.git.model_copy(update={"commit": None}))
+        record = max(tmp_path.rglob(f"*_{framework}_cpu_*.json"))
+        record.write_text(read_record(record).model_copy(update={"spec": lost}).model_dump_json(indent=2))
+    text, _ = build(tmp_path)
+    assert "*Not drawn (peaks_peaks_mlp): the spec file /nowhere/peaks_mlp.yaml with sha256 000000000000..." in text
+    assert "| peaks_mlp | torch | cpu |" in section(text, "Verdicts")  # the tables do not need the spec
+
+
+def test_the_committed_records_find_their_spec_in_git(tmp_path):
+    template, _ = committed("peaks_mlp", "torch")
+    if template.git.commit is None or report._spec_text_at(template.git.commit, "specs/peaks_mlp.yaml") is None:
+        pytest.skip("the commit of the committed records is not in this checkout's history")
+    assert report.record_spec(template).model.layers[0].width == 20
