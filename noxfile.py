@@ -1,6 +1,6 @@
 """Sessions: `nox -s cpu` (the main job), `nox -s gpu` (the same on a CUDA host, CPU and
 GPU), `nox -s tests` (the test suite), `nox -s regress` (the quick profile against the
-committed baseline).
+committed baseline), `nox -s report` (results/REPORT.md).
 
 Policy: pip, never uv (the local pip configuration holds the CPU build of torch); torch is
 pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CUDA build.
@@ -119,3 +119,10 @@ def regress(session: nox.Session) -> None:
     options = ["--profile", "quick", "--devices", "cpu", "--results", str(new), *_mnist_options(session)]
     session.run("python", "-m", "harness", "run", *options, success_codes=[0, 1])
     session.run("python", "-m", "harness", "compare", str(new), "--baseline", "baselines/cpu-quick", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """results/REPORT.md and its figures, from the committed records (no training)."""
+    _install(session, "report")
+    session.run("python", "-m", "harness", "report", *session.posargs)

@@ -1,4 +1,4 @@
-"""Command line: `python -m harness run|validate|export|schema|list`.
+"""Command line: `python -m harness run|validate|export|compare|report|schema|list`.
 
 Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
 2 bad input (a spec, an option, a data file, the results folder), with one clear message.
@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("new", type=Path, nargs="?", default=Path("results"), help="folder of new records (default: results)")
     comp.add_argument("--baseline", required=True, help="folder of baseline records, or git:REV for results/ at REV")
     comp.add_argument("--across-hosts", action="store_true", help="also compare records of other hosts or library versions")
+
+    rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
+    rep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
+    rep.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="profile of the main tables (default: full)")
 
     schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
     schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
@@ -253,6 +258,14 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     return EXIT_FAILED if regressions else 0
 
 
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from harness import report
+
+    out, doc = report.report(args.results, args.out, args.profile)
+    console.print(f"wrote {out} and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     targets = {
         spec_mod.SPECS_DIR / "schema.json": spec_mod.json_schema(),
@@ -281,7 +294,16 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "validate": cmd_validate, "export": cmd_export, "schema": cmd_schema, "list": cmd_list}
+COMMANDS = {
+    "run": cmd_run,
+    "sweep": cmd_sweep,
+    "compare": cmd_compare,
+    "report": cmd_report,
+    "validate": cmd_validate,
+    "export": cmd_export,
+    "schema": cmd_schema,
+    "list": cmd_list,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

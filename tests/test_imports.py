@@ -29,3 +29,9 @@ def test_the_check_itself_can_fail():
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "json"
+
+
+def test_the_report_module_imports_no_plotting_library():
+    program = "import sys, harness.report, harness.cli; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

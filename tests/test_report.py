@@ -1,0 +1,262 @@
+"""`harness report`: REPORT.md and its figures from fixture records, with no training.
+
+The fixtures are the committed CPU records of peaks and moons, rewritten in tmp_path: made
+into GPU records (scaled timings, perturbed losses), failed or skipped runs, a failing
+check, or sweep points. Each record points at the spec in specs/ today, with its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import cli, report
+from harness.records import Device, Record, artifact_bytes, read_record, write_record
+from harness.spec import SPECS_DIR
+from harness.speed import speed_rows
+from tests.conftest import ROOT
+
+pytest.importorskip("matplotlib")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FRAMEWORKS = ("torch", "jax", "cupy", "oracle")
+
+
+def committed(spec: str, framework: str) -> tuple[Record, dict[str, np.ndarray]]:
+    """A committed full-profile CPU record and its artifact, as a template."""
+    path = max((ROOT / "results" / spec).glob(f"*_{framework}_cpu_full_*.json"))
+    with np.load(path.with_suffix(".npz")) as npz:
+        return read_record(path), {k: npz[k] for k in npz.files}
+
+
+def fake(
+    results: Path,
+    spec: str,
+    framework: str,
+    device: str = "cpu",
+    *,
+    time_scale: float = 1.0,
+    transfer_s: float | None = None,
+    perturb: float = 0.0,
+    profile: str = "full",
+    overrides: dict | None = None,
+    n_train: int | None = None,
+    **update,
+) -> Record:
+    """Write one fixture record (and its .npz) under results; return it as written."""
+    template, arrays = committed(spec, framework)
+    spec_file = SPECS_DIR / f"{spec}.yaml"
+    timings = template.timings.model_copy(
+        update={
+            "per_step_s": template.timings.per_step_s * time_scale,
+            "train_s": template.timings.train_s * time_scale,
+            "transfer_s": template.timings.transfer_s if transfer_s is None else transfer_s,
+        }
+    )
+    ident = hashlib.sha256(repr((spec, framework, device, profile, n_train, sorted(update))).encode()).hexdigest()[:12]
+    record = template.model_copy(
+        update={
+            "record_id": ident,
+            "run_id": "fixture0run",
+            "spec": template.spec.model_copy(
+                update={
+                    "path": str(spec_file),
+                    "sha256": hashlib.sha256(spec_file.read_bytes()).hexdigest(),
+                    "profile": profile,
+                    "overrides": overrides or {},
+                }
+            ),
+            "device": Device(kind=device, name="Fake GPU" if device == "gpu" else "x86_64"),
+            "data": template.data.model_copy(update={"n_train": n_train or template.data.n_train}),
+            "timings": timings,
+            **update,
+        }
+    )
+    losses = arrays["losses"] * (1 + perturb * np.cos(np.arange(len(arrays["losses"]))))
+    params = [(arrays[f"W{i}"], arrays[f"b{i}"]) for i in range(len(record_layers(arrays)))]
+    if record.status != "ok":
+        record = record.model_copy(update={"timings": None, "metrics": None, "checks": [], "artifacts": None})
+        path = write_record(results, record)
+    else:
+        path = write_record(results, record, artifact_bytes(losses, params))
+    return read_record(path)
+
+
+def record_layers(arrays: dict[str, np.ndarray]) -> list[str]:
+    return [k for k in arrays if k.startswith("W")]
+
+
+def build(results: Path, profile: str = "full") -> tuple[str, Path]:
+    assert cli.main(["report", "--results", str(results), "--profile", profile]) == 0
+    out = results / "REPORT.md"
+    return out.read_text(), out
+
+
+def figure_paths(text: str, out: Path) -> list[Path]:
+    return [out.parent / rel for rel in re.findall(r"\]\((figures/[^)]+\.png)\)", text)]
+
+
+def section(text: str, title: str) -> str:
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+@pytest.fixture(scope="module")
+def cpu_only(tmp_path_factory) -> tuple[str, Path]:
+    results = tmp_path_factory.mktemp("cpu_only")
+    for framework in FRAMEWORKS:
+        fake(results, "peaks_mlp", framework)
+    return build(results)
+
+
+def test_cpu_only_gpu_columns_say_not_run(cpu_only):
+    text, _ = cpu_only
+    speed = section(text, "Speed")
+    rows = [line for line in speed.splitlines() if line.startswith("| peaks_mlp")]
+    assert len(rows) == 3  # torch, jax, cupy: the oracle is no speed contestant
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[5:9] == ["not run"] * 4, row  # GPU ms/step, GPU precision, both speedups
+        assert cells[9] == "200x"  # the claim, from specs/peaks_mlp.yaml
+    assert "No GPU records" in speed
+
+
+def test_cpu_only_peaks_figure_falls_back_to_two_frameworks(cpu_only):
+    text, out = cpu_only
+    articles = section(text, "The articles' figures, from our runs")
+    assert "no GPU records: the CPU-trained nets of two frameworks (torch, jax)" in articles
+    assert (out.parent / "figures" / "peaks_peaks_mlp.png").read_bytes().startswith(PNG_MAGIC)
+    verdicts = section(text, "Verdicts")
+    assert "| peaks_mlp | torch | cpu | strict | float32 | ok |" in verdicts
+    assert "- none" not in verdicts  # the committed peaks records carry known differences
+    assert "**KNOWN** peaks_mlp" in verdicts
+
+
+def test_gpu_records_give_the_expected_speedups(tmp_path):
+    cpu = fake(tmp_path, "peaks_mlp", "torch")
+    gpu = fake(tmp_path, "peaks_mlp", "torch", "gpu", time_scale=0.1, transfer_s=0.5, perturb=1e-6)
+    jax_cpu = fake(tmp_path, "peaks_mlp", "jax")
+    jax_tf32 = fake(tmp_path, "peaks_mlp", "jax", "gpu", time_scale=0.25, perturb=1e-5, precision_mode="tf32")
+    fake(tmp_path, "peaks_mlp", "oracle")
+    text, out = build(tmp_path)
+
+    by_framework = {row.cell.framework: row for row in speed_rows([cpu, gpu, jax_cpu, jax_tf32])}
+    assert by_framework["torch"].speedup == pytest.approx(10.0)
+    with_transfers = (cpu.timings.transfer_s + cpu.timings.train_s) / (0.5 + gpu.timings.train_s)
+    assert by_framework["torch"].speedup_with_transfers == pytest.approx(with_transfers)
+    assert by_framework["jax"].speedup == pytest.approx(4.0)
+    speed = section(text, "Speed")
+    torch_row = next(line for line in speed.splitlines() if line.startswith("| peaks_mlp | torch"))
+    assert "| 10x |" in torch_row and f"| {with_transfers:.3g}x |" in torch_row
+    jax_rows = [line for line in speed.splitlines() if line.startswith("| peaks_mlp | jax")]
+    assert len(jax_rows) == 2  # the strict GPU run is not there, the TF32 one is
+    assert "| not run | not run | not run | not run |" in jax_rows[0]
+    assert "| tf32 | 4x |" in jax_rows[1]
+    assert "not run" not in torch_row
+    assert "the CPU-trained and the GPU-trained net of one framework" in text
+    _, between = report.curve_pairs(report.newest_per_cell([cpu, gpu, jax_cpu, jax_tf32]))
+    labels = {(report.run_label(a), report.run_label(b)) for a, b in between}
+    assert ("torch@cpu", "torch@gpu") in labels and ("jax@cpu", "jax@gpu tf32") in labels
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in figure_paths(text, out))
+
+
+def test_failed_check_and_skipped_run_are_visible(tmp_path):
+    template, _ = committed("peaks_mlp", "torch")
+    checks = [c.model_copy(update={"verdict": "fail"}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks]
+    fake(tmp_path, "peaks_mlp", "torch", checks=checks)
+    fake(tmp_path, "peaks_mlp", "oracle")
+    fake(tmp_path, "peaks_mlp", "jax", status="failed", reason="RuntimeError: the adapter crashed at step 7")
+    fake(tmp_path, "peaks_mlp", "cupy", "gpu", status="skipped", reason="no usable CUDA GPU: cupy is not installed")
+    text, _ = build(tmp_path)
+    verdicts = section(text, "Verdicts")
+    assert "| peaks_mlp | torch | cpu | strict | float32 | **ok, 1 check FAIL** |" in verdicts
+    assert "| peaks_mlp | jax | cpu | strict | float32 | **FAILED** |" in verdicts
+    assert "| peaks_mlp | cupy | gpu | strict | float32 | *skipped* |" in verdicts
+    assert "- **FAILED** peaks_mlp jax@cpu: RuntimeError: the adapter crashed at step 7" in verdicts
+    assert "- **SKIPPED** peaks_mlp cupy@gpu: no usable CUDA GPU: cupy is not installed" in verdicts
+    assert "- **FAIL** peaks_mlp torch@cpu vs oracle@cpu: initial_loss" in verdicts
+    torch_row = next(line for line in verdicts.splitlines() if line.startswith("| peaks_mlp | torch"))
+    assert "| **22 / 1 / 1 / 0** |" in torch_row  # pass / fail / known / skipped, the failure in bold
+    jax_speed = next(line for line in section(text, "Speed").splitlines() if line.startswith("| peaks_mlp | jax"))
+    assert "| failed |" in jax_speed
+
+
+def test_sweep_records_are_drawn_against_data_size(tmp_path):
+    sizes = (10, 20, 50)
+    for framework in ("torch", "jax"):
+        for points in sizes:
+            overrides = {"training": {"epochs": 100}, "data": {"points_per_axis": points}}
+            fake(tmp_path, "peaks_mlp", framework, profile="sweep", overrides=overrides, n_train=points**2, time_scale=points / 200)
+    text, out = build(tmp_path)
+    assert "No records of profile `full`." in section(text, "Verdicts")
+    sweep = section(text, "Crossover sweep")
+    rows = [line for line in sweep.splitlines() if line.startswith("| peaks_mlp")]
+    assert [row.split("|")[4].strip() for row in rows] == ["100", "100", "400", "400", "2,500", "2,500"]
+    assert all("| not run | not run | not run | not run |" in row for row in rows)
+    assert "speedup not run" in sweep
+    assert (out.parent / "figures" / "sweep_peaks_mlp.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_sweep_with_a_gpu_point_plots_speedup(tmp_path):
+    overrides = {"training": {"epochs": 100}, "data": {"points_per_axis": 20}}
+    for device, scale in (("cpu", 1.0), ("gpu", 0.5)):
+        fake(tmp_path, "peaks_mlp", "torch", device, profile="sweep", overrides=overrides, n_train=400, time_scale=scale)
+    text, _ = build(tmp_path, profile="sweep")
+    sweep = section(text, "Crossover sweep")
+    assert "| 2x |" in sweep and "speedup GPU/CPU (right)" in sweep
+    assert "| peaks_mlp | torch | gpu |" in section(text, "Verdicts")  # --profile sweep: the main tables too
+
+
+def test_empty_folder_exits_two_with_one_line(tmp_path, capsys):
+    assert cli.main(["report", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no records" in err and str(tmp_path) in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_report_is_deterministic_and_every_png_is_there(tmp_path):
+    results = tmp_path / "results"
+    for framework in ("torch", "oracle"):
+        fake(results, "moons_net", framework)
+    fake(results, "peaks_mlp", "torch")
+    fake(results, "peaks_mlp", "jax")
+    text, out = build(results)
+    pngs = {p.name: p.read_bytes() for p in figure_paths(text, out)}
+    assert pngs and all(payload.startswith(PNG_MAGIC) for payload in pngs.values())
+    assert sorted(pngs) == sorted(p.name for p in (out.parent / "figures").iterdir())
+    assert {"moons_moons_net.png", "peaks_peaks_mlp.png", "divergence_moons_net.png", "speedup.png"} <= set(pngs)
+    again, _ = build(results)
+    assert again == text
+    assert {p.name: p.read_bytes() for p in figure_paths(again, out)} == pngs
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".report")]  # no staging left
+
+
+def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):
+    record = fake(tmp_path, "peaks_mlp", "torch")
+    fake(tmp_path, "peaks_mlp", "jax")
+    npz = next(tmp_path.rglob(f"*{record.record_id}.npz"))
+    npz.write_bytes(npz.read_bytes() + b"x")
+    text, _ = build(tmp_path)
+    assert f"{npz.name}: sha256 differs from the record's" in text
+
+
+def test_a_spec_that_cannot_be_found_skips_its_figures_with_the_reason(tmp_path):
+    for framework in ("torch", "jax"):
+        template, _ = committed("peaks_mlp", framework)
+        lost = template.spec.model_copy(update={"path": "/nowhere/peaks_mlp.yaml", "sha256": "0" * 64})
+        fake(tmp_path, "peaks_mlp", framework, git=template.git.model_copy(update={"commit": None}))
+        record = max(tmp_path.rglob(f"*_{framework}_cpu_*.json"))
+        record.write_text(read_record(record).model_copy(update={"spec": lost}).model_dump_json(indent=2))
+    text, _ = build(tmp_path)
+    assert "*Not drawn (peaks_peaks_mlp): the spec file /nowhere/peaks_mlp.yaml with sha256 000000000000..." in text
+    assert "| peaks_mlp | torch | cpu |" in section(text, "Verdicts")  # the tables do not need the spec
+
+
+def test_the_committed_records_find_their_spec_in_git(tmp_path):
+    template, _ = committed("peaks_mlp", "torch")
+    if template.git.commit is None or report._spec_text_at(template.git.commit, "specs/peaks_mlp.yaml") is None:
+        pytest.skip("the commit of the committed records is not in this checkout's history")
+    assert report.record_spec(template).model.layers[0].width == 20
