@@ -189,7 +189,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     for i, (path, sweep, extra) in enumerate(points, 1):
         loaded = spec_mod.load_spec(path, sweep.profile, extra)
         problem = inputs.build_problem(loaded, args.data_dir)
-        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {sweep.key} = {extra}, {len(problem.x_train)} examples")
+        value = next(iter(next(iter(extra.values())).values()))
+        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {sweep.key} = {value}, {len(problem.x_train)} examples")
         results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir))
     return _finish_run(console, results, results_dir, run_id)
 
