@@ -651,6 +651,23 @@ def data_kind(record: Record) -> str | None:
         return spec.data.kind if spec else None
 
 
+def sweep_agreement_table(records: list[Record]) -> str:
+    """Per size and run: horizon against the oracle, check counts, and the failing checks."""
+    rows = []
+    for r in sorted(records, key=record_order):
+        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == "fail"})
+        rows.append(
+            [
+                f"{r.data.n_train:,}",
+                run_label(r),
+                horizon_vs_oracle(r),
+                verdict_counts(r),
+                "; ".join(failing) or "-",
+            ]
+        )
+    return md_table(["points", "run", "loss-curve horizon vs oracle", "checks pass / fail / known / skip", "failing checks"], rows)
+
+
 def sweep_section(doc: Document, latest: list[Record], figures) -> None:
     doc.add("## Crossover sweep", "")
     sweeps = sweep_records(latest)
@@ -665,6 +682,13 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
             "speedup GPU/CPU (right)"
             if has_gpu
             else f"speedup {NOT_RUN}: there are no GPU records, so the right panel is empty"
+        )
+        doc.add(
+            "Agreement at each size (the same checks as the full runs; failing checks by name, "
+            "`against` the other run):",
+            "",
+            sweep_agreement_table(mine),
+            "",
         )
         doc.figure(
             f"sweep_{name}",
