@@ -1,6 +1,7 @@
 """Sessions: `nox -s cpu` (the main job), `nox -s gpu` (the same on a CUDA host, CPU and
-GPU), `nox -s tests` (the test suite), `nox -s regress` (the quick profile against the
-committed baseline), `nox -s report` (results/REPORT.md).
+GPU, then eager and fast modes side by side), `nox -s bench` (eager and fast modes against
+the hardware floor, on the CPU), `nox -s tests` (the test suite), `nox -s regress` (the
+quick profile against the committed baseline), `nox -s report` (results/REPORT.md).
 
 Policy: pip, never uv (the local pip configuration holds the CPU build of torch); torch is
 pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CUDA build.
@@ -91,9 +92,18 @@ def gpu(session: nox.Session) -> None:
         session.log(f"CUDA {cuda}: installing torch from {TORCH_CUDA_INDEX[cuda]} and the gpu-cuda{cuda} extra")
         session.install("torch", "--index-url", TORCH_CUDA_INDEX[cuda])
         _install(session, f"gpu-cuda{cuda}", "test")
-    options = ["--devices", "cpu,gpu", "--tf32", "--require-gpu", *_mnist_options(session)]
+    mnist = _mnist_options(session)
+    options = ["--devices", "cpu,gpu", "--tf32", "--require-gpu", *mnist]
     session.run("python", "-m", "harness", "run", *options, *session.posargs)
+    session.run("python", "-m", "harness", "bench", "--devices", "cpu,gpu", "--require-gpu", *mnist, *session.posargs)
     session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", env=_test_env())
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Eager and fast modes side by side on the CPU: time per step, fast/eager, measured/floor; records in results/."""
+    _install(session, "torch", "jax")
+    session.run("python", "-m", "harness", "bench", "--devices", "cpu", *_mnist_options(session), *session.posargs)
 
 
 def _test_env() -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import xp_mlp
+from adapters import xp_fast, xp_mlp
 
 NAME = "cupy"
 
@@ -43,7 +43,14 @@ def unavailable(device: str) -> str | None:
     return None
 
 
-def describe(device: str) -> dict[str, Any]:
+def describe(device: str, mode: str = "eager") -> dict[str, Any]:
+    info = _describe(device)
+    if mode == "fast":
+        info["fast_mode"] = xp_fast.describe(device)
+    return info
+
+
+def _describe(device: str) -> dict[str, Any]:
     if device == "cpu":
         return {
             "library": "numpy",
@@ -78,6 +85,7 @@ class Trainer:
     loss_log: Any = None
     opt_state: dict | None = None
     activations: list[str] = field(default_factory=list)
+    fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
 
 
 def put(problem, device: str, dtype: str) -> dict[str, Any]:
@@ -90,19 +98,24 @@ def put(problem, device: str, dtype: str) -> dict[str, Any]:
     return {k: xp.asarray(v) for k, v in arrays.items()}
 
 
-def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
+def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "eager") -> Trainer:
     xp = _xp(device)
     params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
     trainer = Trainer(problem, device, dtype, xp, data, params, xp.zeros(problem.total_steps, dtype=dtype))
     trainer.activations = [layer.activation for layer in problem.spec.model.layers]
-    if problem.spec.optimizer.kind == "adam":
+    if mode == "fast":  # trains trainer.params in place; it keeps the optimizer state
+        trainer.fast = xp_fast.FastMLP(xp, problem, data, params, dtype, trainer.loss_log)
+    elif problem.spec.optimizer.kind == "adam":
         trainer.opt_state = xp_mlp.adam_init(xp, params)
     return trainer
 
 
-def warm_up(trainer: Trainer) -> None:
-    """Nothing to compile; on the GPU, one throwaway step loads the kernels."""
-    if trainer.device != "cpu":
+def warm_up(trainer: Trainer, plan=()) -> None:
+    """Nothing to compile; on the GPU, one throwaway step loads the kernels. The fast mode
+    compiles its kernels and captures its graphs (on the GPU), then restores the state."""
+    if trainer.fast is not None:
+        trainer.fast.warm_up(plan)
+    elif trainer.device != "cpu":
         _update(trainer, trainer.params, trainer.opt_state, 0)
 
 
@@ -120,11 +133,17 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     return loss, params, opt_state
 
 
-def step(trainer: Trainer, t: int) -> None:
-    trainer.loss_log[t], trainer.params, trainer.opt_state = _update(trainer, trainer.params, trainer.opt_state, t)
+def train(trainer: Trainer, start: int, stop: int) -> None:
+    if trainer.fast is not None:
+        trainer.fast.train(start, stop)
+        return
+    for t in range(start, stop):
+        trainer.loss_log[t], trainer.params, trainer.opt_state = _update(trainer, trainer.params, trainer.opt_state, t)
 
 
 def synchronize(trainer: Trainer) -> None:
+    if trainer.fast is not None:
+        trainer.fast.synchronize()
     if trainer.device != "cpu":
         trainer.xp.cuda.get_current_stream().synchronize()
 

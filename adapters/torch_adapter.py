@@ -1,11 +1,19 @@
-"""The PyTorch adapter: torch.nn layers, torch.nn.functional losses, torch.optim updates."""
+"""The PyTorch adapter: torch.nn layers, torch.nn.functional losses, torch.optim updates.
+
+mode "eager" is the article-style loop. mode "fast" trains the same model with the same
+torch.optim update: on the CPU the forward and loss are torch.compile'd (inductor, with
+AOTAutograd's compiled backward) per batch size and the update is torch.optim's fused CPU
+kernel; on the GPU each step (forward, loss, backward, fused capturable update, loss log)
+is one CUDA graph per batch size, replayed with no host synchronisation.
+"""
 
 from __future__ import annotations
 
 import copy
 import os
 import platform
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,10 +58,20 @@ def _configure(torch) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def describe(device: str) -> dict[str, Any]:
+FAST_MODE = {
+    "cpu": "torch.compile (inductor, static shapes) of forward + loss + backward, one graph per batch size, "
+    "compiled in warm_up; torch.optim fused=True CPU update (dynamo does not trace fused optimizers; "
+    "bias corrections in float64 as in eager)",
+    "gpu": "whole step (forward, loss, backward, fused capturable torch.optim update, loss log) captured in one "
+    "CUDA graph per batch size and replayed; a device-side step counter picks the log slot and the batch rows",
+}
+
+
+def describe(device: str, mode: str = "eager") -> dict[str, Any]:
     torch = _torch()
     _configure(torch)
     name = torch.cuda.get_device_name() if device == "gpu" else platform.processor() or platform.machine()
+    fast = {"fast_mode": FAST_MODE[device]} if mode == "fast" else {}
     return {
         "library": "torch",
         "version": torch.__version__,
@@ -66,6 +84,7 @@ def describe(device: str) -> dict[str, Any]:
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         },
         "threads": torch.get_num_threads(),
+        **fast,
     }
 
 
@@ -79,6 +98,22 @@ class Trainer:
     optimizer: Any
     n_examples: int
     loss_log: Any
+    mode: str = "eager"
+    fast: Any = None  # _Fast in mode "fast"
+
+
+@dataclass
+class _Fast:
+    """The fast mode's state besides the model and the optimizer."""
+
+    objective: tuple  # (kind, reduction, l2 scale or None): plain values the compiled graph guards on
+    sizes: list[int]  # the batch size of each step of an epoch
+    initial: list[Any]  # the parameters at build, for warm_up to restore
+    step_counter: Any = None  # GPU: int64 [1], the next loss-log slot, advanced inside the graphs
+    slots: Any = None  # GPU: arange(total_steps), to find the log slot of step_counter
+    tables: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # GPU: size -> (batch rows, counter)
+    graphs: dict[int, Any] = field(default_factory=dict)  # GPU: size -> CUDA graph
+    next_step: int = 0  # the step the counters point at (host side: no sync to know it)
 
 
 def put(problem, device: str, dtype: str) -> dict[str, Any]:
@@ -106,34 +141,61 @@ def _model(torch, spec, params, dev, dtype):
     return torch.nn.Sequential(*modules)
 
 
-def _optimizer(torch, spec, model):
+def _optimizer(torch, spec, model, **impl):
+    """torch.optim's Adam or SGD; `impl` picks the implementation (fused, capturable), not the maths."""
     opt = spec.optimizer
     if opt.kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
-    return torch.optim.SGD(model.parameters(), lr=opt.lr)
+        return torch.optim.Adam(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, **impl)
+    return torch.optim.SGD(model.parameters(), lr=opt.lr, **impl)
 
 
-def build(problem, data: dict[str, Any], device: str, dtype: str) -> Trainer:
+def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "eager") -> Trainer:
     torch = _torch()
     _configure(torch)
     torch_dtype = getattr(torch, dtype)
     model = _model(torch, problem.spec, problem.initial_params, _device(device), torch_dtype)
     log = torch.zeros(problem.total_steps, dtype=torch_dtype, device=_device(device))
-    optimizer = _optimizer(torch, problem.spec, model)
-    return Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
+    if mode != "fast":
+        optimizer = _optimizer(torch, problem.spec, model)
+        return Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
+    # fused: one kernel for all parameters (its Adam takes 1 - beta^t in float64, as eager does);
+    # capturable: Adam's step count stays on the GPU, as a CUDA graph needs
+    impl = {"fused": True}
+    if device == "gpu" and problem.spec.optimizer.kind == "adam":
+        impl["capturable"] = True
+    optimizer = _optimizer(torch, problem.spec, model, **impl)
+    trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log, mode)
+    loss = problem.spec.loss
+    trainer.fast = _Fast(
+        objective=(loss.kind, loss.reduction, _l2_scale(loss, trainer.n_examples)),
+        sizes=[stop - start for start, stop in problem.bounds],
+        initial=[p.detach().clone() for p in model.parameters()],
+    )
+    if device == "gpu":
+        _gpu_tables(torch, trainer)
+    return trainer
 
 
-def _loss(torch, spec, model, n_examples: int, outputs, targets):
+def _l2_scale(spec, n_examples: int) -> float | None:
+    if spec.l2 is None:
+        return None
+    return spec.l2.coefficient / 2 / (n_examples if spec.l2.divide_by_examples else 1)
+
+
+def _objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets):
     f = torch.nn.functional
-    if spec.kind == "mse":
-        value = f.mse_loss(outputs, targets, reduction=spec.reduction)
+    if kind == "mse":
+        value = f.mse_loss(outputs, targets, reduction=reduction)
     else:
-        value = f.cross_entropy(outputs, targets, reduction=spec.reduction)
-    if spec.l2 is not None:
-        scale = spec.l2.coefficient / 2 / (n_examples if spec.l2.divide_by_examples else 1)
+        value = f.cross_entropy(outputs, targets, reduction=reduction)
+    if scale is not None:
         weights = [m.weight for m in model if isinstance(m, torch.nn.Linear)]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
     return value
+
+
+def _loss(torch, spec, model, n_examples: int, outputs, targets):
+    return _objective(torch, spec.kind, spec.reduction, _l2_scale(spec, n_examples), model, outputs, targets)
 
 
 def _train_step(trainer: Trainer, model, optimizer, step: int):
@@ -146,17 +208,190 @@ def _train_step(trainer: Trainer, model, optimizer, step: int):
     return loss.detach()
 
 
-def warm_up(trainer: Trainer) -> None:
-    """One step on a copy of the model and optimizer: kernels and allocator warm, state untouched."""
+def warm_up(trainer: Trainer, plan=()) -> None:
+    """One step on a copy of the model and optimizer: kernels and allocator warm, state untouched.
+    Fast mode: compile (CPU) or capture (GPU) on the trainer's own model and optimizer for every
+    batch size the plan's steps use, then put their initial state back in place."""
     torch = _torch()
+    if trainer.mode == "fast":
+        _warm_up_fast(torch, trainer, plan)
+        return
     model = copy.deepcopy(trainer.model)
     _train_step(trainer, model, _optimizer(torch, trainer.problem.spec, model), 0)
 
 
-def step(trainer: Trainer, t: int) -> None:
-    # Written into a preallocated log: keeping 20,000 loss tensors alive instead fragmented
-    # glibc's heap between the large activation buffers (24 GB after 3,000 moons steps).
-    trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t)
+def train(trainer: Trainer, start: int, stop: int) -> None:
+    if trainer.mode == "fast":
+        _train_fast(_torch(), trainer, start, stop)
+        return
+    for t in range(start, stop):
+        # Written into a preallocated log: keeping 20,000 loss tensors alive instead fragmented
+        # glibc's heap between the large activation buffers (24 GB after 3,000 moons steps).
+        trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t)
+
+
+# --- fast mode ----------------------------------------------------------------------------
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _compiled_objective(torch):
+    """forward + loss as one torch.compile graph; AOTAutograd compiles its backward as another.
+    Module-level, with the model an argument: dynamo guards on the model's structure and the
+    tensors' shapes, not on the objects, so every trainer of a spec reuses the compiled graphs.
+    Static shapes: each batch size is its own graph, all compiled in warm_up."""
+    if "objective" not in _COMPILED:
+
+        def forward_loss(model, x, y, rows, kind, reduction, scale):
+            if rows is not None:  # the batch's gather, fused into the graph
+                x, y = x[rows], y[rows]
+            return _objective(torch, kind, reduction, scale, model, model(x), y)
+
+        _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, recompile_limit=64)
+    return _COMPILED["objective"]
+
+
+def _cpu_step(torch, trainer: Trainer, t: int) -> None:
+    problem, data = trainer.problem, trainer.data
+    rows = None
+    if problem.batch_order is not None:
+        epoch, start, stop = problem.batch_slice(t)
+        rows = data["order"][epoch, start:stop]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss = _compiled_objective(torch)(trainer.model, data["x"], data["y"], rows, *trainer.fast.objective)
+    loss.backward()
+    trainer.optimizer.step()
+    trainer.loss_log[t] = loss.detach()
+
+
+def _gpu_tables(torch, trainer: Trainer) -> None:
+    """The device-side counters, and for a batch order one table of batch rows per batch size
+    (row k: the k-th batch of that size), so a graph finds its batch with no host in the loop."""
+    problem, fast = trainer.problem, trainer.fast
+    dev = _device(trainer.device)
+    fast.step_counter = torch.zeros(1, dtype=torch.int64, device=dev)
+    fast.slots = torch.arange(problem.total_steps, device=dev)
+    if problem.batch_order is None:
+        return
+    for size in sorted(set(fast.sizes)):
+        rows = [epoch[a:b] for epoch in problem.batch_order for a, b in problem.bounds if b - a == size]
+        table = torch.from_numpy(np.ascontiguousarray(np.stack(rows))).to(dev)
+        fast.tables[size] = (table, torch.zeros(1, dtype=torch.int64, device=dev))
+
+
+def _gpu_step(torch, trainer: Trainer, size: int) -> None:
+    """One whole step, written to be captured: everything on the device, no host reads."""
+    fast = trainer.fast
+    x, y = trainer.data["x"], trainer.data["y"]
+    if size in fast.tables:
+        table, counter = fast.tables[size]
+        rows = table.index_select(0, counter).view(-1)
+        x, y = x.index_select(0, rows), y.index_select(0, rows)
+        counter.add_(1)
+    trainer.optimizer.zero_grad(set_to_none=True)  # captured: backward writes the graph's own grads
+    loss = _objective(torch, *fast.objective, trainer.model, trainer.model(x), y)
+    loss.backward()
+    trainer.optimizer.step()
+    # The log slot by an elementwise select, not index_copy_: under deterministic algorithms
+    # index_copy_ on CUDA becomes a sorting index_put_; this is one plain kernel, surely
+    # capturable, and the exact float32 loss lands in its slot.
+    log = trainer.loss_log
+    torch.where(fast.slots == fast.step_counter, loss.detach(), log, out=log)
+    fast.step_counter.add_(1)
+
+
+def _capture(torch, trainer: Trainer, sizes) -> None:
+    """torch.cuda.graphs' whole-network capture: warm-up steps on a side stream (lazy optimizer
+    state, cuBLAS handles), then one graph per batch size."""
+    fast = trainer.fast
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
+        for size in sizes:
+            for _ in range(3):
+                _seek(trainer, 0)  # keeps the counters inside the tables and the log
+                _gpu_step(torch, trainer, size)
+    torch.cuda.current_stream().wait_stream(side)
+    for size in sizes:
+        _seek(trainer, 0)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _gpu_step(torch, trainer, size)
+        fast.graphs[size] = graph
+
+
+def _plan_sizes(trainer: Trainer, plan) -> dict[int, int]:
+    """Batch size -> the first step of that size among the plan's steps (all steps if no plan)."""
+    sizes = trainer.fast.sizes
+    first: dict[int, int] = {}
+    for start, stop in list(plan) or [(0, trainer.problem.total_steps)]:
+        for t in range(start, min(stop, start + len(sizes))):  # one epoch holds every size
+            first.setdefault(sizes[t % len(sizes)], t)
+    return first
+
+
+def _warm_up_fast(torch, trainer: Trainer, plan) -> None:
+    sizes = _plan_sizes(trainer, plan)
+    if trainer.device == "gpu":
+        _capture(torch, trainer, sizes)
+    else:
+        for t in sizes.values():
+            for _ in range(2):  # anything a repeated call would recompile, it does here
+                _cpu_step(torch, trainer, t)
+    _restore(torch, trainer)
+    synchronize(trainer)
+
+
+def _restore(torch, trainer: Trainer) -> None:
+    """The state at build, written into the same tensors (a captured graph or a compiled one
+    holds them): parameters, optimizer state (Adam: step, exp_avg, exp_avg_sq all start at
+    zero; SGD keeps none), gradients, loss log and counters."""
+    fast = trainer.fast
+    with torch.no_grad():
+        for p, initial in zip(trainer.model.parameters(), fast.initial):
+            p.copy_(initial)
+        for state in trainer.optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    value.zero_()
+        if trainer.device == "gpu":
+            for p in trainer.model.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()  # the graphs own these buffers: keep them
+        else:
+            trainer.optimizer.zero_grad(set_to_none=True)  # as built: no gradients yet
+        trainer.loss_log.zero_()
+    _seek(trainer, 0)
+
+
+def _seek(trainer: Trainer, start: int) -> None:
+    """Point the device-side counters at step `start` (host arithmetic, device writes: no sync)."""
+    fast = trainer.fast
+    if fast.step_counter is not None:
+        fast.step_counter.fill_(start)
+        epochs, within = divmod(start, len(fast.sizes))
+        for size, (_, counter) in fast.tables.items():
+            counter.fill_(epochs * fast.sizes.count(size) + fast.sizes[:within].count(size))
+    fast.next_step = start
+
+
+def _train_fast(torch, trainer: Trainer, start: int, stop: int) -> None:
+    fast = trainer.fast
+    if start != fast.next_step:
+        _seek(trainer, start)
+    if trainer.device == "gpu":
+        sizes = fast.sizes
+        for t in range(start, stop):
+            graph = fast.graphs.get(sizes[t % len(sizes)])
+            if graph is None:
+                raise RuntimeError(f"no CUDA graph for step {t}'s batch size: warm_up(trainer, plan) captures them")
+            graph.replay()
+    else:
+        for t in range(start, stop):
+            _cpu_step(torch, trainer, t)
+    fast.next_step = stop
 
 
 def synchronize(trainer: Trainer) -> None:

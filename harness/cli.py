@@ -1,4 +1,4 @@
-"""Command line: `python -m harness run|validate|export|compare|report|schema|list`.
+"""Command line: `python -m harness run|bench|sweep|validate|export|compare|report|schema|list`.
 
 Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
 2 bad input (a spec, an option, a data file, the results folder), with one clear message.
@@ -15,7 +15,7 @@ from rich.console import Console
 from harness import progress, records
 from harness import spec as spec_mod
 from harness.errors import HarnessError
-from harness.registry import ADAPTERS, DEVICES
+from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, STRICT
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -52,6 +52,16 @@ def gpu_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def speed_options(p: argparse.ArgumentParser, modes: list[str]) -> None:
+    p.add_argument(
+        "--modes",
+        type=_csv(MODES, "mode"),
+        default=modes,
+        help=f"eager (the article-style code), fast (each framework's compiled mode), or both (default: {','.join(modes)})",
+    )
+    p.add_argument("--no-floor", action="store_true", help="skip measuring the devices' rates: the records carry no floor")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,8 +81,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
+    speed_options(run, [EAGER])
     gpu_options(run)
     data_options(run)
+
+    bench = sub.add_parser(
+        "bench", help="eager and fast modes side by side: time per step, fast/eager and measured/floor; records as usual"
+    )
+    bench.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
+    bench.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
+    bench.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
+    bench.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    bench.add_argument("--no-records", action="store_true", help="print the tables, write nothing")
+    bench.add_argument("--repeats", type=int, default=5, help="timing repeats of each run (default: 5)")
+    speed_options(bench, [EAGER, FAST])
+    gpu_options(bench)
+    data_options(bench)
+    bench.set_defaults(profile=spec_mod.BENCH_PROFILE)
 
     sweep = sub.add_parser("sweep", help="run a spec's crossover sweep (e.g. peaks over 100..160,000 points); records as usual")
     sweep.add_argument("specs", nargs="*", help="spec names or paths (default: every spec that declares a sweep)")
@@ -81,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
     sweep.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
+    speed_options(sweep, [EAGER])
     gpu_options(sweep)
     sweep.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     sweep.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
@@ -121,8 +147,8 @@ def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
-    """Checks shared by run and sweep, before anything runs: repeats, the results folder,
-    the GPU when it is required; then the matrix's keys."""
+    """Checks shared by run, bench and sweep, before anything runs: repeats, the results
+    folder, the GPU when it is required; then the matrix's keys."""
     from harness import matrix
 
     if args.repeats is not None and args.repeats < 1:
@@ -134,7 +160,27 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
         if "gpu" not in args.devices:
             raise HarnessError("--require-gpu: add gpu to --devices")
         matrix.require_gpu(args.frameworks)
-    return results_dir, matrix.matrix_keys(args.frameworks, args.devices, tf32=args.tf32)
+    return results_dir, matrix.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
+
+
+def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
+    """Each device's rates (per precision on the GPU), measured once, after every input was
+    found good and before any run; a device that cannot be measured is said so, and its
+    records carry no floor."""
+    from harness import hardware
+
+    rates = {}
+    if args.no_floor:
+        return rates
+    for device, precision in sorted({(k.device, k.precision) for k in keys}):
+        try:
+            rates[device, precision] = found = hardware.measure(device, precision)
+        except HarnessError as exc:
+            console.print(f"floor: {exc}; its records carry no floor", style="yellow", soft_wrap=True, highlight=False)
+            continue
+        label = device if precision == STRICT else f"{device}+{precision}"
+        console.print(f"floor: {label} rates {hardware.describe(found)}", highlight=False)
+    return rates
 
 
 def _finish_run(console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
@@ -151,47 +197,60 @@ def _finish_run(console: Console, results: list, results_dir: Path | None, run_i
     return EXIT_FAILED if table.failed(results) else 0
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
+def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, dict]:
     from harness import inputs, matrix
 
     loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args)
+    problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download) for spec in loaded]
+    rates = _rates(args, keys, console)
     run_id = records.new_id()
-    results = []
-    for spec in loaded:
-        problem = inputs.build_problem(spec, args.data_dir, args.data_source, args.download)
-        results.append(
-            matrix.run_spec(
-                spec, problem, keys, results_dir, console, args.repeats, run_id, not args.in_process, args.work_dir
-            )
-        )
+    isolate = not getattr(args, "in_process", False)
+    results = [
+        matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate, args.work_dir, rates)
+        for spec, problem in zip(loaded, problems)
+    ]
+    return results, results_dir, run_id, rates
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    results, results_dir, run_id, _ = _run_matrix(args, console)
     return _finish_run(console, results, results_dir, run_id)
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from harness import table
+
+    results, results_dir, run_id, rates = _run_matrix(args, console)
+    code = _finish_run(console, results, results_dir, run_id)
+    console.print(table.bench_table(results, rates))
+    return code
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from harness import inputs, matrix
 
-    paths = _spec_paths(args.specs, args.specs_dir)
-    if not args.specs:
-        paths = [p for p in paths if spec_mod.load_spec(p).spec.sweep is not None]
-    points = []
-    for path in paths:
+    points = []  # (the spec at one point of its sweep, the swept value); all valid before anything runs
+    for path in _spec_paths(args.specs, args.specs_dir):
         spec = spec_mod.load_spec(path).spec
         if spec.sweep is None:
-            raise HarnessError(f"{path}: sweep: the spec declares no sweep")
-        values = args.values or spec.sweep.values
-        points += [(path, spec.sweep, extra) for extra in spec_mod.sweep_overrides(spec, values)]
-    for path, sweep, extra in points:  # every point valid before anything runs
-        spec_mod.load_spec(path, sweep.profile, extra)
+            if args.specs:
+                raise HarnessError(f"{path}: sweep: the spec declares no sweep")
+            continue
+        for value in args.values or spec.sweep.values:
+            (extra,) = spec_mod.sweep_overrides(spec, [value])
+            points.append((spec_mod.load_spec(path, spec.sweep.profile, extra), value))
     results_dir, keys = _prepare(args)
+    rates = _rates(args, keys, console)
     run_id = records.new_id()
     results = []
-    for i, (path, sweep, extra) in enumerate(points, 1):
-        loaded = spec_mod.load_spec(path, sweep.profile, extra)
+    for i, (loaded, value) in enumerate(points, 1):
         problem = inputs.build_problem(loaded, args.data_dir)
-        value = next(iter(next(iter(extra.values())).values()))
-        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {sweep.key} = {value}, {len(problem.x_train)} examples")
-        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir))
+        key = loaded.spec.sweep.key
+        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
+        results.append(
+            matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir, rates)
+        )
     return _finish_run(console, results, results_dir, run_id)
 
 
@@ -297,6 +356,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "bench": cmd_bench,
     "sweep": cmd_sweep,
     "compare": cmd_compare,
     "report": cmd_report,

@@ -23,6 +23,7 @@ from adapters.xp_mlp import forward
 from harness import data, inputs
 from harness.records import Record
 from harness.report import (
+    bench_pairs,
     CURVE_POINTS,
     NOT_RUN,
     Sources,
@@ -55,6 +56,8 @@ def _not_run(ax, x: float, text: str = NOT_RUN) -> None:
 
 def _row_label(row: SpeedRow, hosts: int) -> str:
     label = row.cell.framework
+    if row.cell.mode != "eager":
+        label += f" {row.cell.mode}"
     if row.cell.precision_mode != "strict":
         label += f"\nGPU {row.cell.precision_mode}"
     if hosts > 1:
@@ -84,13 +87,19 @@ def _bar(ax, x: float, value: float, color: str, text: str) -> None:
     ax.bar_label(bars, [text], fontsize=7, padding=1)
 
 
-def time_per_step_bars(rows: list[SpeedRow]) -> Figure:
-    """Per spec one panel: per framework a CPU bar and a GPU bar of ms per step."""
+def _spec_panels(rows: list[SpeedRow]):
+    """A figure with one panel per spec; (axes, spec name, its rows) per panel, and the host count."""
     grouped = _rows_by_spec(rows)
-    hosts = len({row.cell.host for row in rows})
     fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
     axes = fig.subplots(1, len(grouped), squeeze=False)[0]
-    for ax, (spec_name, mine) in zip(axes, grouped.items()):
+    panels = [(ax, name, mine) for ax, (name, mine) in zip(axes, grouped.items())]
+    return fig, panels, len({row.cell.host for row in rows})
+
+
+def time_per_step_bars(rows: list[SpeedRow]) -> Figure:
+    """Per spec one panel: per framework a CPU bar and a GPU bar of ms per step."""
+    fig, panels, hosts = _spec_panels(rows)
+    for ax, spec_name, mine in panels:
         x = np.arange(len(mine))
         for offset, side, color in ((-0.2, "cpu", CPU_COLOR), (0.2, "gpu", GPU_COLOR)):
             for xi, row in zip(x, mine):
@@ -122,11 +131,8 @@ def _claim(ax, claim: SpeedupClaim | None):
 
 def speedup_bars(rows: list[SpeedRow], claims: dict[str, SpeedupClaim | None]) -> Figure:
     """Per spec one panel: per framework the speedup without and with transfers, and the claim."""
-    grouped = _rows_by_spec(rows)
-    hosts = len({row.cell.host for row in rows})
-    fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
-    axes = fig.subplots(1, len(grouped), squeeze=False)[0]
-    for ax, (spec_name, mine) in zip(axes, grouped.items()):
+    fig, panels, hosts = _spec_panels(rows)
+    for ax, spec_name, mine in panels:
         x = np.arange(len(mine))
         values = []
         for xi, row in zip(x, mine):
@@ -364,4 +370,37 @@ def sweep(spec_name: str, rows: list[SpeedRow], claim: SpeedupClaim | None) -> F
         right.set_xlim(min(n) / 2, max(n) * 2)
         right.text(0.5, 0.5, f"GPU {NOT_RUN}:\nno speedup to plot", transform=right.transAxes, ha="center", va="center", fontsize=12, color="0.35")
     fig.suptitle(f"{spec_name}: crossover sweep over the data size")
+    return fig
+
+
+def floor_bars(records) -> Figure:
+    """Per spec one panel: per framework and device the measured time per step over the
+    floor, eager and fast side by side (log scale)."""
+    grouped: dict[str, list] = {}
+    for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
+        label = f"{framework}\n{device}" + ("" if precision == "strict" else f" {precision}")
+        grouped.setdefault(f"{spec_name} ({profile}, {n_train:,} points)", []).append((label, modes))
+    fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
+    axes = fig.subplots(1, len(grouped), squeeze=False)[0]
+    for ax, (spec_name, cells) in zip(axes, grouped.items()):
+        for xi, (label, modes) in enumerate(cells):
+            for offset, mode, color in ((-0.2, "eager", CPU_COLOR), (0.2, "fast", GPU_COLOR)):
+                record = modes.get(mode)
+                ratio = record.floor.measured_over_floor if record and record.floor else None
+                if ratio is None:
+                    _not_run(ax, xi + offset)
+                else:
+                    _bar(ax, xi + offset, ratio, color, f"{ratio:.3g}")
+        ax.set_xticks(range(len(cells)), [label for label, _ in cells], fontsize=8)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="0.3", linewidth=0.8)
+        ax.set_title(spec_name)
+        ax.set_ylabel("measured / floor (log scale)")
+        ax.legend(
+            handles=[Patch(color=CPU_COLOR, label="eager"), Patch(color=GPU_COLOR, label="fast")],
+            fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.18),
+            ncol=2,
+        )
     return fig

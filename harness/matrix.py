@@ -20,8 +20,9 @@ from harness import progress, records
 from harness.checks import Check
 from harness.errors import HarnessError
 from harness.inputs import Problem, perturbed
-from harness.registry import CALIBRATION, CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
-from harness.runner import Outcome, run
+from harness.floor import Rates, floor
+from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, RunKey
+from harness.runner import Outcome, prepared_adapter, run
 from harness.spec import LoadedSpec
 
 
@@ -38,13 +39,15 @@ class SpecResult:
     paths: list[Path]
 
 
-def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False) -> list[RunKey]:
-    """The chosen cells (and with `tf32`, each framework again on the GPU with TF32
-    allowed), plus the calibration run (cupy@cpu) and the oracle, which the checks need;
-    the oracle runs last, as it is the slowest."""
-    keys = [RunKey(f, d) for d in devices for f in frameworks]
+def matrix_keys(
+    frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)
+) -> list[RunKey]:
+    """The chosen cells in each mode (and with `tf32`, each framework again on the GPU with
+    TF32 allowed), plus the calibration run (cupy@cpu) and the oracle, which the checks
+    need, both eager; the oracle runs last, as it is the slowest."""
+    keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks]
     if tf32 and "gpu" in devices:
-        keys += [RunKey(f, "gpu", precision="tf32") for f in frameworks]
+        keys += [RunKey(f, "gpu", precision="tf32", mode=m) for m in modes for f in frameworks]
     if CALIBRATION_KEY not in keys:
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
@@ -54,12 +57,42 @@ def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False) -
 def implementation(key: RunKey, describe: dict) -> str:
     if key.framework == ORACLE:
         return "array-module MLP on NumPy, float64 (reference oracle)"
+    fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
     if key.adapter == "cupy" and key.device == "cpu":
-        return "array-module MLP on NumPy, float32 (CuPy adapter, CPU path; calibrates the envelope)"
-    return f"{describe.get('library', key.adapter)} adapter"
+        calibrates = "; calibrates the envelope" if key == CALIBRATION_KEY else ""
+        return f"array-module MLP on NumPy, float32 (CuPy adapter, CPU path{calibrates}){fast}"
+    return f"{describe.get('library', key.adapter)} adapter{fast}"
 
 
-def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.Record, bytes | None]:
+def floor_record(problem: Problem, outcome: Outcome, rates: Rates | None) -> records.FloorRecord | None:
+    """The step's floor on the run's device; none for the float64 oracle (the floor counts
+    float32 bytes and rates) or where the device's rates were not measured."""
+    if rates is None or outcome.key.dtype != "float32":
+        return None
+    f = floor(problem, rates)
+    measured = outcome.timings.get("per_step_s") if outcome.status == "ok" and outcome.timings else None
+    return records.FloorRecord(
+        flops_per_step=f.cost.flops,
+        bytes_per_step=f.cost.bytes,
+        unfused_bytes_per_step=f.cost.unfused_bytes,
+        launches_per_step=f.cost.launches,
+        matmul_flops_per_s=rates.matmul_flops_per_s,
+        bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
+        launch_latency_s=rates.launch_latency_s,
+        rates_measured_with=rates.measured_with,
+        compute_s=f.compute_s,
+        memory_s=f.memory_s,
+        launch_s=f.launch_s,
+        floor_s=f.floor_s,
+        bound=f.bound,
+        measured_over_floor=None if measured is None else measured / f.floor_s,
+    )
+
+
+def build_record(
+    result: SpecResult, key: RunKey, run_id: str, rates: dict[tuple[str, str], Rates] | None = None
+) -> tuple[records.Record, bytes | None]:
+    """The record of one run; `rates` maps (device, precision) to that device's measured rates."""
     loaded, problem, outcome = result.loaded, result.problem, result.outcomes[key]
     spec = loaded.spec
     metrics = None
@@ -113,6 +146,7 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
         dtype=key.dtype,
         precision_mode=key.precision,
         precision=outcome.describe.get("math_mode", {}),
+        mode=key.mode,
         host=records.host_info(),
         libraries=records.library_versions(),
         git=records.git_info(),
@@ -135,6 +169,7 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
         repeats_first_diff_step=outcome.repeats_first_diff_step,
         failed_at_step=outcome.failed_at_step,
         artifacts=None,
+        floor=floor_record(problem, outcome, (rates or {}).get((key.device, key.precision))),
     )
     artifact = None
     if outcome.losses is not None:
@@ -143,18 +178,7 @@ def build_record(result: SpecResult, key: RunKey, run_id: str) -> tuple[records.
 
 
 def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
-    from harness import registry
-
-    reasons = {}
-    for framework in frameworks:
-        try:
-            adapter = registry.load(framework)
-        except ImportError as exc:
-            reasons[framework] = f"cannot be imported ({exc})"
-            continue
-        adapter.configure(registry.STRICT)
-        reasons[framework] = adapter.unavailable("gpu")
-    return reasons
+    return {f: prepared_adapter(RunKey(f, "gpu"))[1] for f in frameworks}
 
 
 def require_gpu(frameworks: list[str]) -> None:
@@ -196,13 +220,16 @@ def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey
         "overrides": loaded.overrides,
         "data": [f.sha256 for f in problem.data_files],
         "source": problem.data_source,
-        "key": [key.framework, key.device, key.variant, key.precision],
+        "key": [key.framework, key.device, key.variant, key.precision, key.mode],
         "repeats": repeats,
         "commit": records.git_info().commit,
         "host": records.host_info().hostname,
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return work_dir / loaded.name / f"{key.label.replace('@', '-').replace('+', '-').replace('~', '-')}-{digest}.pkl"
+    name = key.label
+    for mark in "@+~:":
+        name = name.replace(mark, "-")
+    return work_dir / loaded.name / f"{name}-{digest}.pkl"
 
 
 def _one(
@@ -241,6 +268,7 @@ def run_spec(
     run_id: str | None = None,
     isolate: bool = False,
     work_dir: Path | None = None,
+    rates: dict[tuple[str, str], Rates] | None = None,
 ) -> SpecResult:
     """Run every key on the spec, then the calibration members, check every pair, and
     write one record per run (the members are part of the checks' tolerance, not records).
@@ -271,7 +299,7 @@ def run_spec(
     result = SpecResult(loaded, problem, outcomes, members, checks, [])
     if results_dir is not None:
         for key in keys:
-            record, artifact = build_record(result, key, run_id)
+            record, artifact = build_record(result, key, run_id, rates)
             result.paths.append(records.write_record(results_dir, record, artifact))
     return result
 

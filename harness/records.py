@@ -90,6 +90,25 @@ class Timings(Frozen):
     per_step_s: float
 
 
+class FloorRecord(Frozen):
+    """The hardware floor of one step (harness/floor.py) and this run against it."""
+
+    flops_per_step: float
+    bytes_per_step: float
+    unfused_bytes_per_step: float
+    launches_per_step: int
+    matmul_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    launch_latency_s: float | None
+    rates_measured_with: str
+    compute_s: float
+    memory_s: float
+    launch_s: float
+    floor_s: float
+    bound: Literal["arithmetic", "bandwidth", "launches"]
+    measured_over_floor: float | None
+
+
 class Curve(Frozen):
     steps: list[int]
     values: list[float]
@@ -134,6 +153,9 @@ class Record(Frozen):
     # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not gated)
     precision_mode: Literal["strict", "tf32"] = "strict"
     precision: dict[str, Any]
+    # eager: the article-style code, one framework call per step; fast: the framework's
+    # compiled mode (many steps per call, fused kernels, CUDA graphs)
+    mode: Literal["eager", "fast"] = "eager"
     host: Host
     libraries: dict[str, str]
     git: Git
@@ -149,6 +171,7 @@ class Record(Frozen):
     repeats_first_diff_step: int | None = None
     failed_at_step: int | None
     artifacts: Artifact | None
+    floor: FloorRecord | None = None
 
 
 def json_schema() -> str:

@@ -20,6 +20,11 @@ CALIBRATION = "cupy"  # its float32 CPU run against the oracle measures float32 
 DEVICES = ("cpu", "gpu")
 STRICT = "strict"
 PRECISIONS = (STRICT, "tf32")
+# eager: the article-style code, one framework call per step; fast: each framework's
+# compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
+EAGER = "eager"
+FAST = "fast"
+MODES = (EAGER, FAST)
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class RunKey:
     device: str
     variant: str = ""  # a calibration member: same code, perturbed inputs
     precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only)
+    mode: str = EAGER
 
     @property
     def adapter(self) -> str:
@@ -44,6 +50,8 @@ class RunKey:
         label = f"{self.framework}@{self.device}"
         if self.precision != STRICT:
             label += f"+{self.precision}"
+        if self.mode != EAGER:
+            label += f":{self.mode}"
         return label + (f"~{self.variant}" if self.variant else "")
 
 

@@ -54,7 +54,8 @@ class Unavailable(Exception):
 
 def run_label(record: Record) -> str:
     label = f"{record.framework}@{record.device.kind}"
-    return label if record.precision_mode == "strict" else f"{label} {record.precision_mode}"
+    label = label if record.precision_mode == "strict" else f"{label} {record.precision_mode}"
+    return label if record.mode == "eager" else f"{label}:{record.mode}"
 
 
 def framework_rank(framework: str) -> tuple[int, str]:
@@ -74,6 +75,7 @@ def record_order(record: Record) -> tuple:
         framework_rank(record.framework),
         record.device.kind,
         record.precision_mode,
+        record.mode,
         record.created,
         record.record_id,
     )
@@ -94,7 +96,7 @@ def load_records(results_dir: Path) -> dict[str, Record]:
 
 
 def newest_per_cell(records: Iterable[Record]) -> list[Record]:
-    """The newest record of each (spec, profile, size, framework, device, precision, dtype, host)."""
+    """The newest record of each (spec, profile, size, framework, device, precision, mode, dtype, host)."""
     newest: dict[tuple, Record] = {}
     for record in sorted(records, key=lambda r: (r.created, r.record_id)):
         key = (
@@ -104,6 +106,7 @@ def newest_per_cell(records: Iterable[Record]) -> list[Record]:
             record.framework,
             record.device.kind,
             record.precision_mode,
+            record.mode,
             record.dtype,
             record.host.hostname,
         )
@@ -304,6 +307,7 @@ def verdict_counts(record: Record) -> str:
 
 
 def run_to_run(record: Record) -> str:
+    """Whether a run's repeats gave the same bits; takes a Record or a runner Outcome."""
     if record.repeats_bitwise_identical is None:
         return "-"
     if record.repeats_bitwise_identical:
@@ -324,7 +328,7 @@ def status(record: Record) -> str:
 def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
     rows = []
     for r in records:
-        row = [r.spec.name, r.framework, r.device.kind, r.precision_mode, r.dtype]
+        row = [r.spec.name, r.framework, r.device.kind, r.precision_mode, r.mode, r.dtype]
         row += [r.host.hostname] if with_host else []
         row += [
             status(r),
@@ -341,7 +345,7 @@ def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
 
 def verdict_table(records: list[Record]) -> str:
     with_host = len({r.host.hostname for r in records}) > 1
-    header = ["spec", "framework", "device", "precision", "dtype", *(["host"] * with_host), "status", "final loss"]
+    header = ["spec", "framework", "device", "precision", "mode", "dtype", *(["host"] * with_host), "status", "final loss"]
     header += ["accuracy", "loss-curve horizon vs oracle", "final loss rel. error vs oracle", "checks pass / fail / known / skip", "run-to-run"]
     return md_table(header, verdict_rows(records, with_host))
 
@@ -393,17 +397,27 @@ def speedup_text(value: float | None, row: SpeedRow) -> str:
     return NOT_RUN if row.gpu is None or row.cpu is None else "-"
 
 
+def over_floor(record: Record | None) -> str:
+    """Measured time per step over the hardware floor of that step on that device."""
+    if record is None or record.floor is None or record.floor.measured_over_floor is None:
+        return "-"
+    return f"{record.floor.measured_over_floor:.3g}"
+
+
 def speed_table(rows: list[SpeedRow]) -> str:
-    header = ["spec", "framework", "host", "points", "CPU ms/step", "GPU ms/step", "GPU precision"]
-    header += ["speedup GPU/CPU", "speedup with transfers", "article claims"]
+    header = ["spec", "framework", "mode", "host", "points", "CPU ms/step", "CPU measured / floor", "GPU ms/step"]
+    header += ["GPU measured / floor", "GPU precision", "speedup GPU/CPU", "speedup with transfers", "article claims"]
     body = [
         [
             row.cell.spec,
             row.cell.framework,
+            row.cell.mode,
             row.cell.host,
             f"{row.cell.n_train:,}",
             per_step_ms(row.cpu),
+            over_floor(row.cpu),
             per_step_ms(row.gpu),
+            over_floor(row.gpu),
             row.cell.precision_mode if row.gpu else NOT_RUN,
             speedup_text(row.speedup, row),
             speedup_text(row.speedup_with_transfers, row),
@@ -490,6 +504,8 @@ def build(results_dir: Path, profile: str = spec_mod.FULL_PROFILE) -> Document:
     )
     verdict_section(doc, main, profile)
     speed_section(doc, main, profile, figures)
+    benched = {r.spec.profile for r in latest if r.mode != "eager"}
+    bench_section(doc, [r for r in latest if r.spec.profile in benched], figures)
     divergence_section(doc, main, sources, figures)
     article_section(doc, main, sources, figures)
     sweep_section(doc, latest, figures)
@@ -547,6 +563,115 @@ def speed_section(doc: Document, records: list[Record], profile: str, figures) -
         "GPU-over-CPU speedup per spec and framework, without and with transfers (log scale), "
         f"beside the article's claim (shaded band or line).{gpu_note} From {provenance(rows_of(rows))}.",
         lambda: figures.speedup_bars(rows, claims),
+        figures.png,
+    )
+
+
+def bench_pairs(records: list[Record]) -> dict[tuple, dict[str, Record]]:
+    """(spec, profile, size, framework, device, precision, host) -> {mode: record}: eager
+    and fast side by side."""
+    cells: dict[tuple, dict[str, Record]] = {}
+    for r in sorted(records, key=record_order):
+        if r.framework != ORACLE:
+            cell = (r.spec.name, r.spec.profile, r.data.n_train, r.framework, r.device.kind, r.precision_mode, r.host.hostname)
+            cells.setdefault(cell, {})[r.mode] = r
+    return cells
+
+
+def gating_verdicts(record: Record | None) -> str:
+    if record is None:
+        return NOT_RUN
+    if record.status != "ok":
+        return status(record)
+    if record.precision_mode != "strict":
+        return "measured, not gated"
+    fails = sum(c.verdict == "fail" for c in record.checks)
+    known = sum(c.verdict == "known" for c in record.checks)
+    parts = [f"**{fails} FAIL**" if fails else "", f"{known} known" if known else ""]
+    return ", ".join(p for p in parts if p) or "ok"
+
+
+def bench_table(records: list[Record]) -> str:
+    header = ["spec", "profile", "points", "framework", "device", "host", "eager ms/step", "fast ms/step", "fast/eager"]
+    header += ["floor ms/step", "bound", "eager / floor", "fast / floor", "fast mode's checks"]
+    body = []
+    for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
+        eager, fast = modes.get("eager"), modes.get("fast")
+        either = fast or eager
+        ratio = "-"
+        if eager and fast and eager.status == fast.status == "ok":
+            ratio = f"{eager.timings.per_step_s / fast.timings.per_step_s:.3g}x"
+        step_floor = either.floor
+        body.append(
+            [
+                spec_name,
+                profile,
+                f"{n_train:,}",
+                framework,
+                device if precision == "strict" else f"{device} {precision}",
+                host,
+                per_step_ms(eager),
+                per_step_ms(fast),
+                ratio,
+                "-" if step_floor is None else f"{step_floor.floor_s * 1e3:.3g}",
+                "-" if step_floor is None else step_floor.bound,
+                over_floor(eager),
+                over_floor(fast),
+                gating_verdicts(fast),
+            ]
+        )
+    return md_table(header, body)
+
+
+def floor_inputs(records: list[Record]) -> list[str]:
+    """Per spec and device: what the floor is made of, and the rates it was measured with."""
+    lines, seen = [], set()
+    for r in sorted(records, key=record_order):
+        f = r.floor
+        key = (r.spec.name, r.spec.profile, r.data.n_train, r.device.kind, r.precision_mode, r.host.hostname)
+        if f is None or key in seen:
+            continue
+        seen.add(key)
+        launch = "" if f.launch_latency_s is None else f", launches {f.launch_s * 1e6:.3g} us"
+        lines.append(
+            f"- {r.spec.name} ({r.spec.profile}, {r.data.n_train:,} points) on {r.host.hostname} {r.device.kind}"
+            + ("" if r.precision_mode == "strict" else f" {r.precision_mode}")
+            + f": {f.flops_per_step / 1e6:.4g} MFLOP, {f.bytes_per_step / 1e6:.3g} MB fewest "
+            f"({f.unfused_bytes_per_step / 1e6:.3g} MB unfused), {f.launches_per_step} launches per step; "
+            f"arithmetic {f.compute_s * 1e6:.3g} us, bandwidth {f.memory_s * 1e6:.3g} us{launch}. "
+            f"Rates: {f.rates_measured_with}."
+        )
+    return lines
+
+
+def bench_section(doc: Document, records: list[Record], figures) -> None:
+    doc.add("## Fast modes and the hardware floor", "")
+    if not records:
+        doc.add("No fast-mode records (`python -m harness bench`).", "")
+        return
+    doc.add(
+        f"`python -m harness bench` runs each framework's eager (article-style) and fast (compiled) "
+        f"mode side by side (by default profile `{spec_mod.BENCH_PROFILE}`); every profile with "
+        f"fast-mode records is listed, from {provenance(records)}. "
+        "The floor is the lowest time per step the device allows (`harness/floor.py`): the "
+        "largest of the step's floating-point operations at the measured matrix-product rate, "
+        "its fewest bytes at the measured bandwidth and, on a GPU, its fewest kernel launches "
+        "at the measured launch latency; \"bound\" names that term. The fast mode's checks "
+        "are the same agreement checks the eager mode takes, against the float64 oracle and "
+        "every other run.",
+        "",
+        bench_table(records),
+        "",
+        "What each floor is made of:",
+        "",
+        *floor_inputs(records),
+        "",
+    )
+    doc.figure(
+        "measured_over_floor",
+        f"Measured time per step over the floor, per spec, framework, device and mode (log scale; "
+        f"1 is the floor). From {provenance(records)}.",
+        lambda: figures.floor_bars(records),
         figures.png,
     )
 

@@ -66,14 +66,19 @@ def _median_and_spread(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), max(values) - min(values)
 
 
-def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
-    """Train `problem` with the adapter of `key`, `repeats` times from the same initial state."""
+def prepared_adapter(key: RunKey):
+    """The adapter of `key`, configured for its precision, and why it cannot run there (or None)."""
     try:
         adapter = registry.load(key.adapter)
     except ImportError as exc:
-        return Outcome(key, "skipped", f"adapter {key.adapter} cannot be imported: {exc}")
+        return None, f"adapter {key.adapter} cannot be imported: {exc}"
     adapter.configure(key.precision)
-    reason = adapter.unavailable(key.device)
+    return adapter, adapter.unavailable(key.device)
+
+
+def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
+    """Train `problem` with the adapter of `key`, `repeats` times from the same initial state."""
+    adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
     try:
@@ -83,33 +88,45 @@ def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | No
         return Outcome(key, "failed", f"{key.label} raised {detail}")
 
 
+def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
+    """The [start, stop) ranges the training loop runs in. It stops only where the runner
+    must look (the parameter snapshots, the progress lines), so a fast mode runs hundreds
+    of steps per call; the plan is the same in every mode and every repeat."""
+    total = problem.total_steps
+    every = problem.spec.logging.print_every
+    cuts = {0, total, 1, problem.spec.checks.params_after_steps.step, *range(every, total, every)}
+    cuts = sorted(c for c in cuts if 0 <= c <= total)
+    return list(zip(cuts, cuts[1:]))
+
+
 def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progress | None) -> Outcome:
-    outcome = Outcome(key, "ok", describe=adapter.describe(key.device))
+    outcome = Outcome(key, "ok", describe=adapter.describe(key.device, key.mode))
     total = problem.total_steps
     snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
     print_every = problem.spec.logging.print_every
+    plan = chunk_plan(problem)
     transfer, warmup, train = [], [], []
     for repeat in range(repeats):
         start = time.perf_counter()
         data = adapter.put(problem, key.device, key.dtype)
-        trainer = adapter.build(problem, data, key.device, key.dtype)
+        trainer = adapter.build(problem, data, key.device, key.dtype, key.mode)
         adapter.synchronize(trainer)
         transfer.append(time.perf_counter() - start)
 
         start = time.perf_counter()
-        adapter.warm_up(trainer)
+        adapter.warm_up(trainer, plan)
         adapter.synchronize(trainer)
         warmup.append(time.perf_counter() - start)
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
         start = time.perf_counter()
-        for t in range(total):
-            adapter.step(trainer, t)
-            if repeat == 0 and t + 1 in snapshot_steps:
-                outcome.snapshots[t + 1] = adapter.params(trainer)
-            if progress and repeat == 0 and ((t + 1) % print_every == 0 or t + 1 == total):
-                progress(t + 1, float(adapter.losses(trainer, t + 1)[-1]))
+        for first, stop in plan:
+            adapter.train(trainer, first, stop)
+            if repeat == 0 and stop in snapshot_steps:
+                outcome.snapshots[stop] = adapter.params(trainer)
+            if progress and repeat == 0 and (stop % print_every == 0 or stop == total):
+                progress(stop, float(adapter.losses(trainer, stop)[-1]))
         adapter.synchronize(trainer)
         train.append(time.perf_counter() - start)
 

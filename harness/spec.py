@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from harness.errors import SpecError
 
 FULL_PROFILE = "full"
+BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
 
 PositiveInt = Annotated[int, Field(gt=0)]

@@ -22,6 +22,7 @@ class Cell:
     framework: str
     precision_mode: str  # of the GPU side
     host: str
+    mode: str = "eager"  # both sides run in the same mode
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,12 @@ def _cell(record: Record, precision_mode: str) -> Cell:
         record.framework,
         precision_mode,
         record.host.hostname,
+        record.mode,
     )
 
 
 def speed_rows(records: Iterable[Record]) -> list[SpeedRow]:
-    """One row per (spec, profile, size, framework, GPU precision, host); the newest
+    """One row per (spec, profile, size, framework, GPU precision, host, mode); the newest
     record of each side wins. The oracle is not a speed contestant."""
     cpu: dict[Cell, Record] = {}
     gpu: dict[Cell, Record] = {}
@@ -81,4 +83,4 @@ def speed_rows(records: Iterable[Record]) -> list[SpeedRow]:
             if twin in cpu:
                 cpu[cell] = cpu[twin]
     rows = [SpeedRow(cell, cpu.get(cell), gpu.get(cell)) for cell in cells]
-    return sorted(rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.precision_mode, r.cell.host))
+    return sorted(rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.mode, r.cell.precision_mode, r.cell.host))

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from harness import checks as checks_mod
 from harness.matrix import SpecResult
+from harness.report import run_to_run
 from harness.registry import ORACLE_KEY
 
 
@@ -93,14 +94,6 @@ def print_failures(console: Console, results: list[SpecResult]) -> None:
                 )
 
 
-def run_to_run(outcome) -> str:
-    if outcome.repeats_bitwise_identical is None:
-        return "-"
-    if outcome.repeats_bitwise_identical:
-        return "bitwise"
-    return f"differ {outcome.repeats_max_abs_diff:.2g} from step {outcome.repeats_first_diff_step}"
-
-
 def failed(results: list[SpecResult]) -> bool:
     return any(c.verdict == "fail" and checks_mod.gating(c) for r in results for c in r.checks) or any(
         o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members]
@@ -128,4 +121,67 @@ def speed_table(written: list) -> Table | None:
             f"{row.speedup:.1f}x",
             f"{row.speedup_with_transfers:.1f}x",
         )
+    return table
+
+
+def _ms(outcome) -> str:
+    if outcome is None:
+        return "not run"
+    if outcome.status != "ok":
+        return outcome.status
+    return f"{outcome.timings['per_step_s'] * 1e3:.4g}"
+
+
+def _over(outcome, seconds: float | None) -> str:
+    if outcome is None or outcome.status != "ok" or not seconds:
+        return "-"
+    return f"{outcome.timings['per_step_s'] / seconds:.3g}"
+
+
+def agreement(result: SpecResult, key) -> str:
+    """How a run's gating checks came out: ok, or the counts of failures and known differences."""
+    mine = [c for c in result.checks if c.involves(key) and checks_mod.gating(c)]
+    fails = sum(c.verdict == "fail" for c in mine)
+    known = sum(c.verdict == "known" for c in mine)
+    if not mine:
+        return "-"
+    return "ok" if not fails and not known else ", ".join(p for p in (f"{fails} fail" if fails else "", f"{known} known" if known else "") if p)
+
+
+def bench_table(results: list[SpecResult], rates: dict) -> Table:
+    """Eager and fast side by side per spec, framework, device and precision: the median
+    time per step, fast over eager, each against the floor, and the fast run's checks."""
+    from harness.floor import floor
+    from harness.registry import EAGER, FAST, ORACLE
+
+    table = Table(title="Eager and fast modes against the hardware floor (median time per step, compile excluded)")
+    columns = ("spec", "run", "eager ms", "fast ms", "fast/eager", "floor ms", "bound", "eager/floor", "fast/floor", "fast checks")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("spec", "run", "bound", "fast checks") else "right")
+    for result in results:
+        cells: dict[tuple, dict] = {}
+        for key, outcome in result.outcomes.items():
+            if key.framework != ORACLE:
+                cells.setdefault((key.framework, key.device, key.precision), {})[key.mode] = outcome
+        for (framework, device, precision), modes in cells.items():
+            eager, fast = modes.get(EAGER), modes.get(FAST)
+            found = rates.get((device, precision))
+            step_floor = floor(result.problem, found) if found else None
+            seconds = step_floor.floor_s if step_floor else None
+            ratio = "-"
+            if eager and fast and eager.status == fast.status == "ok":
+                ratio = f"{eager.timings['per_step_s'] / fast.timings['per_step_s']:.3g}x"
+            label = f"{framework}@{device}" + ("" if precision == "strict" else f"+{precision}")
+            table.add_row(
+                result.loaded.name,
+                label,
+                _ms(eager),
+                _ms(fast),
+                ratio,
+                "-" if seconds is None else f"{seconds * 1e3:.3g}",
+                step_floor.bound if step_floor else "-",
+                _over(eager, seconds),
+                _over(fast, seconds),
+                agreement(result, fast.key) if fast else "-",
+            )
     return table

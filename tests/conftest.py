@@ -35,3 +35,13 @@ def quick_problem(name: str, mnist: Path | None = None) -> inputs.Problem:
     if name == "mnist_mlp":
         return inputs.build_problem(loaded, mnist, "test-set")
     return inputs.build_problem(loaded)
+
+
+def problem_or_skip(name: str) -> inputs.Problem:
+    """A spec's quick problem; MNIST's on the offline test-set files, or a skip that says why."""
+    if name == "mnist_mlp":
+        folder = offline_mnist_dir()
+        if folder is None:
+            pytest.skip("the real MNIST test-set files are not here: set HARNESS_DATA_DIR")
+        return quick_problem(name, folder)
+    return quick_problem(name)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness import registry
-from tests.conftest import offline_mnist_dir, quick_problem
+from tests.conftest import problem_or_skip, quick_problem
 
 FRAMEWORKS = ["torch", "jax", "cupy"]
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
@@ -24,17 +24,8 @@ def adapter_or_skip(name: str):
     return module
 
 
-def problem_or_skip(name: str):
-    if name == "mnist_mlp":
-        folder = offline_mnist_dir()
-        if folder is None:
-            pytest.skip("the real MNIST test-set files are not here: set HARNESS_DATA_DIR")
-        return quick_problem(name, folder)
-    return quick_problem(name)
-
-
 def first_loss(adapter, trainer) -> float:
-    adapter.step(trainer, 0)
+    adapter.train(trainer, 0, 1)
     return adapter.losses(trainer, 1)[0]
 
 
@@ -104,7 +95,7 @@ def test_jax_compiles_nothing_inside_the_timed_loop():
         adapter.warm_up(trainer)
         compiled = trainer.train_step._cache_size()
         for t in range(3):
-            adapter.step(trainer, t)
+            adapter.train(trainer, t, t + 1)
         adapter.synchronize(trainer)
         assert trainer.train_step._cache_size() == compiled
 

@@ -23,6 +23,10 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "2 records written" in done.stdout
     assert len(list((tmp_path / "moons_net").glob("*.json"))) == 2
+    from harness.records import read_record
+
+    floors = {r.framework: r.floor for r in map(read_record, (tmp_path / "moons_net").glob("*.json"))}
+    assert floors["oracle"] is None and floors["cupy"].measured_over_floor > 0  # `run` measures the floor too
 
 
 def test_a_failing_check_exits_one(tmp_path):
@@ -30,7 +34,7 @@ def test_a_failing_check_exits_one(tmp_path):
     doc["checks"]["initial_loss"] = {"rtol": 0.0, "atol": 0.0}  # float32 cannot equal float64 exactly
     spec = tmp_path / "strict_moons.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "cupy", "--no-records")
+    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "cupy", "--no-records", "--no-floor")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL moons_net cupy@cpu vs oracle@cpu: initial_loss" in done.stdout
 
@@ -113,3 +117,42 @@ def test_damaged_data_file_exits_two(tmp_path, mnist_dir, damage):
                    "--results", str(tmp_path / "results"))
     assert done.returncode == 2 and f"{target}: checksum mismatch" in done.stderr
     assert not list((tmp_path / "results").rglob("*.json"))
+
+
+def test_bench_writes_both_modes_with_their_floor_and_the_report_shows_them(tmp_path):
+    """`harness bench`: eager and fast side by side, each record with its mode and the
+    floor measured on this host; the report's floor section is built from them."""
+    pytest.importorskip("matplotlib")
+    from harness.records import read_record
+
+    results = tmp_path / "records"
+    done = harness("bench", "peaks_mlp", "--profile", "quick", "--frameworks", "cupy", "--repeats", "2", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "floor: cpu rates" in done.stdout and "fast/eager" in done.stdout
+    written = [read_record(p) for p in (results / "peaks_mlp").glob("*.json")]
+    by_mode = {(r.framework, r.mode): r for r in written}
+    assert set(by_mode) == {("cupy", "eager"), ("cupy", "fast"), ("oracle", "eager")}
+    fast, eager, oracle = by_mode["cupy", "fast"], by_mode["cupy", "eager"], by_mode["oracle", "eager"]
+    assert oracle.floor is None  # float64: the floor counts float32 bytes and rates
+    for record in (eager, fast):
+        assert record.floor.bound in ("arithmetic", "bandwidth") and record.floor.launch_s == 0
+        assert record.floor.measured_over_floor == pytest.approx(record.timings.per_step_s / record.floor.floor_s)
+        assert record.timings.repeats == 2
+    assert "fast mode" in fast.implementation and "fast mode" not in eager.implementation
+    assert not [c for c in fast.checks if c.verdict == "fail"]
+
+    out = tmp_path / "report" / "REPORT.md"
+    done = harness("report", "--results", str(results), "--out", str(out), "--profile", "quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = out.read_text()
+    section = text[text.index("## Fast modes and the hardware floor") :]
+    row = next(line for line in section.splitlines() if line.startswith("| peaks_mlp | quick | 2,500 | cupy |"))
+    ratio = eager.timings.per_step_s / fast.timings.per_step_s
+    assert f"{ratio:.3g}x" in row and f"{fast.floor.measured_over_floor:.3g}" in row
+    assert (out.parent / "figures" / "measured_over_floor.png").stat().st_size > 1000
+
+
+def test_bench_refuses_an_unknown_mode(tmp_path):
+    done = harness("bench", "moons_net", "--modes", "eager,turbo", "--results", str(tmp_path))
+    assert done.returncode == 2 and "unknown mode turbo" in done.stderr
+    assert not any(tmp_path.iterdir())

@@ -90,7 +90,7 @@ def test_any_document_loads_or_gives_a_spec_error(doc):
 
 def run_cli(results: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--results", str(results)],
+        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--no-floor", "--results", str(results)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -150,7 +150,7 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     """A long matrix split over calls (or resumed after a crash) runs each cell once; the
     records of the second call carry the first call's numbers."""
     work = tmp_path / "work"
-    base = [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--work-dir", str(work)]
+    base = [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--no-floor", "--work-dir", str(work)]
     first = subprocess.run([*base, "--frameworks", "cupy", "--no-records"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "finished earlier" not in first.stdout

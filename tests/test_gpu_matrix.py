@@ -153,7 +153,7 @@ def test_require_gpu_needs_the_gpu_device():
 
 
 def test_sweep_writes_ordinary_records_with_the_point_in_the_overrides(tmp_path):
-    done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "torch", "--repeats", "1", "--results", str(tmp_path))
+    done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "torch", "--repeats", "1", "--no-floor", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     written = [records.read_record(p) for p in (tmp_path / "peaks_mlp").glob("*.json")]
     assert {r.framework for r in written} == {"torch", "cupy", "oracle"}

@@ -202,7 +202,7 @@ def outputs_and_gradients(adapter, problem: Problem, dtype: str):
     """Forward outputs on the training set, then one SGD step read back as a gradient."""
     trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
     outputs = adapter.predict(trainer, problem.x_train)
-    adapter.step(trainer, 0)
+    adapter.train(trainer, 0, 1)
     after = adapter.params(trainer)
     grads = [((w0 - w1) / LR, (b0 - b1) / LR) for (w0, b0), (w1, b1) in zip(params64(problem), after)]
     return outputs, grads

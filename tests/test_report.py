@@ -119,8 +119,9 @@ def test_cpu_only_gpu_columns_say_not_run(cpu_only):
     assert len(rows) == 3  # torch, jax, cupy: the oracle is no speed contestant
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[5:9] == ["not run"] * 4, row  # GPU ms/step, GPU precision, both speedups
-        assert cells[9] == "200x"  # the claim, from specs/peaks_mlp.yaml
+        assert cells[2] == "eager", row  # the mode
+        assert cells[7:12] == ["not run", "-", "not run", "not run", "not run"], row  # GPU ms/step, its floor ratio, precision, speedups
+        assert cells[12] == "200x"  # the claim, from specs/peaks_mlp.yaml
     assert "No GPU records" in speed
 
 
@@ -130,7 +131,7 @@ def test_cpu_only_peaks_figure_falls_back_to_two_frameworks(cpu_only):
     assert "no GPU records: the CPU-trained nets of two frameworks (torch, jax)" in articles
     assert (out.parent / "figures" / "peaks_peaks_mlp.png").read_bytes().startswith(PNG_MAGIC)
     verdicts = section(text, "Verdicts")
-    assert "| peaks_mlp | torch | cpu | strict | float32 | ok |" in verdicts
+    assert "| peaks_mlp | torch | cpu | strict | eager | float32 | ok |" in verdicts
     assert "- none" not in verdicts  # the committed peaks records carry known differences
     assert "**KNOWN** peaks_mlp" in verdicts
 
@@ -153,7 +154,7 @@ def test_gpu_records_give_the_expected_speedups(tmp_path):
     assert "| 10x |" in torch_row and f"| {with_transfers:.3g}x |" in torch_row
     jax_rows = [line for line in speed.splitlines() if line.startswith("| peaks_mlp | jax")]
     assert len(jax_rows) == 2  # the strict GPU run is not there, the TF32 one is
-    assert "| not run | not run | not run | not run |" in jax_rows[0]
+    assert "| not run | - | not run | not run | not run |" in jax_rows[0]
     assert "| tf32 | 4x |" in jax_rows[1]
     assert "not run" not in torch_row
     assert "the CPU-trained and the GPU-trained net of one framework" in text
@@ -172,9 +173,9 @@ def test_failed_check_and_skipped_run_are_visible(tmp_path):
     fake(tmp_path, "peaks_mlp", "cupy", "gpu", status="skipped", reason="no usable CUDA GPU: cupy is not installed")
     text, _ = build(tmp_path)
     verdicts = section(text, "Verdicts")
-    assert "| peaks_mlp | torch | cpu | strict | float32 | **ok, 1 check FAIL** |" in verdicts
-    assert "| peaks_mlp | jax | cpu | strict | float32 | **FAILED** |" in verdicts
-    assert "| peaks_mlp | cupy | gpu | strict | float32 | *skipped* |" in verdicts
+    assert "| peaks_mlp | torch | cpu | strict | eager | float32 | **ok, 1 check FAIL** |" in verdicts
+    assert "| peaks_mlp | jax | cpu | strict | eager | float32 | **FAILED** |" in verdicts
+    assert "| peaks_mlp | cupy | gpu | strict | eager | float32 | *skipped* |" in verdicts
     assert "- **FAILED** peaks_mlp jax@cpu: RuntimeError: the adapter crashed at step 7" in verdicts
     assert "- **SKIPPED** peaks_mlp cupy@gpu: no usable CUDA GPU: cupy is not installed" in verdicts
     assert "- **FAIL** peaks_mlp torch@cpu vs oracle@cpu: initial_loss" in verdicts
@@ -194,8 +195,8 @@ def test_sweep_records_are_drawn_against_data_size(tmp_path):
     assert "No records of profile `full`." in section(text, "Verdicts")
     sweep = section(text, "Crossover sweep")
     rows = [line for line in sweep.splitlines() if line.startswith("| peaks_mlp")]
-    assert [row.split("|")[4].strip() for row in rows] == ["100", "100", "400", "400", "2,500", "2,500"]
-    assert all("| not run | not run | not run | not run |" in row for row in rows)
+    assert [row.split("|")[5].strip() for row in rows] == ["100", "100", "400", "400", "2,500", "2,500"]
+    assert all("| not run | - | not run | not run | not run |" in row for row in rows)
     assert "speedup not run" in sweep
     assert (out.parent / "figures" / "sweep_peaks_mlp.png").read_bytes().startswith(PNG_MAGIC)
 

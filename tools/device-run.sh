@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (the `device` tool; see README, "On a lent GPU machine").
-# Runs `harness run --devices cpu,gpu --tf32 --require-gpu` with a time budget, keeping
-# every finished run in a work folder, and leaves two archives in $OUT: the records and
-# the work folder. Carry the work folder back (`carry: ["device-carry"]`) and call again:
-# runs that finished are reused, so a matrix longer than one call completes over several.
+# Runs `harness run --devices cpu,gpu --tf32 --require-gpu` (or, with `bench` first,
+# `harness bench --devices cpu,gpu --require-gpu`: eager and fast modes against the floor)
+# with a time budget, keeping every finished run in a work folder, and leaves two archives
+# in $OUT: the records and the work folder. Carry the work folder back (`carry:
+# ["device-carry"]`) and call again: runs that finished are reused, so a matrix longer
+# than one call completes over several.
 #
-#   tools/device-run.sh [harness run options, e.g. moons_net]
+#   tools/device-run.sh [bench] [harness options, e.g. moons_net]
 #
 # Needs: python3 with the CUDA builds of torch, jax and cupy; pydantic and the rest from
 # device-carry/wheelhouse (tools/device-prepare.sh); MNIST files in device-carry/mnist.
@@ -21,8 +23,13 @@ mkdir -p "$work"
 export HARNESS_DATA_DIR=${HARNESS_DATA_DIR:-$PWD/$carry/mnist}
 mnist=(--data-dir "$HARNESS_DATA_DIR" --data-source test-set)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+command=(run --tf32)
+if [ "${1:-}" = bench ]; then
+    command=(bench)
+    shift
+fi
 rc=0
-timeout --signal=INT "${BUDGET_S:-520}" python3 -m harness run --devices cpu,gpu --tf32 --require-gpu \
+timeout --signal=INT "${BUDGET_S:-520}" python3 -m harness "${command[@]}" --devices cpu,gpu --require-gpu \
     --work-dir "$work" --results results-device "${mnist[@]}" "$@" || rc=$?
 tar -czf "$OUT/work.tar.gz" -C "$carry" work
 [ -d results-device ] && tar -czf "$OUT/records.tar.gz" results-device

@@ -1,0 +1,173 @@
+"""The CuPy adapter's fast mode (adapters/xp_fast.py): on NumPy bitwise identical to the
+eager array-module MLP, allocation-free per step, and warm_up leaves the state alone; on
+the GPU (tests marked `gpu`, skipped with the reason where there is none) it agrees with the
+eager CuPy run and repeats bitwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from adapters import cupy_adapter
+from harness import runner
+from harness.registry import RunKey
+from tests.conftest import problem_or_skip, quick_problem
+
+# moons' quick profile is 500 steps of a 1000-unit layer: the eager float32 run alone takes
+# 10-30 s on a shared 2-core host, so the bitwise test runs its first 60 steps.
+MOONS_STEPS = 60
+
+
+def shortened(problem, steps: int):
+    spec = problem.spec
+    training = spec.training.model_copy(update={"epochs": steps})
+    checks = spec.checks.model_copy(
+        update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": min(10, steps)})}
+    )
+    return dataclasses.replace(problem, spec=spec.model_copy(update={"training": training, "checks": checks}))
+
+
+def problem_for(name: str):
+    problem = problem_or_skip(name)
+    return shortened(problem, MOONS_STEPS) if name == "moons_net" else problem
+
+
+def trained(problem, device: str, dtype: str, mode: str, upto: int | None = None):
+    """Train as the runner does (warm_up with the plan, then train range by range)."""
+    plan = runner.chunk_plan(problem)
+    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, device, dtype), device, dtype, mode)
+    cupy_adapter.warm_up(trainer, plan)
+    steps = problem.total_steps if upto is None else upto
+    for start, stop in plan:
+        if start >= steps:
+            break
+        cupy_adapter.train(trainer, start, min(stop, steps))
+    cupy_adapter.synchronize(trainer)
+    return cupy_adapter.losses(trainer, steps), cupy_adapter.params(trainer)
+
+
+def assert_bitwise(a, b):
+    (curve_a, params_a), (curve_b, params_b) = a, b
+    differs = np.flatnonzero(curve_a != curve_b)
+    assert not differs.size, f"loss curves differ from step {differs[0]}: {curve_a[differs[0]]!r} vs {curve_b[differs[0]]!r}"
+    for layer, ((w, b), (w2, b2)) in enumerate(zip(params_a, params_b)):
+        assert np.array_equal(w, w2) and np.array_equal(b, b2), f"layer {layer}'s final parameters differ"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec_name", ["peaks_mlp", "moons_net", "mnist_mlp"])
+def test_fast_mode_is_bitwise_the_eager_mode_on_numpy(spec_name, dtype):
+    problem = problem_for(spec_name)
+    eager = trained(problem, "cpu", dtype, "eager")
+    fast = trained(problem, "cpu", dtype, "fast")
+    assert np.isfinite(eager[0]).all() and eager[0][-1] < eager[0][0], "the eager run did not train"
+    assert_bitwise(fast, eager)
+
+
+def test_adam_bias_corrections_round_like_python_floats():
+    """The device tables (float64, then cast) hold what xp_mlp's Python floats become."""
+    problem = quick_problem("peaks_mlp")
+    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    opt = problem.spec.optimizer
+    for t in (1, 2, 50, problem.total_steps):
+        c1, c2 = 1 - opt.beta1**t, 1 - opt.beta2**t
+        assert trainer.fast.c1[t - 1] == np.float32(c1) and trainer.fast.c2[t - 1] == np.float32(c2)
+        assert trainer.fast.c1.dtype == np.float32
+
+
+def _snapshot(trainer):
+    return [np.array(a) for a in (*trainer.fast.state(), trainer.loss_log)]
+
+
+@pytest.mark.parametrize("spec_name", ["peaks_mlp", "mnist_mlp"])
+def test_warm_up_changes_nothing(spec_name):
+    problem = problem_for(spec_name)
+    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    before = _snapshot(trainer)
+    cupy_adapter.warm_up(trainer, runner.chunk_plan(problem))
+    cupy_adapter.warm_up(trainer)
+    for after, was in zip(_snapshot(trainer), before):
+        assert np.array_equal(after, was)
+    cupy_adapter.train(trainer, 0, 3)
+    cold = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    cupy_adapter.train(cold, 0, 3)
+    assert np.array_equal(cupy_adapter.losses(trainer, 3), cupy_adapter.losses(cold, 3))
+
+
+def _pointers(trainer):
+    arrays = [*trainer.fast.buffers(), *(a for pair in trainer.params for a in pair)]
+    return [(id(a), a.ctypes.data) for a in arrays]
+
+
+@pytest.mark.parametrize("spec_name", ["peaks_mlp", "moons_net", "mnist_mlp"])
+def test_train_keeps_its_buffers_and_allocates_no_arrays(spec_name):
+    problem = problem_for(spec_name)
+    trainers = {}
+    for mode in ("eager", "fast"):
+        trainers[mode] = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", mode)
+        cupy_adapter.warm_up(trainers[mode], [(0, 1), (1, 4)])
+        cupy_adapter.train(trainers[mode], 0, 1)
+    fast = trainers["fast"]
+    pointers, weights = _pointers(fast), [np.array(w) for w, _ in fast.params]
+    peaks = {}
+    for mode, trainer in trainers.items():
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        cupy_adapter.train(trainer, 1, 4)
+        peaks[mode] = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+    assert _pointers(fast) == pointers, "train replaced a preallocated array"
+    assert not all(np.array_equal(w, w0) for (w, _), w0 in zip(fast.params, weights)), "train left the weights alone"
+    # What a fast step may allocate: NumPy's fixed-size iterator buffer (8,192 elements, for
+    # the broadcast bias add) and small objects. The eager mode shows that the probe sees arrays.
+    limit = 64 * 1024
+    assert max(a.nbytes for a in fast.fast.buffers()) > limit
+    assert peaks["eager"] > limit, f"the probe saw only {peaks['eager']} bytes in the eager mode"
+    assert peaks["fast"] < limit, f"three fast steps allocated up to {peaks['fast']} bytes"
+
+
+def test_describe_names_the_fast_mode():
+    assert "fast_mode" not in cupy_adapter.describe("cpu", "eager")
+    line = cupy_adapter.describe("cpu", "fast")["fast_mode"]
+    assert line and "\n" not in line
+
+
+def test_the_runner_runs_the_fast_mode():
+    problem = shortened(quick_problem("peaks_mlp"), 30)
+    outcomes = {mode: runner.run(problem, RunKey("cupy", "cpu", mode=mode)) for mode in ("eager", "fast")}
+    assert all(o.status == "ok" for o in outcomes.values()), [o.reason for o in outcomes.values()]
+    assert "fast_mode" in outcomes["fast"].describe
+    assert np.array_equal(outcomes["fast"].losses, outcomes["eager"].losses)
+    for step, snapshot in outcomes["eager"].snapshots.items():
+        for (w, b), (w2, b2) in zip(outcomes["fast"].snapshots[step], snapshot):
+            assert np.array_equal(w, w2) and np.array_equal(b, b2)
+
+
+def gpu_or_skip():
+    reason = cupy_adapter.unavailable("gpu")
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_mode_agrees_with_the_eager_cupy_run():
+    gpu_or_skip()
+    problem = quick_problem("peaks_mlp")
+    eager, _ = trained(problem, "gpu", "float32", "eager", upto=10)
+    fast, _ = trained(problem, "gpu", "float32", "fast", upto=10)
+    np.testing.assert_allclose(fast, eager, rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_mode_repeats_bitwise_and_replays_graphs():
+    gpu_or_skip()
+    problem = quick_problem("peaks_mlp")
+    first = trained(problem, "gpu", "float32", "fast")
+    assert np.isfinite(first[0]).all() and first[0][-1] < first[0][0]
+    assert_bitwise(trained(problem, "gpu", "float32", "fast"), first)
+    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "gpu", "float32"), "gpu", "float32", "fast")
+    cupy_adapter.warm_up(trainer, runner.chunk_plan(problem))
+    assert all(ws.graph is not None for ws in trainer.fast.spaces.values())

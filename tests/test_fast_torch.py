@@ -1,0 +1,244 @@
+"""The torch adapter's fast mode: the eager training, compiled (CPU) or captured in CUDA
+graphs (GPU). Checked against the float64 oracle and the eager run with each spec's own
+tolerances, and for what makes its timings fair: warm_up leaves the state as built, and
+train compiles nothing."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from adapters import xp_mlp  # noqa: E402
+from harness import inputs, registry, runner  # noqa: E402
+from harness.registry import RunKey  # noqa: E402
+from harness.spec import SPECS_DIR, load_spec  # noqa: E402
+from tests.conftest import problem_or_skip, quick_problem  # noqa: E402
+
+SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
+CURVE_STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    module = registry.load("torch")
+    module.configure("strict")
+    return module
+
+
+def minibatch_problem():
+    """moons in shuffled minibatches of 96: 10 full batches and one of 40 an epoch, so two
+    batch sizes (two compiled graphs, two CUDA graphs) without the MNIST files."""
+    extra = {
+        "training": {"batch_size": 96, "shuffle": True, "epochs": 3},
+        "checks": {"params_after_steps": {"step": 10}},
+    }
+    return inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "quick", extra=extra))
+
+
+def trained(adapter, problem, mode: str, steps: int, device: str = "cpu", warm: bool = True):
+    trainer = adapter.build(problem, adapter.put(problem, device, "float32"), device, "float32", mode)
+    if warm:
+        adapter.warm_up(trainer, [(0, steps)])
+    adapter.train(trainer, 0, steps)
+    return trainer
+
+
+def rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / np.abs(b)))
+
+
+def assert_params_close(params, ref_params, tol):
+    for (w, b), (rw, rb) in zip(params, ref_params):
+        assert w.shape == rw.shape and b.shape == rb.shape
+        np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
+        np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)
+
+
+def dynamo_counters() -> dict:
+    """Every compile (a dynamo frame, an AOTAutograd graph, an inductor graph, the lazily
+    compiled backward included) moves one of these; running a compiled graph moves none."""
+    from torch._dynamo.utils import counters
+
+    return {kind: dict(values) for kind, values in counters.items()}
+
+
+@pytest.fixture(scope="module")
+def oracle_step():
+    """The float64 oracle's first loss and its parameters after one step."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            problem = problem_or_skip(name)
+            oracle = registry.load("cupy")
+            trainer = oracle.build(problem, oracle.put(problem, "cpu", "float64"), "cpu", "float64")
+            oracle.train(trainer, 0, 1)
+            cache[name] = (problem, oracle.losses(trainer, 1)[0], oracle.params(trainer))
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_fast_cpu_matches_the_oracle_after_one_step(adapter, spec_name, oracle_step):
+    problem, ref_loss, ref_params = oracle_step(spec_name)
+    trainer = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    adapter.warm_up(trainer, runner.chunk_plan(problem))
+    adapter.train(trainer, 0, 1)
+    checks = problem.spec.checks
+    assert adapter.losses(trainer, 1)[0] == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
+    params = adapter.params(trainer)
+    assert_params_close(params, ref_params, checks.params_after_first_step)
+    assert any(not np.array_equal(w, w0) for (w, _), (w0, _) in zip(params, problem.initial_params))
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_fast_cpu_curve_follows_the_eager_run(adapter, spec_name):
+    """Within the spec's curve tolerance for as long as the spec asks it to hold. The fused
+    Adam keeps eager's float64 bias corrections, so no explanation is needed (see below)."""
+    problem = problem_or_skip(spec_name)
+    curve = problem.spec.checks.loss_curve
+    steps = min(curve.must_hold_for or CURVE_STEPS, CURVE_STEPS, problem.total_steps)
+    eager = adapter.losses(trained(adapter, problem, "eager", steps), steps)
+    fast = adapter.losses(trained(adapter, problem, "fast", steps), steps)
+    assert rel(fast, eager) <= curve.rtol
+
+
+def float32_bias_corrections(opt, t):
+    """1 - beta^t in float32 with beta rounded to float32 (as optax, and compiled torch.optim)."""
+    one = np.float32(1)
+    return one - np.float32(opt.beta1) ** np.float32(t), one - np.float32(opt.beta2) ** np.float32(t)
+
+
+def test_compiled_adam_would_take_float32_bias_corrections_the_fused_one_does_not(adapter, monkeypatch):
+    """Why the CPU fast mode updates with the fused kernel instead of a torch.compile'd
+    torch.optim.Adam: compiled, Adam's step count is a float32 tensor and 1 - beta^t is taken
+    in float32 (torch/optim/adam.py: _get_value returns the tensor while compiling), so its
+    peaks curve follows the array-module Adam given float32 corrections, not eager torch.
+    The fused kernel's curve follows eager torch."""
+    problem = quick_problem("peaks_mlp")
+    eager = adapter.losses(trained(adapter, problem, "eager", CURVE_STEPS), CURVE_STEPS)
+    fast = adapter.losses(trained(adapter, problem, "fast", CURVE_STEPS), CURVE_STEPS)
+
+    compiled = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    compiled.optimizer = adapter._optimizer(torch, problem.spec, compiled.model)  # the default Adam
+    compiled.optimizer.step = torch.compile(compiled.optimizer.step)  # as in the tutorial
+    adapter.warm_up(compiled, [(0, CURVE_STEPS)])
+    adapter.train(compiled, 0, CURVE_STEPS)
+    compiled_adam = adapter.losses(compiled, CURVE_STEPS)
+
+    original = xp_mlp.adam_update
+
+    def reference_curve(**corrections):
+        monkeypatch.setattr(xp_mlp, "adam_update", functools.partial(original, **corrections))
+        outcome = runner.run(problem, RunKey("cupy", "cpu"))
+        assert outcome.status == "ok", outcome.reason
+        return outcome.losses[:CURVE_STEPS]
+
+    python_corrections = reference_curve()
+    float32_corrections = reference_curve(corrections=float32_bias_corrections)
+    # the reproduction tells the two apart: its two variants drift apart by ~7e-6 in 40 steps
+    assert rel(float32_corrections, python_corrections) > 1e-6
+    # compiled Adam follows float32 corrections, ten times closer than it follows eager torch
+    assert rel(compiled_adam, float32_corrections) < 0.1 * rel(compiled_adam, eager)
+    # the fast mode follows eager torch, ten times closer than float32 corrections do
+    assert rel(fast, eager) < 0.1 * rel(float32_corrections, eager)
+
+
+@pytest.mark.parametrize("which", ["peaks_mlp", "minibatch"])
+def test_warm_up_changes_nothing_and_train_compiles_nothing(adapter, which):
+    problem = minibatch_problem() if which == "minibatch" else quick_problem(which)
+    plan = runner.chunk_plan(problem)
+    trainer = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    before = adapter.params(trainer)
+    adapter.warm_up(trainer, plan)
+    for (w, b), (w0, b0) in zip(adapter.params(trainer), before):
+        assert np.array_equal(w, w0) and np.array_equal(b, b0)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    state = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert not any(v.any() for v in state)  # Adam: step, exp_avg, exp_avg_sq as a new one starts them
+    assert not trainer.loss_log.any()
+
+    compiled = dynamo_counters()
+    for start, stop in plan:
+        adapter.train(trainer, start, stop)
+    assert dynamo_counters() == compiled, "train compiled something: warm_up missed a graph"
+
+    # the same bits as a trainer that never warmed up (its graphs are cached by now)
+    cold = trained(adapter, problem, "fast", problem.total_steps, warm=False)
+    total = problem.total_steps
+    assert np.array_equal(adapter.losses(trainer, total), adapter.losses(cold, total))
+    for (w, b), (w0, b0) in zip(adapter.params(trainer), adapter.params(cold)):
+        assert np.array_equal(w, w0) and np.array_equal(b, b0)
+
+
+def test_the_gpu_step_body_trains_like_eager_when_run_uncaptured_on_the_cpu(adapter):
+    """The CUDA graphs' body (device-side counters, per-batch-size row tables, the loss-log
+    slot) run step by step on the CPU, where it can be checked without a GPU."""
+    problem = minibatch_problem()
+    total = problem.total_steps
+    eager = trained(adapter, problem, "eager", total)
+    body = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    adapter._gpu_tables(torch, body)
+    sizes = body.fast.sizes
+    assert sorted(set(sizes)) == [40, 96]
+    for t in range(total):
+        adapter._gpu_step(torch, body, sizes[t % len(sizes)])
+    checks = problem.spec.checks
+    assert rel(adapter.losses(body, total), adapter.losses(eager, total)) <= checks.loss_curve.rtol
+    assert_params_close(adapter.params(body), adapter.params(eager), checks.params_after_steps)
+    assert int(body.fast.step_counter) == total
+
+    # seeking to any step points each table's counter at that step's rows
+    for t in (0, 5, 10, 11, 21, 32):
+        adapter._seek(body, t)
+        epoch, start, stop = problem.batch_slice(t)
+        table, counter = body.fast.tables[stop - start]
+        assert np.array_equal(table[int(counter)].numpy(), problem.batch_order[epoch, start:stop])
+
+
+def test_describe_says_what_the_fast_mode_does(adapter):
+    assert "fast_mode" not in adapter.describe("cpu")
+    for device in ("cpu", "gpu"):
+        assert adapter.FAST_MODE[device]
+    assert adapter.describe("cpu", "fast")["fast_mode"] == adapter.FAST_MODE["cpu"]
+
+
+def gpu_or_skip(adapter):
+    reason = adapter.unavailable("gpu")
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_mode_repeats_bitwise_and_matches_the_oracle_after_one_step(adapter, oracle_step):
+    gpu_or_skip(adapter)
+    problem, ref_loss, ref_params = oracle_step("peaks_mlp")
+    outcome = runner.run(problem, RunKey("torch", "gpu", mode="fast"), repeats=2)
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.describe["fast_mode"] == adapter.FAST_MODE["gpu"]
+    assert outcome.repeats_bitwise_identical, (outcome.repeats_max_abs_diff, outcome.repeats_first_diff_step)
+    checks = problem.spec.checks
+    assert outcome.losses[0] == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
+    assert_params_close(outcome.snapshots[1], ref_params, checks.params_after_first_step)
+    eager = runner.run(problem, RunKey("torch", "gpu"))
+    assert eager.status == "ok", eager.reason
+    steps = checks.loss_curve.must_hold_for
+    assert rel(outcome.losses[:steps], eager.losses[:steps]) <= checks.loss_curve.rtol
+
+
+@pytest.mark.gpu
+def test_gpu_fast_minibatches_follow_the_eager_run(adapter):
+    """Two batch sizes, two CUDA graphs, the rows picked on the device."""
+    gpu_or_skip(adapter)
+    problem = minibatch_problem()
+    total = problem.total_steps
+    fast = trained(adapter, problem, "fast", total, device="gpu")
+    eager = trained(adapter, problem, "eager", total, device="gpu")
+    checks = problem.spec.checks
+    assert rel(adapter.losses(fast, total), adapter.losses(eager, total)) <= checks.loss_curve.rtol
+    assert_params_close(adapter.params(fast), adapter.params(eager), checks.params_after_steps)
