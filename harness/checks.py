@@ -197,7 +197,7 @@ def pair_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration | None) -> 
 
 def _matches(known: KnownDifference, check: Check) -> bool:
     return check.name == known.check and any(
-        k.framework == known.framework and k.device in known.devices for k in (check.a, check.b)
+        k.framework == known.framework and k.device in known.devices and k.mode in known.modes for k in (check.a, check.b)
     )
 
 

@@ -236,6 +236,7 @@ class KnownDifference(Strict):
     framework: Name
     check: Name
     devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
+    modes: list[Literal["eager", "fast"]] = ["eager", "fast"]
     reason: Annotated[str, Field(min_length=20)]
     evidence: str = ""
 

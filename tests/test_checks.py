@@ -49,6 +49,18 @@ def test_known_differences_are_marked_and_must_keep_failing():
     assert [c.verdict for c in checks.apply_known_differences(gpu_only, [fake_check("fail")])] == ["fail"]
 
 
+def test_a_known_difference_of_the_fast_mode_leaves_the_eager_mode_judged():
+    spec = quick_problem("moons_net").spec
+    (known,) = spec.known_differences
+    assert (known.framework, known.devices, known.modes) == ("torch", ["cpu"], ["fast"])
+    fast, eager = RunKey("torch", "cpu", mode="fast"), RunKey("torch", "cpu")
+    judged = [
+        checks.Check("loss_curve_envelope", fast, ORACLE_KEY, "fail", "rule"),
+        checks.Check("loss_curve_envelope", eager, ORACLE_KEY, "fail", "rule"),
+    ]
+    assert [c.verdict for c in checks.apply_known_differences(spec, judged)] == ["known", "fail"]
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_diverging_run_is_failed_with_its_step():
     problem = quick_problem("peaks_mlp")

@@ -46,3 +46,39 @@ def test_optax_float32_bias_correction_explains_the_jax_drift_on_peaks(monkeypat
     # at the level of float32 rounding.
     assert rel(like_optax, jax_curve) < 0.1 * rel(jax_curve, oracle)
     assert rel(like_optax, jax_curve) < 1e-6
+
+
+def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
+    """torch.compile's mean of the 5,000 per-example losses is what leaves the envelope on
+    moons (fast mode), not the per-example values: those are as accurate as eager torch's."""
+    torch = pytest.importorskip("torch")
+    from harness.spec import SPECS_DIR, load_spec
+    from harness import inputs
+
+    problem = inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "bench"))  # the full 5,000 points
+    (w1, b1), (w2, b2) = problem.initial_params
+    x, y = problem.x_train.astype(np.float32), problem.y_train
+    outputs = np.tanh(x.astype(np.float64) @ w1 + b1) @ w2 + b2
+    per_example64 = -xp_mlp.log_softmax(np, outputs)[np.arange(len(y)), y]
+    W1, B1, W2, B2 = (torch.from_numpy(a) for a in (w1, b1, w2, b2))
+
+    def cross_entropy(x, y, reduction):
+        return torch.nn.functional.cross_entropy(torch.tanh(x @ W1 + B1) @ W2 + B2, y, reduction=reduction)
+
+    compiled = torch.compile(cross_entropy, dynamic=False)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    per_eager = cross_entropy(tx, ty, "none").numpy()
+    per_compiled = compiled(tx, ty, "none").numpy()
+    mean64 = per_example64.mean()
+
+    def rel(value):
+        return abs(float(value) - mean64) / mean64
+
+    def worst(per_example):
+        return float(np.max(np.abs(per_example - per_example64) / per_example64))
+
+    assert worst(per_compiled) <= 2 * worst(per_eager)  # per example, as close to float64 as eager's values ...
+    assert rel(per_compiled.astype(np.float64).mean()) < 1e-8  # ... and, summed exactly, they give the mean
+    mean_compiled = rel(compiled(tx, ty, "mean"))
+    assert mean_compiled > 2 * rel(cross_entropy(tx, ty, "mean"))  # eager torch's own reduction
+    assert mean_compiled > 10 * rel(per_compiled.sum(dtype=np.float32) / len(y))  # NumPy's pairwise float32 sum
