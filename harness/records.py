@@ -84,6 +84,9 @@ class Timings(Frozen):
     data_prep_s: float
     transfer_s: float
     warmup_s: float
+    # each repeat's warm-up: a framework that keeps its compiled code between repeats
+    # (torch.compile) pays the compile in the first one only, which the median hides
+    warmup_s_each: list[float] | None = None
     train_s: float
     train_s_spread: float
     train_s_each: list[float]

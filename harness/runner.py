@@ -188,6 +188,7 @@ def _timings(problem: Problem, transfer: list[float], warmup: list[float], train
         "data_prep_s": problem.prep_seconds,
         "transfer_s": statistics.median(transfer),
         "warmup_s": statistics.median(warmup),
+        "warmup_s_each": warmup,
         "train_s": train_median,
         "train_s_spread": train_spread,
         "train_s_each": train,

@@ -137,7 +137,7 @@ def test_bench_writes_both_modes_with_their_floor_and_the_report_shows_them(tmp_
     for record in (eager, fast):
         assert record.floor.bound in ("arithmetic", "bandwidth") and record.floor.launch_s == 0
         assert record.floor.measured_over_floor == pytest.approx(record.timings.per_step_s / record.floor.floor_s)
-        assert record.timings.repeats == 2
+        assert record.timings.repeats == 2 and len(record.timings.warmup_s_each) == 2
     assert "fast mode" in fast.implementation and "fast mode" not in eager.implementation
     assert not [c for c in fast.checks if c.verdict == "fail"]
 
