@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from adapters import xp_mlp
+
 NAME = "jax"
 _PRECISION = "strict"
 # XLA reads this when its backend starts: no atomics-based (run-to-run varying) GPU kernels.
@@ -111,7 +113,7 @@ def _functions(problem):
     spec = problem.spec
     acts = {"relu": jax.nn.relu, "tanh": jnp.tanh, "identity": lambda z: z}
     activations = [acts[layer.activation] for layer in spec.model.layers]
-    n_examples = len(problem.x_train)
+    l2 = xp_mlp.l2_scale(spec.loss, len(problem.x_train))
 
     def forward(params, x):
         for (w, b), act in zip(params, activations):
@@ -125,9 +127,8 @@ def _functions(problem):
         else:
             per_example = optax.softmax_cross_entropy_with_integer_labels(out, y)
         value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
-        if spec.loss.l2 is not None:
-            scale = spec.loss.l2.coefficient / 2 / (n_examples if spec.loss.l2.divide_by_examples else 1)
-            value = value + scale * sum(jnp.sum(w * w) for w, _ in params)
+        if l2:
+            value = value + l2 * sum(jnp.sum(w * w) for w, _ in params)
         return value
 
     opt = spec.optimizer
@@ -205,8 +206,7 @@ def _runs(problem, start: int, stop: int) -> list[tuple[int, int, int]]:
     """Steps start .. stop-1 as (first step, steps, batch size) runs of one batch size."""
     runs: list[tuple[int, int, int]] = []
     for t in range(start, stop):
-        _, first, last = problem.batch_slice(t)
-        size = last - first
+        size = problem.batch_size(t)
         if runs and runs[-1][2] == size:
             runs[-1] = (runs[-1][0], runs[-1][1] + 1, size)
         else:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from adapters import xp_mlp
+
 NAME = "torch"
 _PRECISION = "strict"
 
@@ -106,7 +108,7 @@ class Trainer:
 class _Fast:
     """The fast mode's state besides the model and the optimizer."""
 
-    objective: tuple  # (kind, reduction, l2 scale or None): plain values the compiled graph guards on
+    objective: tuple  # (kind, reduction, l2 scale or 0): plain values the compiled graph guards on
     sizes: list[int]  # the batch size of each step of an epoch
     initial: list[Any]  # the parameters at build, for warm_up to restore
     step_counter: Any = None  # GPU: int64 [1], the next loss-log slot, advanced inside the graphs
@@ -167,7 +169,7 @@ def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "e
     trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log, mode)
     loss = problem.spec.loss
     trainer.fast = _Fast(
-        objective=(loss.kind, loss.reduction, _l2_scale(loss, trainer.n_examples)),
+        objective=(loss.kind, loss.reduction, xp_mlp.l2_scale(loss, trainer.n_examples)),
         sizes=[stop - start for start, stop in problem.bounds],
         initial=[p.detach().clone() for p in model.parameters()],
     )
@@ -176,26 +178,20 @@ def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "e
     return trainer
 
 
-def _l2_scale(spec, n_examples: int) -> float | None:
-    if spec.l2 is None:
-        return None
-    return spec.l2.coefficient / 2 / (n_examples if spec.l2.divide_by_examples else 1)
-
-
 def _objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets):
     f = torch.nn.functional
     if kind == "mse":
         value = f.mse_loss(outputs, targets, reduction=reduction)
     else:
         value = f.cross_entropy(outputs, targets, reduction=reduction)
-    if scale is not None:
+    if scale:
         weights = [m.weight for m in model if isinstance(m, torch.nn.Linear)]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
     return value
 
 
 def _loss(torch, spec, model, n_examples: int, outputs, targets):
-    return _objective(torch, spec.kind, spec.reduction, _l2_scale(spec, n_examples), model, outputs, targets)
+    return _objective(torch, spec.kind, spec.reduction, xp_mlp.l2_scale(spec, n_examples), model, outputs, targets)
 
 
 def _train_step(trainer: Trainer, model, optimizer, step: int):
@@ -324,11 +320,11 @@ def _capture(torch, trainer: Trainer, sizes) -> None:
 
 def _plan_sizes(trainer: Trainer, plan) -> dict[int, int]:
     """Batch size -> the first step of that size among the plan's steps (all steps if no plan)."""
-    sizes = trainer.fast.sizes
+    problem = trainer.problem
     first: dict[int, int] = {}
-    for start, stop in list(plan) or [(0, trainer.problem.total_steps)]:
-        for t in range(start, min(stop, start + len(sizes))):  # one epoch holds every size
-            first.setdefault(sizes[t % len(sizes)], t)
+    for start, stop in list(plan) or [(0, problem.total_steps)]:
+        for t in range(start, min(stop, start + len(problem.bounds))):  # one epoch holds every size
+            first.setdefault(problem.batch_size(t), t)
     return first
 
 
@@ -382,9 +378,8 @@ def _train_fast(torch, trainer: Trainer, start: int, stop: int) -> None:
     if start != fast.next_step:
         _seek(trainer, start)
     if trainer.device == "gpu":
-        sizes = fast.sizes
         for t in range(start, stop):
-            graph = fast.graphs.get(sizes[t % len(sizes)])
+            graph = fast.graphs.get(trainer.problem.batch_size(t))
             if graph is None:
                 raise RuntimeError(f"no CUDA graph for step {t}'s batch size: warm_up(trainer, plan) captures them")
             graph.replay()

@@ -164,7 +164,7 @@ class FastMLP:
             table = np.array([xp_mlp.bias_corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
             self.c1, self.c2 = (xp.asarray(np.ascontiguousarray(col).astype(self.dtype)) for col in table.reshape(-1, 2).T)
         self.gathered = problem.batch_order is not None
-        self.sizes = [self._size(t) for t in range(total)]
+        self.sizes = [problem.batch_size(t) for t in range(total)]
         self.spaces = {
             n: _Workspace(
                 xp, n, self.widths, self.activations, self.dtype, data["x"], data["y"], self.gathered, self.loss.kind, self.on_gpu
@@ -184,12 +184,6 @@ class FastMLP:
                 n_train = order.shape[1]
                 offsets = [problem.batch_slice(t)[0] * n_train + problem.batch_slice(t)[1] for t in range(total)]
                 self.offsets = xp.asarray(np.array(offsets, np.int64))
-
-    def _size(self, t: int) -> int:
-        if not self.gathered:
-            return len(self.problem.x_train)
-        _, start, stop = self.problem.batch_slice(t)
-        return stop - start
 
     # ------------------------------------------------------------------ the step
 

@@ -189,15 +189,14 @@ def _finish_run(console: Console, results: list, results_dir: Path | None, run_i
     console.print(table.verdict_table(results))
     table.print_failures(console, results)
     if results_dir is not None:
-        paths = [p for r in results for p in r.paths]
-        speeds = table.speed_table([records.read_record(p) for p in paths])
+        speeds = table.speed_table([record for r in results for record in r.records])
         if speeds is not None:
             console.print(speeds)
-        console.print(f"{len(paths)} records written under {results_dir} (run {run_id})")
+        console.print(f"{sum(len(r.paths) for r in results)} records written under {results_dir} (run {run_id})")
     return EXIT_FAILED if table.failed(results) else 0
 
 
-def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, dict]:
+def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str]:
     from harness import inputs, matrix
 
     loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
@@ -210,20 +209,20 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
         matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate, args.work_dir, rates)
         for spec, problem in zip(loaded, problems)
     ]
-    return results, results_dir, run_id, rates
+    return results, results_dir, run_id
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    results, results_dir, run_id, _ = _run_matrix(args, console)
+    results, results_dir, run_id = _run_matrix(args, console)
     return _finish_run(console, results, results_dir, run_id)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness import table
 
-    results, results_dir, run_id, rates = _run_matrix(args, console)
+    results, results_dir, run_id = _run_matrix(args, console)
     code = _finish_run(console, results, results_dir, run_id)
-    console.print(table.bench_table(results, rates))
+    console.print(table.bench_table([record for r in results for record in r.records]))
     return code
 
 

@@ -87,12 +87,16 @@ def _bar(ax, x: float, value: float, color: str, text: str) -> None:
     ax.bar_label(bars, [text], fontsize=7, padding=1)
 
 
-def _spec_panels(rows: list[SpeedRow]):
-    """A figure with one panel per spec; (axes, spec name, its rows) per panel, and the host count."""
-    grouped = _rows_by_spec(rows)
+def _panels(grouped: dict[str, list]):
+    """A figure with one panel side by side per group; (axes, group name, its items) per panel."""
     fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
     axes = fig.subplots(1, len(grouped), squeeze=False)[0]
-    panels = [(ax, name, mine) for ax, (name, mine) in zip(axes, grouped.items())]
+    return fig, [(ax, name, mine) for ax, (name, mine) in zip(axes, grouped.items())]
+
+
+def _spec_panels(rows: list[SpeedRow]):
+    """A figure with one panel per spec; (axes, spec name, its rows) per panel, and the host count."""
+    fig, panels = _panels(_rows_by_spec(rows))
     return fig, panels, len({row.cell.host for row in rows})
 
 
@@ -380,9 +384,8 @@ def floor_bars(records) -> Figure:
     for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
         label = f"{framework}\n{device}" + ("" if precision == "strict" else f" {precision}")
         grouped.setdefault(f"{spec_name} ({profile}, {n_train:,} points)", []).append((label, modes))
-    fig = Figure(figsize=(max(6.0, 4.4 * len(grouped)), 4.4), layout="constrained")
-    axes = fig.subplots(1, len(grouped), squeeze=False)[0]
-    for ax, (spec_name, cells) in zip(axes, grouped.items()):
+    fig, panels = _panels(grouped)
+    for ax, spec_name, cells in panels:
         for xi, (label, modes) in enumerate(cells):
             for offset, mode, color in ((-0.2, "eager", CPU_COLOR), (0.2, "fast", GPU_COLOR)):
                 record = modes.get(mode)

@@ -50,6 +50,11 @@ class Problem:
         start, stop = self.bounds[within]
         return epoch, start, stop
 
+    def batch_size(self, step: int) -> int:
+        """How many rows step `step` trains on."""
+        _, start, stop = self.batch_slice(step)
+        return stop - start
+
     def batch(self, data: dict, step: int):
         """A step's (x, y), indexed out of arrays an adapter put on its device: data["x"],
         data["y"] and, when there is a batch order, data["order"]. Any array library."""

@@ -9,7 +9,7 @@ import multiprocessing
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,8 @@ class SpecResult:
     outcomes: dict[RunKey, Outcome]
     members: list[Outcome]  # the calibration runs with perturbed initial weights
     checks: list[Check]
-    paths: list[Path]
+    paths: list[Path]  # the records written, if a results folder was given
+    records: list[records.Record] = field(default_factory=list)  # one per run, written or not
 
 
 def matrix_keys(
@@ -297,9 +298,10 @@ def run_spec(
         members.append(_one(member_problem, key, 1, label, console, isolate, cell(member_problem, key, 1)))
     checks = checks_mod.check_all(problem.spec, outcomes, members)
     result = SpecResult(loaded, problem, outcomes, members, checks, [])
-    if results_dir is not None:
-        for key in keys:
-            record, artifact = build_record(result, key, run_id, rates)
+    for key in keys:
+        record, artifact = build_record(result, key, run_id, rates)
+        result.records.append(record)
+        if results_dir is not None:
             result.paths.append(records.write_record(results_dir, record, artifact))
     return result
 

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from harness import checks as checks_mod
 from harness.matrix import SpecResult
-from harness.report import run_to_run
+from harness.report import BENCH_HEADER, bench_rows, run_to_run
 from harness.registry import ORACLE_KEY
 
 
@@ -124,64 +124,11 @@ def speed_table(written: list) -> Table | None:
     return table
 
 
-def _ms(outcome) -> str:
-    if outcome is None:
-        return "not run"
-    if outcome.status != "ok":
-        return outcome.status
-    return f"{outcome.timings['per_step_s'] * 1e3:.4g}"
-
-
-def _over(outcome, seconds: float | None) -> str:
-    if outcome is None or outcome.status != "ok" or not seconds:
-        return "-"
-    return f"{outcome.timings['per_step_s'] / seconds:.3g}"
-
-
-def agreement(result: SpecResult, key) -> str:
-    """How a run's gating checks came out: ok, or the counts of failures and known differences."""
-    mine = [c for c in result.checks if c.involves(key) and checks_mod.gating(c)]
-    fails = sum(c.verdict == "fail" for c in mine)
-    known = sum(c.verdict == "known" for c in mine)
-    if not mine:
-        return "-"
-    return "ok" if not fails and not known else ", ".join(p for p in (f"{fails} fail" if fails else "", f"{known} known" if known else "") if p)
-
-
-def bench_table(results: list[SpecResult], rates: dict) -> Table:
-    """Eager and fast side by side per spec, framework, device and precision: the median
-    time per step, fast over eager, each against the floor, and the fast run's checks."""
-    from harness.floor import floor
-    from harness.registry import EAGER, FAST, ORACLE
-
+def bench_table(written: list) -> Table:
+    """The report's eager-and-fast table (harness.report.bench_rows), in the terminal."""
     table = Table(title="Eager and fast modes against the hardware floor (median time per step, compile excluded)")
-    columns = ("spec", "run", "eager ms", "fast ms", "fast/eager", "floor ms", "bound", "eager/floor", "fast/floor", "fast checks")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("spec", "run", "bound", "fast checks") else "right")
-    for result in results:
-        cells: dict[tuple, dict] = {}
-        for key, outcome in result.outcomes.items():
-            if key.framework != ORACLE:
-                cells.setdefault((key.framework, key.device, key.precision), {})[key.mode] = outcome
-        for (framework, device, precision), modes in cells.items():
-            eager, fast = modes.get(EAGER), modes.get(FAST)
-            found = rates.get((device, precision))
-            step_floor = floor(result.problem, found) if found else None
-            seconds = step_floor.floor_s if step_floor else None
-            ratio = "-"
-            if eager and fast and eager.status == fast.status == "ok":
-                ratio = f"{eager.timings['per_step_s'] / fast.timings['per_step_s']:.3g}x"
-            label = f"{framework}@{device}" + ("" if precision == "strict" else f"+{precision}")
-            table.add_row(
-                result.loaded.name,
-                label,
-                _ms(eager),
-                _ms(fast),
-                ratio,
-                "-" if seconds is None else f"{seconds * 1e3:.3g}",
-                step_floor.bound if step_floor else "-",
-                _over(eager, seconds),
-                _over(fast, seconds),
-                agreement(result, fast.key) if fast else "-",
-            )
+    for column in BENCH_HEADER:
+        table.add_column(column, justify="right" if "ms" in column or "/" in column else "left")
+    for row in bench_rows(written):
+        table.add_row(*(cell.replace("**", "") for cell in row))  # markdown bold means nothing here
     return table
