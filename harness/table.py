@@ -108,13 +108,14 @@ def speed_table(written: list) -> Table | None:
     if not rows:
         return None
     table = Table(title="Speedup, GPU over CPU (same host, same framework; compile and warm-up excluded)")
-    for column in ("spec", "examples", "framework", "GPU math", "CPU ms/step", "GPU ms/step", "speedup", "with transfers"):
-        table.add_column(column, justify="left" if column in ("spec", "framework", "GPU math") else "right")
+    for column in ("spec", "examples", "framework", "mode", "GPU math", "CPU ms/step", "GPU ms/step", "speedup", "with transfers"):
+        table.add_column(column, justify="left" if column in ("spec", "framework", "mode", "GPU math") else "right")
     for row in rows:
         table.add_row(
             row.cell.spec,
             str(row.cell.n_train),
             row.cell.framework,
+            row.cell.mode,
             row.cell.precision_mode,
             f"{row.cpu.timings.per_step_s * 1e3:.3f}",
             f"{row.gpu.timings.per_step_s * 1e3:.3f}",
