@@ -819,8 +819,9 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
             else f"speedup {NOT_RUN}: there are no GPU records, so the right panel is empty"
         )
         doc.add(
-            "Agreement at each size (the same checks as the full runs; failing checks by name, "
-            "`against` the other run):",
+            "Agreement at each size (the same checks, tolerances and known differences as the full "
+            "runs; failing checks by name, `against` the other run; the README's findings explain "
+            "them, with evidence in `tests/test_findings.py`):",
             "",
             sweep_agreement_table(mine),
             "",

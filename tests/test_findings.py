@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from adapters import xp_mlp
-from harness import runner
-from harness.registry import ORACLE_KEY, RunKey
+from harness import checks, inputs, runner
+from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.spec import SPECS_DIR, load_spec
 from tests.conftest import quick_problem
 
 STEPS = 40
@@ -82,3 +84,126 @@ def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
     mean_compiled = rel(compiled(tx, ty, "mean"))
     assert mean_compiled > 2 * rel(cross_entropy(tx, ty, "mean"))  # eager torch's own reduction
     assert mean_compiled > 10 * rel(per_compiled.sum(dtype=np.float32) / len(y))  # NumPy's pairwise float32 sum
+
+
+# --- the crossover sweep's peaks failures ---------------------------------------------------
+
+
+def sweep_problem(points_per_axis: int, steps: int):
+    extra = {"data": {"points_per_axis": points_per_axis}, "training": {"epochs": steps}}
+    return inputs.build_problem(load_spec(SPECS_DIR / "peaks_mlp.yaml", "sweep", extra=extra))
+
+
+def ok(outcome):
+    assert outcome.status == "ok", outcome.reason
+    return outcome
+
+
+class Judge:
+    """The matrix's checks of one run against the oracle: the envelope calibrated as
+    harness.matrix calibrates it (the float32 array-module run and its one-ulp members),
+    and the parameters after step 10."""
+
+    def __init__(self, problem):
+        self.spec = problem.spec
+        self.oracle = ok(runner.run(problem, ORACLE_KEY))
+        members = [
+            ok(runner.run(inputs.perturbed(problem, seed=i + 1), replace(CALIBRATION_KEY, variant=f"ulp{i + 1}")))
+            for i in range(self.spec.checks.long_run.members)
+        ]
+        self.reference = ok(runner.run(problem, CALIBRATION_KEY))
+        self.calibration = checks.calibrate({ORACLE_KEY: self.oracle, CALIBRATION_KEY: self.reference}, members)
+
+    def __call__(self, outcome) -> dict[str, checks.Check]:
+        outcome = replace(ok(outcome), key=RunKey(outcome.key.framework, "cpu", "under-test"))
+        step = self.spec.checks.params_after_steps.step
+        found = {c.name: c for c in checks.envelope_checks(self.spec, outcome, self.oracle, self.calibration)}
+        found["params_after_step"] = checks.close_check(
+            "params_after_step", outcome.key, ORACLE_KEY,
+            checks._flat(outcome.snapshots[step]), checks._flat(self.oracle.snapshots[step]),
+            self.spec.checks.params_after_steps,
+        )
+        return found
+
+
+def einsum_affine(a, w, b):
+    return np.einsum("nk,kj->nj", a, w, optimize=False) + b
+
+
+def einsum_weight_gradient(a_in, d_z):
+    return np.einsum("nk,nj->kj", a_in, d_z, optimize=False)
+
+
+def relative_to_magnitude(value, exact, magnitude) -> float:
+    """A product's error, relative to the sum of its terms' magnitudes (what rounding scales with)."""
+    return float(np.max(np.abs(value - exact) / np.maximum(magnitude, 1e-30)))
+
+
+def test_summation_order_alone_leaves_the_peaks_envelope_at_40000_points(monkeypatch):
+    """The envelope is calibrated by one ordering of the float32 arithmetic (NumPy's, with
+    OpenBLAS products) and its one-ulp members. The same code with its forward products
+    summed by einsum, exactly as accurate, leaves it near step 11 and misses the step-10
+    parameter check by more than ten times, on the article's own 40,000 points: on chaotic
+    peaks, crossing the envelope is not by itself evidence of more than rounding."""
+    problem = sweep_problem(200, 40)
+    judge = Judge(problem)
+    (w, _), x = problem.initial_params[0], problem.x_train
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    blas = relative_to_magnitude(x @ w, exact, magnitude)
+    assert relative_to_magnitude(einsum_affine(x, w, 0), exact, magnitude) <= 1.5 * blas  # as accurate
+
+    as_calibrated = judge(judge.reference)
+    assert as_calibrated["params_after_step"].verdict == "pass"
+
+    monkeypatch.setattr(xp_mlp, "affine", einsum_affine)
+    reordered = judge(runner.run(problem, CALIBRATION_KEY))
+    assert reordered["loss_curve_envelope"].verdict == "fail"
+    assert reordered["loss_curve_envelope"].first_failure_step < 20
+    step10 = reordered["params_after_step"]
+    assert step10.verdict == "fail"
+    assert step10.max_abs_error > 10 * as_calibrated["params_after_step"].max_abs_error
+
+
+def test_torch_leaves_the_peaks_envelope_at_160000_points_as_einsum_sums_do(monkeypatch):
+    """The sweep's torch failure at 400 x 400 points (loss_curve_envelope from step 28,
+    params_after_step_10) is float32 summation order, not torch: torch's weight-gradient
+    products (MKL) round like NumPy's einsum, both well within float32's expectations and
+    both about ten times further from exact than OpenBLAS (which calibrates the envelope);
+    the NumPy code with einsum weight gradients, no torch in it, leaves the envelope too."""
+    torch = pytest.importorskip("torch")
+    problem = sweep_problem(400, 40)
+    judge = Judge(problem)
+    x = problem.x_train
+    d_z = np.random.default_rng(0).standard_normal((len(x), 20)).astype(np.float32) / len(x)
+    exact = x.astype(np.float64).T @ d_z.astype(np.float64)
+    magnitude = np.abs(x.astype(np.float64)).T @ np.abs(d_z.astype(np.float64))
+    blas = relative_to_magnitude(x.T @ d_z, exact, magnitude)
+    mkl = relative_to_magnitude(torch.mm(torch.from_numpy(d_z).T, torch.from_numpy(x)).numpy().T, exact, magnitude)
+    einsum = relative_to_magnitude(einsum_weight_gradient(x, d_z), exact, magnitude)
+    assert mkl > 5 * blas and einsum > 5 * blas  # OpenBLAS's long sums are the unusually exact ones
+    assert mkl < 1e-6 and einsum < 1e-6  # all far inside sqrt(160,000) float32 roundings (2.4e-5)
+
+    torch_run = judge(runner.run(problem, RunKey("torch", "cpu")))
+    assert torch_run["loss_curve_envelope"].verdict == "fail"
+    monkeypatch.setattr(xp_mlp, "weight_gradient", einsum_weight_gradient)
+    reordered = judge(runner.run(problem, CALIBRATION_KEY))
+    assert reordered["loss_curve_envelope"].verdict == "fail"
+    # both leave it late, after the spec's 20-step strict horizon, as chaotic drift does
+    for run in (torch_run, reordered):
+        assert 20 <= run["loss_curve_envelope"].first_failure_step < 40
+
+
+def test_optax_bias_corrections_explain_the_jax_step10_failure_at_80089_points(monkeypatch):
+    """The sweep's JAX failure at 283 x 283 points (params_after_step_10 against the other
+    runs): the array-module code given optax's float32 bias corrections fails the same
+    check by the same amount; without them it passes."""
+    pytest.importorskip("optax")
+    problem = sweep_problem(283, 10)
+    judge = Judge(problem)
+    jax_run = judge(runner.run(problem, RunKey("jax", "cpu")))["params_after_step"]
+    assert judge(judge.reference)["params_after_step"].verdict == "pass"
+    monkeypatch.setattr(xp_mlp, "adam_update", functools.partial(xp_mlp.adam_update, corrections=float32_bias_corrections))
+    like_optax = judge(runner.run(problem, CALIBRATION_KEY))["params_after_step"]
+    assert jax_run.verdict == like_optax.verdict == "fail"
+    assert like_optax.max_abs_error == pytest.approx(jax_run.max_abs_error, rel=0.25)
