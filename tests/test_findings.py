@@ -194,16 +194,25 @@ def test_torch_leaves_the_peaks_envelope_at_160000_points_as_einsum_sums_do(monk
         assert 20 <= run["loss_curve_envelope"].first_failure_step < 40
 
 
-def test_optax_bias_corrections_explain_the_jax_step10_failure_at_80089_points(monkeypatch):
-    """The sweep's JAX failure at 283 x 283 points (params_after_step_10 against the other
-    runs): the array-module code given optax's float32 bias corrections fails the same
-    check by the same amount; without them it passes."""
+@pytest.mark.parametrize("points_per_axis, steps", [(20, 100), (100, 100), (283, 10)])
+def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, points_per_axis, steps):
+    """The sweep's JAX failures at 400, 10,000 and 80,089 points (final outputs, final loss,
+    parameters after step 10): the array-module code given optax's float32 bias corrections
+    fails every check JAX fails against the oracle; without them it fails none."""
     pytest.importorskip("optax")
-    problem = sweep_problem(283, 10)
+    problem = sweep_problem(points_per_axis, steps)
     judge = Judge(problem)
-    jax_run = judge(runner.run(problem, RunKey("jax", "cpu")))["params_after_step"]
-    assert judge(judge.reference)["params_after_step"].verdict == "pass"
+
+    def failing(outcome) -> dict[str, checks.Check]:
+        return {name: c for name, c in judge(outcome).items() if c.verdict == "fail"}
+
+    jax_fails = failing(runner.run(problem, RunKey("jax", "cpu")))
+    assert jax_fails
+    assert not failing(judge.reference)
     monkeypatch.setattr(xp_mlp, "adam_update", functools.partial(xp_mlp.adam_update, corrections=float32_bias_corrections))
-    like_optax = judge(runner.run(problem, CALIBRATION_KEY))["params_after_step"]
-    assert jax_run.verdict == like_optax.verdict == "fail"
-    assert like_optax.max_abs_error == pytest.approx(jax_run.max_abs_error, rel=0.25)
+    like_optax = failing(runner.run(problem, CALIBRATION_KEY))
+    assert set(jax_fails) <= set(like_optax)
+    if "params_after_step" in jax_fails:  # by about as much
+        assert like_optax["params_after_step"].max_abs_error == pytest.approx(
+            jax_fails["params_after_step"].max_abs_error, rel=0.25
+        )
