@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.inputs import Problem, perturbed
 from harness.floor import Rates, floor
 from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, RunKey
-from harness.runner import Outcome, prepared_adapter, run
+from harness.runner import Outcome, prepared_adapter, run, run_alternating
 from harness.spec import LoadedSpec
 
 
@@ -196,20 +196,26 @@ def require_gpu(frameworks: list[str]) -> None:
         raise HarnessError(f"no usable CUDA GPU on this host ({detail})")
 
 
-def _run_child(problem: Problem, key: RunKey, repeats: int, label: str) -> Outcome:
+def _printers(out: Console, problem: Problem, labels: dict[RunKey, str]):
+    return {key: progress.printer(out, label, problem.total_steps) for key, label in labels.items()}
+
+
+def _run_child(problem: Problem, labels: dict[RunKey, str], repeats: int) -> dict[RunKey, Outcome]:
     """The body of an isolated run, in its own process."""
-    return run(problem, key, repeats=repeats, progress=progress.printer(progress.console(), label, problem.total_steps))
+    return run_alternating(problem, list(labels), repeats, _printers(progress.console(), problem, labels))
 
 
-def run_isolated(problem: Problem, key: RunKey, repeats: int, label: str) -> Outcome:
-    """One run in a fresh process: frameworks' thread pools and GPU memory do not meet
-    (torch on 2 cores ran 30x slower after JAX had run in the same process)."""
+def run_isolated(problem: Problem, labels: dict[RunKey, str], repeats: int) -> dict[RunKey, Outcome]:
+    """The runs of `labels` (one, or the modes of one framework and device, taking turns) in
+    a fresh process: frameworks' thread pools and GPU memory do not meet (torch on 2 cores
+    ran 30x slower after JAX had run in the same process)."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         try:
-            return pool.submit(_run_child, problem, key, repeats, label).result()
+            return pool.submit(_run_child, problem, labels, repeats).result()
         except BrokenProcessPool:
-            return Outcome(key, "failed", f"{key.label}: the run's process died (killed, or out of memory)")
+            why = "the run's process died (killed, or out of memory)"
+            return {key: Outcome(key, "failed", f"{key.label}: {why}") for key in labels}
 
 
 def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int) -> Path:
@@ -236,27 +242,58 @@ def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey
 def _one(
     problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool, cell: Path | None = None
 ) -> Outcome:
-    if cell is not None and cell.is_file():
-        with open(cell, "rb") as f:
-            outcome = pickle.load(f)
-        console.print(f"[bold]{label}[/bold]: finished earlier, taken from {cell}", highlight=False)
-        return outcome
-    console.print(f"[bold]{label}[/bold] ({key.dtype}, {problem.total_steps} steps, {repeats} repeat(s))")
+    return _group(problem, {key: label}, repeats, console, isolate, {key: cell})[key]
+
+
+def _group(
+    problem: Problem,
+    labels: dict[RunKey, str],
+    repeats: int,
+    console: Console,
+    isolate: bool,
+    cells: dict[RunKey, Path | None],
+) -> dict[RunKey, Outcome]:
+    """Run the keys of `labels` together, their repeats taking turns (or take them from the
+    work folder, if every one finished earlier), and keep each finished one there."""
+    if all(cell is not None and cell.is_file() for cell in cells.values()):
+        outcomes = {}
+        for key, cell in cells.items():
+            with open(cell, "rb") as f:
+                outcomes[key] = pickle.load(f)
+            console.print(f"[bold]{labels[key]}[/bold]: finished earlier, taken from {cell}", highlight=False)
+        return outcomes
+    steps = f"{problem.total_steps} steps, {repeats} repeat(s)"
+    for key, label in labels.items():
+        console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps})")
+    if len(labels) > 1:
+        console.print(f"  their repeats take turns: {', '.join(k.label for k in labels)}", highlight=False)
     if isolate:
-        outcome = run_isolated(problem, key, repeats, label)
+        outcomes = run_isolated(problem, labels, repeats)
     else:
-        outcome = run(problem, key, repeats=repeats, progress=progress.printer(console, label, problem.total_steps))
-    if outcome.status != "ok":
-        console.print(f"  {outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
-    else:
-        console.print(f"  train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
-    if cell is not None and outcome.status == "ok":
-        cell.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cell.with_name(f".{cell.name}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(outcome, f)
-        tmp.replace(cell)
-    return outcome
+        outcomes = run_alternating(problem, list(labels), repeats, _printers(console, problem, labels))
+    for key, outcome in outcomes.items():
+        name = f"{labels[key]}: " if len(labels) > 1 else ""
+        if outcome.status != "ok":
+            console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
+        else:
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
+        cell = cells.get(key)
+        if cell is not None and outcome.status == "ok":
+            cell.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cell.with_name(f".{cell.name}.tmp")
+            with open(tmp, "wb") as f:
+                pickle.dump(outcome, f)
+            tmp.replace(cell)
+    return outcomes
+
+
+def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
+    """The keys that differ only in mode, together, in order of first appearance: their
+    repeats take turns in one process (harness bench). Every other key is a group of one."""
+    groups: dict[tuple, list[RunKey]] = {}
+    for key in keys:
+        groups.setdefault((key.framework, key.device, key.variant, key.precision), []).append(key)
+    return list(groups.values())
 
 
 def run_spec(
@@ -273,6 +310,7 @@ def run_spec(
 ) -> SpecResult:
     """Run every key on the spec, then the calibration members, check every pair, and
     write one record per run (the members are part of the checks' tolerance, not records).
+    The modes of one framework and device run in one process, their repeats taking turns.
 
     With a `work_dir`, each finished cell is kept there and a later call with the same
     inputs takes it instead of running it again: a long matrix can be split over several
@@ -283,13 +321,15 @@ def run_spec(
         return None if work_dir is None else _cell_path(work_dir, loaded, p, key, runs)
 
     outcomes = {}
-    for key in keys:
+    for group in alternation_groups(keys):
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
         # least twice, so that run-to-run determinism on the device is measured.
-        runs = 1 if key == ORACLE_KEY else repeats or loaded.spec.timing.repeats
-        if key.device == "gpu":
+        runs = 1 if group == [ORACLE_KEY] else repeats or loaded.spec.timing.repeats
+        if group[0].device == "gpu":
             runs = max(runs, GPU_MIN_REPEATS)
-        outcomes[key] = _one(problem, key, runs, f"{loaded.name} {key.label}", console, isolate, cell(problem, key, runs))
+        labels = {key: f"{loaded.name} {key.label}" for key in group}
+        cells = {key: cell(problem, key, runs) for key in group}
+        outcomes.update(_group(problem, labels, runs, console, isolate, cells))
     members = []
     for i in range(problem.spec.checks.long_run.members):
         key = RunKey(CALIBRATION, "cpu", f"ulp{i + 1}")

@@ -87,6 +87,10 @@ class Timings(Frozen):
     # each repeat's warm-up: a framework that keeps its compiled code between repeats
     # (torch.compile) pays the compile in the first one only, which the median hides
     warmup_s_each: list[float] | None = None
+    # the runs whose repeats took turns with this one's in one process (harness bench: eager
+    # and fast of one framework and device), so that a drift in the machine's speed falls on
+    # both; empty or absent: its repeats ran back to back
+    alternated_with: list[str] | None = None
     train_s: float
     train_s_spread: float
     train_s_each: list[float]

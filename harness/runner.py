@@ -78,14 +78,44 @@ def prepared_adapter(key: RunKey):
 
 def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
     """Train `problem` with the adapter of `key`, `repeats` times from the same initial state."""
-    adapter, reason = prepared_adapter(key)
-    if reason:
-        return Outcome(key, "skipped", reason)
-    try:
-        return _run(adapter, problem, key, repeats, progress)
-    except Exception as exc:  # a framework error (out of memory, driver) fails this run only
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return Outcome(key, "failed", f"{key.label} raised {detail}")
+    return run_alternating(problem, [key], repeats, {key: progress} if progress else None)[key]
+
+
+def run_alternating(
+    problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None
+) -> dict[RunKey, Outcome]:
+    """Train `problem` with each key `repeats` times, the keys taking turns repeat by repeat
+    (eager, fast, eager, fast, ...): a drift in the machine's speed during the run falls on
+    every key alike, so their time ratio holds where back-to-back repeats would not."""
+    outcomes: dict[RunKey, Outcome] = {}
+    trials: dict[RunKey, _Trial] = {}
+
+    def attempt(key: RunKey, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:  # a framework error (out of memory, driver) fails this run only
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            outcomes[key] = Outcome(key, "failed", f"{key.label} raised {detail}")
+            trials.pop(key, None)
+
+    for key in keys:
+        adapter, reason = prepared_adapter(key)
+        if reason:
+            outcomes[key] = Outcome(key, "skipped", reason)
+            continue
+
+        def start(key=key, adapter=adapter) -> None:
+            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key))
+
+        attempt(key, start)
+    for repeat in range(repeats):
+        for key, trial in list(trials.items()):
+            attempt(key, lambda trial=trial: trial.repeat(repeat))
+    for key, trial in trials.items():
+        outcomes[key] = trial.finish()
+        if len(keys) > 1:
+            outcomes[key].timings["alternated_with"] = [k.label for k in keys if k != key]
+    return {key: outcomes[key] for key in keys}
 
 
 def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
@@ -99,36 +129,47 @@ def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:]))
 
 
-def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progress | None) -> Outcome:
-    outcome = Outcome(key, "ok", describe=adapter.describe(key.device, key.mode))
-    total = problem.total_steps
-    snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
-    print_every = problem.spec.logging.print_every
-    plan = chunk_plan(problem)
-    transfer, warmup, train = [], [], []
-    for repeat in range(repeats):
+class _Trial:
+    """One key's repeats, run one at a time (run_alternating interleaves them with other
+    keys'). Each repeat puts the data, builds, warms up and trains from the same initial
+    state, each phase timed apart; the first keeps the curve, snapshots and outputs, the
+    others are compared with it bit for bit."""
+
+    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None):
+        self.adapter, self.problem, self.key, self.progress = adapter, problem, key, progress
+        self.outcome = Outcome(key, "ok", describe=adapter.describe(key.device, key.mode))
+        self.plan = chunk_plan(problem)
+        self.transfer: list[float] = []
+        self.warmup: list[float] = []
+        self.train: list[float] = []
+
+    def repeat(self, repeat: int) -> None:
+        adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
+        total = problem.total_steps
+        snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
+        print_every = problem.spec.logging.print_every
         start = time.perf_counter()
         data = adapter.put(problem, key.device, key.dtype)
         trainer = adapter.build(problem, data, key.device, key.dtype, key.mode)
         adapter.synchronize(trainer)
-        transfer.append(time.perf_counter() - start)
+        self.transfer.append(time.perf_counter() - start)
 
         start = time.perf_counter()
-        adapter.warm_up(trainer, plan)
+        adapter.warm_up(trainer, self.plan)
         adapter.synchronize(trainer)
-        warmup.append(time.perf_counter() - start)
+        self.warmup.append(time.perf_counter() - start)
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
         start = time.perf_counter()
-        for first, stop in plan:
+        for first, stop in self.plan:
             adapter.train(trainer, first, stop)
             if repeat == 0 and stop in snapshot_steps:
                 outcome.snapshots[stop] = adapter.params(trainer)
-            if progress and repeat == 0 and (stop % print_every == 0 or stop == total):
-                progress(stop, float(adapter.losses(trainer, stop)[-1]))
+            if self.progress and repeat == 0 and (stop % print_every == 0 or stop == total):
+                self.progress(stop, float(adapter.losses(trainer, stop)[-1]))
         adapter.synchronize(trainer)
-        train.append(time.perf_counter() - start)
+        self.train.append(time.perf_counter() - start)
 
         curve = adapter.losses(trainer, total)
         if repeat == 0:
@@ -136,8 +177,10 @@ def _run(adapter, problem: Problem, key: RunKey, repeats: int, progress: Progres
             _finish(adapter, trainer, problem, outcome)
         else:
             _compare_repeat(outcome, curve, adapter.params(trainer))
-    outcome.timings = _timings(problem, transfer, warmup, train)
-    return outcome
+
+    def finish(self) -> Outcome:
+        self.outcome.timings = _timings(self.problem, self.transfer, self.warmup, self.train)
+        return self.outcome
 
 
 def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None:
