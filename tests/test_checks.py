@@ -75,7 +75,7 @@ def test_an_isolated_run_gives_the_same_bits():
     short = type(problem)(**{**problem.__dict__, "spec": problem.spec.model_copy(
         update={"training": problem.spec.training.model_copy(update={"epochs": 5})})})
     here = runner.run(short, CALIBRATION_KEY)
-    there = matrix.run_isolated(short, CALIBRATION_KEY, 1, "isolated")
+    there = matrix.run_isolated(short, {CALIBRATION_KEY: "isolated"}, 1)[CALIBRATION_KEY]
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
 
 
