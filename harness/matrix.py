@@ -296,6 +296,13 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     return list(groups.values())
 
 
+def calibration_members(problem: Problem) -> list[tuple[RunKey, Problem]]:
+    """The envelope's calibration members: the calibration run's code on the problem with its
+    initial weights moved one ulp, each member with its own seed."""
+    count = problem.spec.checks.long_run.members
+    return [(RunKey(CALIBRATION, "cpu", f"ulp{i + 1}"), perturbed(problem, seed=i + 1)) for i in range(count)]
+
+
 def run_spec(
     loaded: LoadedSpec,
     problem: Problem,
@@ -331,10 +338,8 @@ def run_spec(
         cells = {key: cell(problem, key, runs) for key in group}
         outcomes.update(_group(problem, labels, runs, console, isolate, cells))
     members = []
-    for i in range(problem.spec.checks.long_run.members):
-        key = RunKey(CALIBRATION, "cpu", f"ulp{i + 1}")
+    for key, member_problem in calibration_members(problem):
         label = f"{loaded.name} {key.label} (calibration: initial weights moved one ulp)"
-        member_problem = perturbed(problem, seed=i + 1)
         members.append(_one(member_problem, key, 1, label, console, isolate, cell(member_problem, key, 1)))
     checks = checks_mod.check_all(problem.spec, outcomes, members)
     result = SpecResult(loaded, problem, outcomes, members, checks, [])

@@ -1,4 +1,4 @@
-"""Shared fixtures: spec paths, the offline MNIST folder, quick problems."""
+"""Shared fixtures: spec paths, the offline MNIST folder, quick problems, the oracle's first step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import data, inputs
+from harness import data, inputs, registry
 from harness.spec import SPECS_DIR, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +45,31 @@ def problem_or_skip(name: str) -> inputs.Problem:
             pytest.skip("the real MNIST test-set files are not here: set HARNESS_DATA_DIR")
         return quick_problem(name, folder)
     return quick_problem(name)
+
+
+def first_loss(adapter, trainer) -> float:
+    adapter.train(trainer, 0, 1)
+    return adapter.losses(trainer, 1)[0]
+
+
+def one_step(adapter, problem, dtype):
+    """Probe outputs before, the first loss, and the parameters after one step on the CPU."""
+    trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
+    adapter.warm_up(trainer)
+    outputs = adapter.predict(trainer, problem.probe)
+    loss = first_loss(adapter, trainer)
+    return outputs, loss, adapter.params(trainer)
+
+
+@pytest.fixture(scope="module")
+def oracle_step():
+    """A spec's quick problem and the float64 oracle's one_step on it, computed once a module."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            problem = problem_or_skip(name)
+            cache[name] = (problem, one_step(registry.load("cupy"), problem, "float64"))
+        return cache[name]
+
+    return get

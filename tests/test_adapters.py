@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness import registry
-from tests.conftest import problem_or_skip, quick_problem
+from tests.conftest import first_loss, one_step, problem_or_skip, quick_problem
 
 FRAMEWORKS = ["torch", "jax", "cupy"]
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
@@ -22,32 +22,6 @@ def adapter_or_skip(name: str):
     if reason:
         pytest.skip(reason)
     return module
-
-
-def first_loss(adapter, trainer) -> float:
-    adapter.train(trainer, 0, 1)
-    return adapter.losses(trainer, 1)[0]
-
-
-def one_step(adapter, problem, dtype):
-    trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
-    adapter.warm_up(trainer)
-    outputs = adapter.predict(trainer, problem.probe)
-    loss = first_loss(adapter, trainer)
-    return outputs, loss, adapter.params(trainer)
-
-
-@pytest.fixture(scope="module")
-def oracle_step():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            problem = problem_or_skip(name)
-            cache[name] = (problem, one_step(registry.load("cupy"), problem, "float64"))
-        return cache[name]
-
-    return get
 
 
 @pytest.mark.parametrize("spec_name", SPECS)

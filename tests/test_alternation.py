@@ -10,15 +10,15 @@ from harness import matrix, runner
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from tests.conftest import quick_problem
 
-EAGER = RunKey("cupy", "cpu")
+EAGER = CALIBRATION_KEY  # cupy@cpu
 FAST = RunKey("cupy", "cpu", mode="fast")
 
 
 def test_keys_differing_only_in_mode_are_grouped_in_order():
     torch_eager, torch_fast = RunKey("torch", "cpu"), RunKey("torch", "cpu", mode="fast")
     gpu = RunKey("torch", "gpu")
-    keys = [torch_eager, EAGER, gpu, torch_fast, FAST, CALIBRATION_KEY, ORACLE_KEY]
-    assert matrix.alternation_groups(keys) == [[torch_eager, torch_fast], [EAGER, FAST, CALIBRATION_KEY], [gpu], [ORACLE_KEY]]
+    keys = [torch_eager, EAGER, gpu, torch_fast, FAST, ORACLE_KEY]  # EAGER is the calibration run
+    assert matrix.alternation_groups(keys) == [[torch_eager, torch_fast], [EAGER, FAST], [gpu], [ORACLE_KEY]]
     assert matrix.alternation_groups(matrix.matrix_keys(["jax"], ["cpu"])) == [[RunKey("jax", "cpu")], [EAGER], [ORACLE_KEY]]
 
 

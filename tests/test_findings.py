@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from adapters import xp_mlp
-from harness import checks, inputs, runner
+from harness import checks, inputs, matrix, runner
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.spec import SPECS_DIR, load_spec
 from tests.conftest import quick_problem
@@ -100,29 +100,22 @@ def ok(outcome):
 
 
 class Judge:
-    """The matrix's checks of one run against the oracle: the envelope calibrated as
-    harness.matrix calibrates it (the float32 array-module run and its one-ulp members),
-    and the parameters after step 10."""
+    """The matrix's checks of one run against the oracle (checks.pair_checks), with the
+    envelope calibrated as the matrix calibrates it: the float32 array-module run and its
+    one-ulp members (matrix.calibration_members)."""
 
     def __init__(self, problem):
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        members = [
-            ok(runner.run(inputs.perturbed(problem, seed=i + 1), replace(CALIBRATION_KEY, variant=f"ulp{i + 1}")))
-            for i in range(self.spec.checks.long_run.members)
-        ]
+        members = [ok(runner.run(p, key)) for key, p in matrix.calibration_members(problem)]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
         self.calibration = checks.calibrate({ORACLE_KEY: self.oracle, CALIBRATION_KEY: self.reference}, members)
 
     def __call__(self, outcome) -> dict[str, checks.Check]:
+        """Each check by name; the step-10 parameters' as `params_after_step`."""
         outcome = replace(ok(outcome), key=RunKey(outcome.key.framework, "cpu", "under-test"))
-        step = self.spec.checks.params_after_steps.step
-        found = {c.name: c for c in checks.envelope_checks(self.spec, outcome, self.oracle, self.calibration)}
-        found["params_after_step"] = checks.close_check(
-            "params_after_step", outcome.key, ORACLE_KEY,
-            checks._flat(outcome.snapshots[step]), checks._flat(self.oracle.snapshots[step]),
-            self.spec.checks.params_after_steps,
-        )
+        found = {c.name: c for c in checks.pair_checks(self.spec, outcome, self.oracle, self.calibration)}
+        found["params_after_step"] = found.pop(f"params_after_step_{self.spec.checks.params_after_steps.step}")
         return found
 
 
