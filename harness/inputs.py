@@ -96,16 +96,26 @@ def initial_params(spec: Spec) -> Params:
     return params
 
 
-def perturbed(problem: Problem, seed: int) -> Problem:
-    """The same problem with every initial weight moved one float32 ulp up or down at
-    random: a rounding-sized perturbation, for calibrating the long-run envelope."""
+def reordered(problem: Problem, seed: int) -> Problem:
+    """The same training in exact arithmetic, its float32 sums taken in another order: the
+    hidden units in a seeded order (a layer's columns and the next layer's rows move
+    together) and each batch's examples in a seeded order. The output units and the probe
+    rows stay where they are, so losses and outputs compare with the plain run's. A
+    calibration member of the long-run envelope: rounding alone is all that changes."""
     rng = np.random.default_rng(seed)
-    params = []
-    for w, b in problem.initial_params:
-        up = rng.random(w.shape) < 0.5
-        nudged = np.where(up, np.nextafter(w, np.float32(np.inf)), np.nextafter(w, np.float32(-np.inf)))
-        params.append((nudged.astype(np.float32), b))
-    return replace(problem, initial_params=params)
+    params = [list(layer) for layer in problem.initial_params]
+    for layer, above in zip(params, params[1:]):
+        units = rng.permutation(layer[0].shape[1])
+        layer[0], layer[1], above[0] = layer[0][:, units], layer[1][units], above[0][units]
+    moved = replace(problem, initial_params=[(w, b) for w, b in params])
+    if problem.batch_order is None:  # each step is the whole set in order: move the rows
+        keep = min(problem.spec.checks.probe_size, len(problem.x_train))
+        rows = np.concatenate([np.arange(keep), keep + rng.permutation(len(problem.x_train) - keep)])
+        return replace(moved, x_train=problem.x_train[rows], y_train=problem.y_train[rows])
+    order = problem.batch_order.copy()
+    for start, stop in problem.bounds:
+        order[:, start:stop] = rng.permuted(order[:, start:stop], axis=1)
+    return replace(moved, batch_order=order)
 
 
 def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:

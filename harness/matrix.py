@@ -19,7 +19,7 @@ from harness import checks as checks_mod
 from harness import progress, records
 from harness.checks import Check
 from harness.errors import HarnessError
-from harness.inputs import Problem, perturbed
+from harness.inputs import Problem, reordered
 from harness.floor import Rates, floor
 from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, RunKey
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
@@ -34,7 +34,7 @@ class SpecResult:
     loaded: LoadedSpec
     problem: Problem
     outcomes: dict[RunKey, Outcome]
-    members: list[Outcome]  # the calibration runs with perturbed initial weights
+    members: list[Outcome]  # the calibration runs with their sums in another order
     checks: list[Check]
     paths: list[Path]  # the records written, if a results folder was given
     records: list[records.Record] = field(default_factory=list)  # one per run, written or not
@@ -298,9 +298,9 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
 
 def calibration_members(problem: Problem) -> list[tuple[RunKey, Problem]]:
     """The envelope's calibration members: the calibration run's code on the problem with its
-    initial weights moved one ulp, each member with its own seed."""
+    float32 sums in another order (inputs.reordered), each member with its own seed."""
     count = problem.spec.checks.long_run.members
-    return [(RunKey(CALIBRATION, "cpu", f"ulp{i + 1}"), perturbed(problem, seed=i + 1)) for i in range(count)]
+    return [(RunKey(CALIBRATION, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
 
 
 def run_spec(
@@ -339,7 +339,7 @@ def run_spec(
         outcomes.update(_group(problem, labels, runs, console, isolate, cells))
     members = []
     for key, member_problem in calibration_members(problem):
-        label = f"{loaded.name} {key.label} (calibration: initial weights moved one ulp)"
+        label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
         members.append(_one(member_problem, key, 1, label, console, isolate, cell(member_problem, key, 1)))
     checks = checks_mod.check_all(problem.spec, outcomes, members)
     result = SpecResult(loaded, problem, outcomes, members, checks, [])

@@ -33,7 +33,7 @@ class RunKey:
 
     framework: str
     device: str
-    variant: str = ""  # a calibration member: same code, perturbed inputs
+    variant: str = ""  # a calibration member: same code and inputs, sums in another order
     precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only)
     mode: str = EAGER
 

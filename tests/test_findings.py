@@ -102,7 +102,7 @@ def ok(outcome):
 class Judge:
     """The matrix's checks of one run against the oracle (checks.pair_checks), with the
     envelope calibrated as the matrix calibrates it: the float32 array-module run and its
-    one-ulp members (matrix.calibration_members)."""
+    members that sum in other orders (matrix.calibration_members)."""
 
     def __init__(self, problem):
         self.spec = problem.spec
@@ -132,38 +132,41 @@ def relative_to_magnitude(value, exact, magnitude) -> float:
     return float(np.max(np.abs(value - exact) / np.maximum(magnitude, 1e-30)))
 
 
-def test_summation_order_alone_leaves_the_peaks_envelope_at_40000_points(monkeypatch):
-    """The envelope is calibrated by one ordering of the float32 arithmetic (NumPy's, with
-    OpenBLAS products) and its one-ulp members. The same code with its forward products
-    summed by einsum, exactly as accurate, leaves it near step 11 and misses the step-10
-    parameter check by more than ten times, on the article's own 40,000 points: on chaotic
-    peaks, crossing the envelope is not by itself evidence of more than rounding."""
+def test_the_envelope_holds_other_summation_orders_at_40000_points(monkeypatch):
+    """The envelope's members sum in other orders (inputs.reordered), so a run that differs
+    from them only in the order of its float32 sums stays inside it: twenty more orderings
+    of the same code, and the same code with its forward products summed by einsum (exactly
+    as accurate as BLAS's), on the article's own 40,000 points. Calibrated by one-ulp
+    members of a single ordering instead, 12 of those 20 left it (at step 6 or 11).
+
+    The fixed step-10 parameter check is narrower than that spread: the einsum run misses
+    it by more than ten times its tolerance. On peaks, a step-10 parameter failure with
+    the envelope passed is what summation order alone can do."""
     problem = sweep_problem(200, 40)
     judge = Judge(problem)
+    assert judge.calibration.runs == 9
+    for seed in range(101, 121):
+        other_order = judge(runner.run(inputs.reordered(problem, seed), CALIBRATION_KEY))
+        assert other_order["loss_curve_envelope"].verdict == "pass", seed
+
     (w, _), x = problem.initial_params[0], problem.x_train
     exact = x.astype(np.float64) @ w.astype(np.float64)
     magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
     blas = relative_to_magnitude(x @ w, exact, magnitude)
     assert relative_to_magnitude(einsum_affine(x, w, 0), exact, magnitude) <= 1.5 * blas  # as accurate
-
-    as_calibrated = judge(judge.reference)
-    assert as_calibrated["params_after_step"].verdict == "pass"
-
     monkeypatch.setattr(xp_mlp, "affine", einsum_affine)
-    reordered = judge(runner.run(problem, CALIBRATION_KEY))
-    assert reordered["loss_curve_envelope"].verdict == "fail"
-    assert reordered["loss_curve_envelope"].first_failure_step < 20
-    step10 = reordered["params_after_step"]
-    assert step10.verdict == "fail"
-    assert step10.max_abs_error > 10 * as_calibrated["params_after_step"].max_abs_error
+    einsum = judge(runner.run(problem, CALIBRATION_KEY))
+    assert einsum["loss_curve_envelope"].verdict == "pass"
+    assert einsum["params_after_step"].verdict == "fail"
+    assert einsum["params_after_step"].max_abs_error > 10 * problem.spec.checks.params_after_steps.atol
 
 
-def test_torch_leaves_the_peaks_envelope_at_160000_points_as_einsum_sums_do(monkeypatch):
-    """The sweep's torch failure at 400 x 400 points (loss_curve_envelope from step 28,
-    params_after_step_10) is float32 summation order, not torch: torch's weight-gradient
-    products (MKL) round like NumPy's einsum, both well within float32's expectations and
-    both about ten times further from exact than OpenBLAS (which calibrates the envelope);
-    the NumPy code with einsum weight gradients, no torch in it, leaves the envelope too."""
+def test_torch_at_160000_points_differs_by_summation_order(monkeypatch):
+    """The sweep's torch run at 400 x 400 points stays inside the envelope and misses the
+    step-10 parameter check (3.4e-5): float32 summation order, not torch. torch's weight-
+    gradient products (MKL) round like NumPy's einsum, both well within float32's
+    expectations and both about ten times further from exact than OpenBLAS; the NumPy code
+    with einsum weight gradients, no torch in it, also stays inside the envelope."""
     torch = pytest.importorskip("torch")
     problem = sweep_problem(400, 40)
     judge = Judge(problem)
@@ -178,13 +181,11 @@ def test_torch_leaves_the_peaks_envelope_at_160000_points_as_einsum_sums_do(monk
     assert mkl < 1e-6 and einsum < 1e-6  # all far inside sqrt(160,000) float32 roundings (2.4e-5)
 
     torch_run = judge(runner.run(problem, RunKey("torch", "cpu")))
-    assert torch_run["loss_curve_envelope"].verdict == "fail"
+    assert torch_run["loss_curve_envelope"].verdict == "pass"
+    assert torch_run["params_after_step"].verdict == "fail"
     monkeypatch.setattr(xp_mlp, "weight_gradient", einsum_weight_gradient)
     reordered = judge(runner.run(problem, CALIBRATION_KEY))
-    assert reordered["loss_curve_envelope"].verdict == "fail"
-    # both leave it late, after the spec's 20-step strict horizon, as chaotic drift does
-    for run in (torch_run, reordered):
-        assert 20 <= run["loss_curve_envelope"].first_failure_step < 40
+    assert reordered["loss_curve_envelope"].verdict == "pass"
 
 
 @pytest.mark.parametrize("points_per_axis, steps", [(20, 100), (100, 100), (283, 10)])
