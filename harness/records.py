@@ -52,6 +52,10 @@ class Host(Frozen):
     cores: int
     os: str
     python: str
+    # The BLAS libraries loaded in the writing process and the kernels they chose for this
+    # CPU ("openblas 0.3.31 SkylakeX"): NumPy's float32 and float64 bits depend on them, and
+    # on a VM that moves between CPUs they change under the same code.
+    blas: list[str] = []
 
 
 class Git(Frozen):
@@ -208,7 +212,18 @@ def host_info() -> Host:
         cores=os.cpu_count() or 0,
         os=platform.platform(),
         python=platform.python_version(),
+        blas=_blas(),
     )
+
+
+def _blas() -> list[str]:
+    from threadpoolctl import threadpool_info
+
+    return [
+        f"{lib['internal_api']} {lib.get('version') or '?'} {lib.get('architecture') or '?'}"
+        for lib in threadpool_info()
+        if lib["user_api"] == "blas"
+    ]
 
 
 def library_versions() -> dict[str, str]:

@@ -95,3 +95,16 @@ def test_foreign_json_is_not_a_record(tmp_path):
     path.write_text(json.dumps({"hello": "world"}))
     with pytest.raises(RecordError, match="not a harness record"):
         records.read_record(path)
+
+
+def test_a_record_names_the_blas_kernels_numpy_runs_on():
+    """NumPy's bits depend on the BLAS kernel chosen for the CPU (peaks' float32 and float64
+    runs changed under the same commit when this VM moved to a CPU with AVX-512), so the
+    record says which was loaded: OpenBLAS, with its version and the core it chose."""
+    from threadpoolctl import threadpool_info
+
+    blas = records.host_info().blas
+    loaded = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert len(blas) == len(loaded) >= 1
+    assert all(entry.split()[0] == lib["internal_api"] for entry, lib in zip(blas, loaded))
+    assert any(lib["internal_api"] == "openblas" and lib["architecture"] in " ".join(blas) for lib in loaded)

@@ -7,6 +7,6 @@ carry=device-carry
 mkdir -p "$carry/wheelhouse" "$carry/mnist"
 python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$carry/wheelhouse" "pydantic>=2.6" "rich>=13" pyyaml nox
+    -d "$carry/wheelhouse" "pydantic>=2.6" "rich>=13" "threadpoolctl>=3.1" pyyaml nox
 cp -n ../shared/data/mnist/* "$carry/mnist/" 2>/dev/null || echo "no ../shared/data/mnist: MNIST will be skipped or downloaded"
 du -sh "$carry"

@@ -16,7 +16,7 @@ set -euo pipefail
 carry=device-carry
 work=$carry/work
 if [ -d "$carry/wheelhouse" ]; then
-    python3 -m pip install --quiet --no-index --find-links "$carry/wheelhouse" pydantic rich pyyaml
+    python3 -m pip install --quiet --no-index --find-links "$carry/wheelhouse" pydantic rich pyyaml threadpoolctl
 fi
 mkdir -p "$work"
 [ -f "$carry/work.tar.gz" ] && tar -xzf "$carry/work.tar.gz" -C "$carry"
