@@ -132,8 +132,9 @@ def test_cpu_only_peaks_figure_falls_back_to_two_frameworks(cpu_only):
     assert (out.parent / "figures" / "peaks_peaks_mlp.png").read_bytes().startswith(PNG_MAGIC)
     verdicts = section(text, "Verdicts")
     assert "| peaks_mlp | torch | cpu | strict | eager | float32 | ok |" in verdicts
-    assert "- none" not in verdicts  # the committed peaks records carry known differences
-    assert "**KNOWN** peaks_mlp" in verdicts
+    # the committed peaks records pass every check (JAX's optax difference hides inside
+    # the envelope on 40,000 points), so the list of failing and known checks is empty
+    assert "- none" in verdicts and "**KNOWN**" not in verdicts and "**FAIL**" not in verdicts
 
 
 def test_gpu_records_give_the_expected_speedups(tmp_path):
@@ -180,7 +181,9 @@ def test_failed_check_and_skipped_run_are_visible(tmp_path):
     assert "- **SKIPPED** peaks_mlp cupy@gpu: no usable CUDA GPU: cupy is not installed" in verdicts
     assert "- **FAIL** peaks_mlp torch@cpu vs oracle@cpu: initial_loss" in verdicts
     torch_row = next(line for line in verdicts.splitlines() if line.startswith("| peaks_mlp | torch"))
-    assert "| **22 / 1 / 1 / 0** |" in torch_row  # pass / fail / known / skipped, the failure in bold
+    passed = sum(c.verdict == "pass" for c in checks)
+    known = sum(c.verdict == "known" for c in checks)
+    assert f"| **{passed} / 1 / {known} / 0** |" in torch_row  # pass / fail / known / skipped, the failure in bold
     jax_speed = next(line for line in section(text, "Speed").splitlines() if line.startswith("| peaks_mlp | jax"))
     assert "| failed |" in jax_speed
 
