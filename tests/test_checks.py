@@ -19,26 +19,26 @@ TORCH = RunKey("torch", "cpu")
 def test_reordered_is_the_same_training_summed_in_another_order(name):
     """A calibration member: in float64 it trains like the plain problem (the same losses
     and probe outputs up to float64 rounding), while in float32 its rounding differs."""
-    short = problem_or_skip(name)
-    moved = reordered(short, seed=1)
-    assert not np.array_equal(moved.initial_params[0][0], short.initial_params[0][0])
-    assert np.array_equal(moved.initial_params[-1][1], short.initial_params[-1][1])  # output units stay
-    assert np.array_equal(moved.probe, short.probe)
-    if short.batch_order is None:
-        assert not np.array_equal(moved.x_train, short.x_train)
+    problem = problem_or_skip(name)
+    moved = reordered(problem, seed=1)
+    assert not np.array_equal(moved.initial_params[0][0], problem.initial_params[0][0])
+    assert np.array_equal(moved.initial_params[-1][1], problem.initial_params[-1][1])  # output units stay
+    assert np.array_equal(moved.probe, problem.probe)
+    if problem.batch_order is None:
+        assert not np.array_equal(moved.x_train, problem.x_train)
     else:  # each batch holds the same examples, in another order
-        assert not np.array_equal(moved.batch_order, short.batch_order)
-        for start, stop in short.bounds:
-            assert np.array_equal(np.sort(moved.batch_order[:, start:stop]), np.sort(short.batch_order[:, start:stop]))
+        assert not np.array_equal(moved.batch_order, problem.batch_order)
+        for start, stop in problem.bounds:
+            assert np.array_equal(np.sort(moved.batch_order[:, start:stop]), np.sort(problem.batch_order[:, start:stop]))
     for key, exact in ((ORACLE_KEY, True), (CALIBRATION_KEY, False)):
-        plain, member = (runner.run(p, key) for p in (short, moved))
+        plain, member = (runner.run(p, key) for p in (problem, moved))
         rel = checks.relative_curve_distance(member.losses, plain.losses)
         if exact:  # float64: the same training (peaks is chaotic, so 1e-16 grows over the run)
             assert rel[:20].max() < 1e-14 and rel.max() < 1e-9
             assert np.allclose(member.final_outputs, plain.final_outputs, rtol=1e-9, atol=1e-12)
         else:  # float32: another rounding
             assert rel.max() > 1e-8
-    assert np.array_equal(reordered(short, seed=1).initial_params[0][0], moved.initial_params[0][0])
+    assert np.array_equal(reordered(problem, seed=1).initial_params[0][0], moved.initial_params[0][0])
 
 
 def test_close_check_with_different_shapes_fails_instead_of_raising():
