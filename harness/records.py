@@ -8,7 +8,6 @@ holds the full loss curve and the final parameters, named in the record with its
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import hashlib
 import io
 import json
@@ -206,10 +205,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@functools.cache
 def host_info() -> Host:
-    """This machine, read once per process: every record and every work-folder cell name
-    asks, and the BLAS query walks the loaded libraries (NumPy's is loaded by this module)."""
     return Host(
         hostname=platform.node(),
         cpu_model=_cpu_model(),
