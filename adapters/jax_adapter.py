@@ -37,6 +37,9 @@ def _jax():
     # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision,
     # or for TF32 by name when that variant is the point.
     jax.config.update("jax_default_matmul_precision", "tensorfloat32" if _PRECISION == "tf32" else "highest")
+    # The float64 twin needs x64; every other run must not have it, or optax's float32
+    # arithmetic (its bias corrections) would silently become float64.
+    jax.config.update("jax_enable_x64", _PRECISION == "float64")
     return jax
 
 

@@ -35,10 +35,15 @@ class Problem:
     data_files: tuple[data.UsedFile, ...] = ()
     data_source: str | None = None
     prep_seconds: float = 0.0
+    step_limit: int | None = None  # train only the first steps (the float64 twins), see truncated
+    # A calibration member's order of each hidden layer's units (see reordered): new unit j
+    # is plain unit order[j]. Empty for a problem in the plain order.
+    unit_orders: tuple[np.ndarray, ...] = ()
 
     @property
     def total_steps(self) -> int:
-        return self.spec.training.epochs * len(self.bounds)
+        steps = self.spec.training.epochs * len(self.bounds)
+        return steps if self.step_limit is None else min(steps, self.step_limit)
 
     @property
     def probe(self) -> np.ndarray:
@@ -104,10 +109,12 @@ def reordered(problem: Problem, seed: int) -> Problem:
     calibration member of the long-run envelope: rounding alone is all that changes."""
     rng = np.random.default_rng(seed)
     params = [list(layer) for layer in problem.initial_params]
+    orders = []
     for layer, above in zip(params, params[1:]):
         units = rng.permutation(layer[0].shape[1])
         layer[0], layer[1], above[0] = layer[0][:, units], layer[1][units], above[0][units]
-    moved = replace(problem, initial_params=[(w, b) for w, b in params])
+        orders.append(units)
+    moved = replace(problem, initial_params=[(w, b) for w, b in params], unit_orders=tuple(orders))
     if problem.batch_order is None:  # each step is the whole set in order: move the rows
         keep = min(problem.spec.checks.probe_size, len(problem.x_train))
         rows = np.concatenate([np.arange(keep), keep + rng.permutation(len(problem.x_train) - keep)])
@@ -116,6 +123,21 @@ def reordered(problem: Problem, seed: int) -> Problem:
     for start, stop in problem.bounds:
         order[:, start:stop] = rng.permuted(order[:, start:stop], axis=1)
     return replace(moved, batch_order=order)
+
+
+def in_plain_order(params: Params, unit_orders: tuple[np.ndarray, ...]) -> Params:
+    """A reordered member's parameters mapped back to the plain problem's unit order, so that
+    they compare tensor by tensor with any other run's (the inverse of reordered)."""
+    params = [list(layer) for layer in params]
+    for layer, above, units in zip(params, params[1:], unit_orders):
+        back = np.argsort(units)
+        layer[0], layer[1], above[0] = layer[0][:, back], layer[1][back], above[0][back]
+    return [(w, b) for w, b in params]
+
+
+def truncated(problem: Problem, steps: int) -> Problem:
+    """The same problem trained for its first `steps` steps only (the float64 twins)."""
+    return replace(problem, step_limit=steps)
 
 
 def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from harness import calibration, progress, records
 from harness import checks as checks_mod
-from harness import progress, records
-from harness.checks import Check
+from harness.checks import Calibration, Check
 from harness.errors import HarnessError
-from harness.inputs import Problem, reordered
 from harness.floor import Rates, floor
-from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, RunKey
+from harness.inputs import Problem, reordered, truncated
+from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
 from harness.spec import LoadedSpec
 
@@ -34,10 +34,12 @@ class SpecResult:
     loaded: LoadedSpec
     problem: Problem
     outcomes: dict[RunKey, Outcome]
-    members: list[Outcome]  # the calibration runs with their sums in another order
+    members: list[Outcome]  # the float32 calibration runs with their sums in another order
     checks: list[Check]
     paths: list[Path]  # the records written, if a results folder was given
     records: list[records.Record] = field(default_factory=list)  # one per run, written or not
+    calibration: Calibration | None = None
+    members64: list[Outcome] = field(default_factory=list)  # the oracle's reordered runs, first steps
 
 
 def matrix_keys(
@@ -58,6 +60,8 @@ def matrix_keys(
 def implementation(key: RunKey, describe: dict) -> str:
     if key.framework == ORACLE:
         return "array-module MLP on NumPy, float64 (reference oracle)"
+    if key.precision == FLOAT64:
+        return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps)"
     fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
     if key.adapter == "cupy" and key.device == "cpu":
         calibrates = "; calibrates the envelope" if key == CALIBRATION_KEY else ""
@@ -87,6 +91,19 @@ def floor_record(problem: Problem, outcome: Outcome, rates: Rates | None) -> rec
         floor_s=f.floor_s,
         bound=f.bound,
         measured_over_floor=None if measured is None else measured / f.floor_s,
+    )
+
+
+def calibration_record(spec, cal: Calibration | None) -> records.CalibrationRecord | None:
+    if cal is None or cal.float32 is None:
+        return None
+    return records.CalibrationRecord(
+        factor=spec.checks.long_run.factor,
+        float32_runs=cal.float32.runs,
+        float32_final_curve=float(cal.float32.curve[-1]),
+        float32_final_outputs=cal.float32.final_outputs_max,
+        float64_runs=None if cal.float64 is None else cal.float64.runs,
+        twin_steps=None if cal.twin_reference is None or cal.twin_reference.losses is None else len(cal.twin_reference.losses),
     )
 
 
@@ -121,6 +138,9 @@ def build_record(
             first_failure_step=c.first_failure_step,
             horizon_steps=c.horizon_steps,
             reason=c.reason,
+            ratio=None if c.ratio is None or c.ratio == float("inf") else c.ratio,
+            tensor=c.tensor,
+            diagnosis=c.diagnosis,
         )
         for c in result.checks
         if c.involves(key)
@@ -171,6 +191,7 @@ def build_record(
         failed_at_step=outcome.failed_at_step,
         artifacts=None,
         floor=floor_record(problem, outcome, (rates or {}).get((key.device, key.precision))),
+        calibration=calibration_record(spec, result.calibration),
     )
     artifact = None
     if outcome.losses is not None:
@@ -296,11 +317,26 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     return list(groups.values())
 
 
-def calibration_members(problem: Problem) -> list[tuple[RunKey, Problem]]:
-    """The envelope's calibration members: the calibration run's code on the problem with its
-    float32 sums in another order (inputs.reordered), each member with its own seed."""
-    count = problem.spec.checks.long_run.members
-    return [(RunKey(CALIBRATION, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
+def calibration_members(problem: Problem, dtype: str = "float32") -> list[tuple[RunKey, Problem]]:
+    """The calibration members: the array-module code on the problem with its sums in
+    another order (inputs.reordered), each with its own seed. float32: the envelope's
+    members (long_run.members, whole runs); float64: math parity's (math_parity.members,
+    the oracle's code over the twins' first steps)."""
+    if dtype == "float32":
+        count, framework = problem.spec.checks.long_run.members, CALIBRATION
+    else:
+        count, framework = problem.spec.checks.math_parity.members, ORACLE
+    return [(RunKey(framework, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
+
+
+def twin_keys(keys: list[RunKey]) -> list[RunKey]:
+    """The float64 twin of every framework and device that runs strict float32."""
+    twins = [k.twin for k in keys if k.framework != ORACLE and k.precision == STRICT and not k.variant]
+    return list(dict.fromkeys(twins))
+
+
+def twin_steps(problem: Problem) -> int:
+    return min(problem.total_steps, problem.spec.checks.math_parity.steps)
 
 
 def run_spec(
@@ -314,10 +350,13 @@ def run_spec(
     isolate: bool = False,
     work_dir: Path | None = None,
     rates: dict[tuple[str, str], Rates] | None = None,
+    twins: bool = True,
 ) -> SpecResult:
-    """Run every key on the spec, then the calibration members, check every pair, and
-    write one record per run (the members are part of the checks' tolerance, not records).
-    The modes of one framework and device run in one process, their repeats taking turns.
+    """Run every key on the spec, then the calibration members, then the float64 twins of
+    every framework and device over the first steps with the oracle's float64 members;
+    check every pair, and write one record per run (keys and twins; the members are part
+    of the checks' tolerance, not records). The modes of one framework and device run in
+    one process, their repeats taking turns.
 
     With a `work_dir`, each finished cell is kept there and a later call with the same
     inputs takes it instead of running it again: a long matrix can be split over several
@@ -326,6 +365,14 @@ def run_spec(
 
     def cell(p: Problem, key: RunKey, runs: int) -> Path | None:
         return None if work_dir is None else _cell_path(work_dir, loaded, p, key, runs)
+
+    def members(p: Problem, dtype: str, what: str) -> list[Outcome]:
+        found = []
+        for key, member in calibration_members(p, dtype):
+            label = f"{loaded.name} {key.label} ({what})"
+            outcome = _one(member, key, 1, label, console, isolate, cell(member, key, 1))
+            found.append(calibration.in_plain_units(outcome, member.unit_orders))
+        return found
 
     outcomes = {}
     for group in alternation_groups(keys):
@@ -337,13 +384,23 @@ def run_spec(
         labels = {key: f"{loaded.name} {key.label}" for key in group}
         cells = {key: cell(problem, key, runs) for key in group}
         outcomes.update(_group(problem, labels, runs, console, isolate, cells))
-    members = []
-    for key, member_problem in calibration_members(problem):
-        label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
-        members.append(_one(member_problem, key, 1, label, console, isolate, cell(member_problem, key, 1)))
-    checks = checks_mod.check_all(problem.spec, outcomes, members)
-    result = SpecResult(loaded, problem, outcomes, members, checks, [])
-    for key in keys:
+    members32 = members(problem, "float32", "calibration: its sums in another order")
+    cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], "float32")
+    members64, reference, cal64, twins_run = [], None, None, []
+    if twins:
+        short = truncated(problem, twin_steps(problem))
+        first = RunKey(ORACLE, "cpu", f"first{short.total_steps}")
+        reference = _one(short, first, 1, f"{loaded.name} {first.label} (math parity's reference)", console, isolate, cell(short, first, 1))
+        members64 = members(short, "float64", "math parity's calibration")
+        cal64 = calibration.measure(reference, members64, "float64")
+        for key in twin_keys(keys):
+            label = f"{loaded.name} {key.label} (float64 twin, first {short.total_steps} steps)"
+            outcomes[key] = _one(short, key, 1, label, console, isolate, cell(short, key, 1))
+            twins_run.append(key)
+    cal = Calibration(cal32, cal64, reference)
+    checks = checks_mod.check_all(problem.spec, outcomes, cal)
+    result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
+    for key in [*keys, *twins_run]:
         record, artifact = build_record(result, key, run_id, rates)
         result.records.append(record)
         if results_dir is not None:

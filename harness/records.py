@@ -141,6 +141,23 @@ class CheckRecord(Frozen):
     first_failure_step: int | None
     horizon_steps: int | None
     reason: str | None
+    # the error over its tolerance where it is largest (> 1 fails), the parameter tensor
+    # where that is (W1, b1, ...), and for a failing or known check why (harness/diagnosis.py)
+    ratio: float | None = None
+    tensor: str | None = None
+    diagnosis: str | None = None
+
+
+class CalibrationRecord(Frozen):
+    """The spreads the run's checks were judged by (harness/calibration.py): what a later
+    comparison on another host may allow an honest float32 difference."""
+
+    factor: float
+    float32_runs: int
+    float32_final_curve: float  # e(T): the members' final relative loss distance from the oracle
+    float32_final_outputs: float  # the members' largest |difference| of a final output
+    float64_runs: int | None
+    twin_steps: int | None
 
 
 class Artifact(Frozen):
@@ -161,8 +178,9 @@ class Record(Frozen):
     library_version: str | None
     device: Device
     dtype: Literal["float32", "float64"]
-    # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not gated)
-    precision_mode: Literal["strict", "tf32"] = "strict"
+    # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not
+    # gated); float64: the float64 twin of a framework's run (math parity against the oracle)
+    precision_mode: Literal["strict", "tf32", "float64"] = "strict"
     precision: dict[str, Any]
     # eager: the article-style code, one framework call per step; fast: the framework's
     # compiled mode (many steps per call, fused kernels, CUDA graphs)
@@ -183,6 +201,7 @@ class Record(Frozen):
     failed_at_step: int | None
     artifacts: Artifact | None
     floor: FloorRecord | None = None
+    calibration: CalibrationRecord | None = None
 
 
 def json_schema() -> str:

@@ -19,7 +19,10 @@ ORACLE = "oracle"
 CALIBRATION = "cupy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
 DEVICES = ("cpu", "gpu")
 STRICT = "strict"
-PRECISIONS = (STRICT, "tf32")
+# float64: the run's float64 twin (math parity: the same spec in float64, judged against the
+# oracle over its first steps; a difference there is different math, not rounding)
+FLOAT64 = "float64"
+PRECISIONS = (STRICT, "tf32", FLOAT64)
 # eager: the article-style code, one framework call per step; fast: each framework's
 # compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
 EAGER = "eager"
@@ -34,7 +37,7 @@ class RunKey:
     framework: str
     device: str
     variant: str = ""  # a calibration member: same code and inputs, sums in another order
-    precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only)
+    precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only); float64: the twin
     mode: str = EAGER
 
     @property
@@ -43,7 +46,12 @@ class RunKey:
 
     @property
     def dtype(self) -> str:
-        return "float64" if self.framework == ORACLE else "float32"
+        return "float64" if self.framework == ORACLE or self.precision == FLOAT64 else "float32"
+
+    @property
+    def twin(self) -> RunKey:
+        """This cell's float64 twin (eager, on the same device)."""
+        return RunKey(self.framework, self.device, precision=FLOAT64)
 
     @property
     def label(self) -> str:

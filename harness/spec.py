@@ -187,14 +187,29 @@ class LoggingSection(Strict):
 
 
 class Close(Strict):
-    """|a - b| <= atol + rtol * |b|, elementwise (numpy.allclose)."""
+    """|a - b| <= atol + rtol * |b|, elementwise (numpy.allclose): a hand-set tolerance that
+    overrides the calibrated one of a short-horizon check."""
 
     rtol: NonNegative
     atol: NonNegative
 
 
-class CloseAfter(Close):
-    step: PositiveInt
+class StepCheck(Strict):
+    """The parameters after `step` steps; calibrated unless rtol and atol override it."""
+
+    step: PositiveInt = 10
+    rtol: NonNegative | None = None
+    atol: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> StepCheck:
+        if (self.rtol is None) != (self.atol is None):
+            raise ValueError("rtol and atol: give both (an override) or neither (calibrated)")
+        return self
+
+    @property
+    def override(self) -> Close | None:
+        return None if self.rtol is None else Close(rtol=self.rtol, atol=self.atol)
 
 
 class Horizon(Strict):
@@ -206,42 +221,82 @@ class Horizon(Strict):
 
 
 class Envelope(Strict):
-    """The long-run rule. Let e be the largest distance between an array-module float32
-    run and the float64 oracle on this spec: the plain run and `members` more that take
-    its float32 sums in other orders (inputs.reordered; per step for the curve, running
-    maximum). Two runs may differ by at most factor * e + floor."""
+    """The calibration of every float32 check. Let e be the largest distance between an
+    array-module float32 run and the float64 oracle on this spec: the plain run and `members`
+    more that take its float32 sums in other orders (inputs.reordered; per step for the
+    curve, running maximum). Two runs may differ by at most factor * e + floor; the
+    short-horizon checks use the same runs and factor (harness/calibration.py)."""
 
-    factor: Annotated[float, Field(ge=1)]
-    members: Annotated[int, Field(ge=0, le=16)]
-    curve_floor: NonNegative
-    output_floor: NonNegative
-    metric_floor: NonNegative
+    factor: Annotated[float, Field(ge=1)] = 10.0
+    members: Annotated[int, Field(ge=0, le=16)] = 4
+    curve_floor: NonNegative = 1e-6
+    output_floor: NonNegative = 1e-5
+    metric_floor: NonNegative = 1e-6
+
+
+class MathParity(Strict):
+    """The float64 twins: every framework runs the spec's first `steps` steps in float64,
+    judged against the oracle with a tolerance measured like the envelope's, from `members`
+    float64 runs that sum in other orders (long_run.factor times their spread). A difference
+    there is different math, not rounding."""
+
+    steps: PositiveInt = 100
+    members: Annotated[int, Field(ge=1, le=16)] = 3
 
 
 class ChecksSection(Strict):
-    probe_size: PositiveInt
-    initial_outputs: Close
-    initial_loss: Close
-    params_after_first_step: Close
-    params_after_steps: CloseAfter
-    loss_curve: Horizon
-    long_run: Envelope
+    """What is compared, and optional hand-set overrides of the calibrated tolerances."""
+
+    probe_size: PositiveInt = 256
+    initial_outputs: Close | None = None
+    initial_loss: Close | None = None
+    params_after_first_step: Close | None = None
+    params_after_steps: StepCheck = StepCheck()
+    loss_curve: Horizon | None = None
+    long_run: Envelope = Envelope()
+    math_parity: MathParity = MathParity()
 
 
 class KnownDifference(Strict):
-    """A failing check that has been investigated and explained. Its verdict becomes
+    """A failing float32 check that has been investigated and explained. Its verdict becomes
     'known' (the measured error is still recorded); if it stops failing, that is reported
     as a failure, so a stale entry cannot hide anything (like pytest's xfail strict).
     strict: false is for a difference that shows in some runs and not in others (one that
-    hides inside a wider envelope on some sizes): a run where it does not show passes."""
+    hides inside a wider envelope on some sizes): a run where it does not show passes.
+    `check` names one check; `checks` lists shell-style patterns ("params_after_step_*").
+    Math parity (the float64 twins) is never covered: a known float32 effect is rounding."""
 
     framework: Name
-    check: Name
+    check: Name | None = None
+    checks: list[Annotated[str, Field(pattern=r"^[a-z0-9_*?]+$", max_length=64)]] = []
     devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
     modes: list[Literal["eager", "fast"]] = ["eager", "fast"]
     strict: bool = True
     reason: Annotated[str, Field(min_length=20)]
     evidence: str = ""
+
+    @model_validator(mode="after")
+    def _names_checks(self) -> KnownDifference:
+        if (self.check is None) == (not self.checks):
+            raise ValueError("check: give one check name (check) or a list of patterns (checks)")
+        return self
+
+    @property
+    def patterns(self) -> list[str]:
+        return [self.check] if self.check else list(self.checks)
+
+
+class LibraryDifference(KnownDifference):
+    """A known difference that belongs to a library rather than to a workload
+    (harness/known_differences.yaml), keyed like array-api-tests' xfail files: the
+    framework, the library and its version range, the optimizer and loss kinds, device and
+    mode. It covers every spec that matches."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+    library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+    versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
+    optimizers: list[Literal["adam", "sgd"]] = ["adam", "sgd"]
+    losses: list[Literal["mse", "cross_entropy"]] = ["mse", "cross_entropy"]
 
 
 class TimingSection(Strict):
@@ -287,7 +342,7 @@ class Spec(Strict):
     optimizer: Optimizer
     training: TrainingSection
     logging: LoggingSection
-    checks: ChecksSection
+    checks: ChecksSection = ChecksSection()
     timing: TimingSection
     known_differences: list[KnownDifference] = []
     profiles: dict[Name, dict[str, Any]] = {}

@@ -20,7 +20,6 @@ def verdict_table(results: list[SpecResult]) -> Table:
     for column in ("spec", "run", "status", "final loss", "accuracy", "horizon vs oracle", "checks", "repeats", "train s", "ms/step"):
         table.add_column(column, justify="left" if column in ("spec", "run", "status") else "right")
     for result in results:
-        total = result.problem.total_steps
         name = result.loaded.name
         if result.loaded.spec.sweep is not None and result.loaded.profile == result.loaded.spec.sweep.profile:
             name = f"{name} n={len(result.problem.x_train)}"
@@ -31,7 +30,13 @@ def verdict_table(results: list[SpecResult]) -> Table:
             skipped = sum(c.verdict == "skipped" for c in mine)
             known = sum(c.verdict == "known" for c in mine)
             horizon = next(
-                (c.horizon_steps for c in mine if c.name == "loss_curve_horizon" and c.other(key) == ORACLE_KEY), None
+                (
+                    c.horizon_steps
+                    for name in ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
+                    for c in mine
+                    if c.name == name and c.other(key) == ORACLE_KEY and c.horizon_steps is not None
+                ),
+                None,
             )
             acc = outcome.metrics.get("val_accuracy", outcome.metrics.get("train_accuracy"))
             status = outcome.status if outcome.status != "ok" or not failed else "ok, checks fail"
@@ -42,7 +47,7 @@ def verdict_table(results: list[SpecResult]) -> Table:
                 status,
                 _fmt(outcome.metrics.get("train_loss")),
                 _fmt(acc, ".4f"),
-                "-" if horizon is None else f"{horizon}/{total}",
+                "-" if horizon is None else f"{horizon}/{len(outcome.losses)}",
                 f"{passed} ok, {failed} fail, {known} known, {skipped} skip",
                 run_to_run(outcome),
                 _fmt(outcome.timings.get("train_s"), ".2f"),
@@ -66,37 +71,49 @@ def verdict_table(results: list[SpecResult]) -> Table:
     return table
 
 
+def failure_line(spec_name: str, c: checks_mod.Check) -> str:
+    """One line per failing or known check: FAIL (or KNOWN), the pair, the check, the measured
+    error against its tolerance, and last the diagnosis."""
+    label = c.verdict.upper() if checks_mod.gating(c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
+    measured = ""
+    if c.max_abs_error is not None:
+        measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
+    if c.ratio is not None:
+        measured += f", {c.ratio:.3g}x its tolerance"
+    tolerance = f" [{c.tolerance}]" if c.verdict == "fail" else ""
+    return f"{label} {spec_name} {c.a.label} vs {c.b.label}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
+
+
 def print_failures(console: Console, results: list[SpecResult]) -> None:
+    reasons: dict[str, str] = {}
     for result in results:
         for c in result.checks:
             if c.verdict in ("fail", "known"):
-                label = c.verdict.upper() if checks_mod.gating(c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
-                where = f" (first at step {c.first_failure_step})" if c.first_failure_step is not None else ""
-                measured = (
-                    f"max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}{where}; "
-                    if c.max_abs_error is not None
-                    else ""
-                )
                 console.print(
-                    f"{label} {result.loaded.name} {c.a.label} vs {c.b.label}: {c.name}: "
-                    f"{measured}tolerance {c.tolerance}" + (f"; {c.reason}" if c.reason else ""),
+                    failure_line(result.loaded.name, c),
                     style="red" if c.verdict == "fail" else "yellow",
                     highlight=False,
                     soft_wrap=True,
+                    markup=False,
                 )
-        for outcome in [*result.outcomes.values(), *result.members]:
+                if c.verdict == "known" and c.reason:
+                    reasons.setdefault(c.diagnosis.split(";")[0], c.reason)
+        for outcome in [*result.outcomes.values(), *result.members, *result.members64]:
             key = outcome.key
             if outcome.status != "ok":
                 console.print(
                     f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}",
                     highlight=False,
                     soft_wrap=True,
+                    markup=False,
                 )
+    for what, reason in reasons.items():  # each known difference explained once
+        console.print(f"{what}: {reason}", style="dim", highlight=False, soft_wrap=True, markup=False)
 
 
 def failed(results: list[SpecResult]) -> bool:
     return any(c.verdict == "fail" and checks_mod.gating(c) for r in results for c in r.checks) or any(
-        o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members]
+        o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members, *r.members64]
     )
 
 
