@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness import registry
-from tests.conftest import first_loss, one_step, problem_or_skip, quick_problem
+from tests.conftest import UNIT_TOLERANCES, first_loss, one_step, problem_or_skip, quick_problem
 
 FRAMEWORKS = ["torch", "jax", "cupy"]
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
@@ -30,7 +30,7 @@ def test_adapter_matches_oracle_after_one_step(framework, spec_name, oracle_step
     adapter = adapter_or_skip(framework)
     problem, (ref_out, ref_loss, ref_params) = oracle_step(spec_name)
     outputs, loss, params = one_step(adapter, problem, "float32")
-    checks = problem.spec.checks
+    checks = UNIT_TOLERANCES
     tol = checks.initial_outputs
     np.testing.assert_allclose(outputs, ref_out, rtol=tol.rtol, atol=tol.atol)
     assert loss == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
@@ -100,11 +100,11 @@ def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
     problem, (ref_out, ref_loss, ref_params) = oracle_step("moons_net")
     trainer = adapter.build(problem, adapter.put(problem, "gpu", "float32"), "gpu", "float32")
     adapter.warm_up(trainer)
-    tol = problem.spec.checks.initial_outputs
+    tol = UNIT_TOLERANCES.initial_outputs
     np.testing.assert_allclose(adapter.predict(trainer, problem.probe), ref_out, rtol=tol.rtol, atol=tol.atol)
     loss = first_loss(adapter, trainer)
-    assert loss == pytest.approx(ref_loss, rel=problem.spec.checks.initial_loss.rtol)
-    tol = problem.spec.checks.params_after_first_step
+    assert loss == pytest.approx(ref_loss, rel=UNIT_TOLERANCES.initial_loss.rtol)
+    tol = UNIT_TOLERANCES.params_after_first_step
     for (w, b), (rw, rb) in zip(adapter.params(trainer), ref_params):
         np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
         np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)

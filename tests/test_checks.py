@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import checks, matrix, runner
-from harness.inputs import reordered
-from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
-from harness.spec import KnownDifference
+from harness import checks, diagnosis, matrix, runner
+from harness.inputs import in_plain_order, reordered
+from harness.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.spec import Close, KnownDifference
 from tests.conftest import problem_or_skip, quick_problem
 
 TORCH = RunKey("torch", "cpu")
@@ -39,46 +39,77 @@ def test_reordered_is_the_same_training_summed_in_another_order(name):
         else:  # float32: another rounding
             assert rel.max() > 1e-8
     assert np.array_equal(reordered(problem, seed=1).initial_params[0][0], moved.initial_params[0][0])
+    restored = in_plain_order(moved.initial_params, moved.unit_orders)
+    assert all(np.array_equal(x, y) for a, b in zip(restored, problem.initial_params) for x, y in zip(a, b))
 
 
 def test_close_check_with_different_shapes_fails_instead_of_raising():
-    tol = quick_problem("peaks_mlp").spec.checks.initial_outputs
+    tol = Close(rtol=1e-5, atol=1e-6)
     check = checks.close_check("initial_outputs", TORCH, ORACLE_KEY, np.zeros(256), np.zeros(255), tol)
     assert check.verdict == "fail" and "shapes differ" in check.reason
 
 
-def fake_check(verdict: str, name: str = "loss_curve_envelope") -> checks.Check:
-    return checks.Check(name, RunKey("jax", "cpu"), ORACLE_KEY, verdict, "rule")
+def fake_check(verdict: str, name: str = "loss_curve_envelope", key: RunKey = RunKey("jax", "cpu")) -> checks.Check:
+    return checks.Check(name, key, ORACLE_KEY, verdict, "rule")
 
 
-def test_known_differences_are_marked_and_must_keep_failing():
-    spec = quick_problem("peaks_mlp").spec
-    assert [k.framework for k in spec.known_differences] == ["jax"]
-    marked = checks.apply_known_differences(spec, [fake_check("fail"), fake_check("fail", "initial_loss")])
+ADAM = quick_problem("peaks_mlp").spec  # Adam, mse
+SGD_CROSS_ENTROPY = quick_problem("moons_net").spec  # sgd, cross_entropy
+
+
+def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
+    """The library file covers JAX's float32 checks on any Adam spec, never its float64 twin
+    (math parity) and never an SGD spec; the entry is non-strict."""
+    marked = diagnosis.apply_known_differences(ADAM, [fake_check("fail"), fake_check("fail", "initial_loss")])
     assert [c.verdict for c in marked] == ["known", "fail"]
-    assert marked[0].reason.startswith("known difference: optax.adam")
-    (known,) = spec.known_differences
-    assert not known.strict  # it shows on small grids only: a run where it does not show passes
-    assert [c.verdict for c in checks.apply_known_differences(spec, [fake_check("pass")])] == ["pass"]
-    strict = spec.model_copy(update={"known_differences": [known.model_copy(update={"strict": True})]})
-    stale = checks.apply_known_differences(strict, [fake_check("pass")])
+    assert marked[0].reason.startswith("known difference: optax.adam") and "optax-adam" in marked[0].diagnosis
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("pass")])] == ["pass"]
+    twin = fake_check("fail", "math_loss_curve", RunKey("jax", "cpu", precision=FLOAT64))
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [twin])] == ["fail"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")])] == ["fail"]
+
+
+def test_a_library_entry_applies_only_inside_its_version_range(monkeypatch):
+    monkeypatch.setattr(diagnosis, "_installed", lambda library: "0.0.1")
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("fail")])] == ["fail"]
+
+
+def test_a_strict_spec_entry_that_stops_failing_is_reported():
+    entry = KnownDifference(framework="jax", check="initial_loss", reason="x" * 20)
+    spec = ADAM.model_copy(update={"known_differences": [entry]})
+    stale = diagnosis.apply_known_differences(spec, [fake_check("pass", "initial_loss")])
     assert [c.verdict for c in stale] == ["pass", "fail"] and stale[1].name == "known_difference_absent"
-    gpu_only = spec.model_copy(
-        update={"known_differences": [KnownDifference(framework="jax", check="loss_curve_envelope", devices=["gpu"], reason="x" * 20)]}
+    gpu_only = ADAM.model_copy(
+        update={"known_differences": [KnownDifference(framework="jax", check="initial_loss", devices=["gpu"], reason="x" * 20)]}
     )
-    assert [c.verdict for c in checks.apply_known_differences(gpu_only, [fake_check("fail")])] == ["fail"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(gpu_only, [fake_check("fail", "initial_loss")])] == ["fail"]
 
 
 def test_a_known_difference_of_the_fast_mode_leaves_the_eager_mode_judged():
-    spec = quick_problem("moons_net").spec
-    (known,) = spec.known_differences
-    assert (known.framework, known.devices, known.modes) == ("torch", ["cpu"], ["fast"])
     fast, eager = RunKey("torch", "cpu", mode="fast"), RunKey("torch", "cpu")
     judged = [
         checks.Check("loss_curve_envelope", fast, ORACLE_KEY, "fail", "rule"),
         checks.Check("loss_curve_envelope", eager, ORACLE_KEY, "fail", "rule"),
     ]
-    assert [c.verdict for c in checks.apply_known_differences(spec, judged)] == ["known", "fail"]
+    found = diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, judged)
+    assert [c.verdict for c in found] == ["known", "fail"] and "inductor" in found[0].diagnosis
+
+
+def _parity(verdict: str, framework: str = "torch") -> checks.Check:
+    return checks.Check("math_initial_loss", RunKey(framework, "cpu", precision=FLOAT64), ORACLE_KEY, verdict, "rule", ratio=3e8)
+
+
+@pytest.mark.parametrize(
+    ("twin", "expected"),
+    [("fail", "implementation: the float64 twin of torch@cpu"), ("pass", "rounding: float32 only, 2.5x"), (None, "undiagnosed")],
+)
+def test_every_failing_check_gets_a_diagnosis(twin, expected):
+    failing = checks.Check("params_after_step_1", TORCH, ORACLE_KEY, "fail", "rule", first_failure_step=1, ratio=2.5, tensor="W2")
+    found = diagnosis.diagnose(ADAM, [failing, *([_parity(twin)] if twin else [])])
+    assert found[0].diagnosis.startswith(expected)
+    assert "starts at step 1" in found[0].diagnosis and "largest in W2 after step 1" in found[0].diagnosis
+    if twin == "fail":
+        assert found[1].diagnosis.startswith("implementation: the float64 twin differs from the oracle")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -16,7 +16,7 @@ from adapters import xp_mlp  # noqa: E402
 from harness import inputs, registry, runner  # noqa: E402
 from harness.registry import RunKey  # noqa: E402
 from harness.spec import SPECS_DIR, load_spec  # noqa: E402
-from tests.conftest import problem_or_skip, quick_problem  # noqa: E402
+from tests.conftest import UNIT_TOLERANCES, problem_or_skip, quick_problem  # noqa: E402
 
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
 CURVE_STEPS = 40
@@ -72,7 +72,7 @@ def test_fast_cpu_matches_the_oracle_after_one_step(adapter, spec_name, oracle_s
     trainer = adapter.build(problem, adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
     adapter.warm_up(trainer, runner.chunk_plan(problem))
     adapter.train(trainer, 0, 1)
-    checks = problem.spec.checks
+    checks = UNIT_TOLERANCES
     assert adapter.losses(trainer, 1)[0] == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
     params = adapter.params(trainer)
     assert_params_close(params, ref_params, checks.params_after_first_step)
@@ -171,8 +171,8 @@ def test_the_gpu_step_body_trains_like_eager_when_run_uncaptured_on_the_cpu(adap
     assert sorted(set(sizes)) == [40, 96]
     for t in range(total):
         adapter._gpu_step(torch, body, sizes[t % len(sizes)])
-    checks = problem.spec.checks
-    assert rel(adapter.losses(body, total), adapter.losses(eager, total)) <= checks.loss_curve.rtol
+    checks = UNIT_TOLERANCES
+    assert rel(adapter.losses(body, total), adapter.losses(eager, total)) <= problem.spec.checks.loss_curve.rtol
     assert_params_close(adapter.params(body), adapter.params(eager), checks.params_after_steps)
     assert int(body.fast.step_counter) == total
 
@@ -205,13 +205,13 @@ def test_gpu_fast_mode_repeats_bitwise_and_matches_the_oracle_after_one_step(ada
     assert outcome.status == "ok", outcome.reason
     assert outcome.describe["fast_mode"] == adapter.FAST_MODE["gpu"]
     assert outcome.repeats_bitwise_identical, (outcome.repeats_max_abs_diff, outcome.repeats_first_diff_step)
-    checks = problem.spec.checks
+    checks = UNIT_TOLERANCES
     assert outcome.losses[0] == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
     assert_params_close(outcome.snapshots[1], ref_params, checks.params_after_first_step)
     eager = runner.run(problem, RunKey("torch", "gpu"))
     assert eager.status == "ok", eager.reason
-    steps = checks.loss_curve.must_hold_for
-    assert rel(outcome.losses[:steps], eager.losses[:steps]) <= checks.loss_curve.rtol
+    steps = problem.spec.checks.loss_curve.must_hold_for
+    assert rel(outcome.losses[:steps], eager.losses[:steps]) <= problem.spec.checks.loss_curve.rtol
 
 
 @pytest.mark.gpu
@@ -222,6 +222,6 @@ def test_gpu_fast_minibatches_follow_the_eager_run(adapter):
     total = problem.total_steps
     fast = trained(adapter, problem, "fast", total, device="gpu")
     eager = trained(adapter, problem, "eager", total, device="gpu")
-    checks = problem.spec.checks
-    assert rel(adapter.losses(fast, total), adapter.losses(eager, total)) <= checks.loss_curve.rtol
+    checks = UNIT_TOLERANCES
+    assert rel(adapter.losses(fast, total), adapter.losses(eager, total)) <= problem.spec.checks.loss_curve.rtol
     assert_params_close(adapter.params(fast), adapter.params(eager), checks.params_after_steps)

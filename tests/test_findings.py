@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from adapters import xp_mlp
-from harness import checks, inputs, matrix, runner
+from harness import calibration, checks, inputs, matrix, runner
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.spec import SPECS_DIR, load_spec
 from tests.conftest import quick_problem
@@ -107,9 +107,11 @@ class Judge:
     def __init__(self, problem):
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        members = [ok(runner.run(p, key)) for key, p in matrix.calibration_members(problem)]
+        members = [
+            calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in matrix.calibration_members(problem)
+        ]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
-        self.calibration = checks.calibrate({ORACLE_KEY: self.oracle, CALIBRATION_KEY: self.reference}, members)
+        self.calibration = calibration.measure(self.oracle, [self.reference, *members], "float32")
 
     def __call__(self, outcome) -> dict[str, checks.Check]:
         """Each check by name; the step-10 parameters' as `params_after_step`."""

@@ -37,12 +37,13 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
     jsonschema = pytest.importorskip("jsonschema")
     result, out = moons_result
     schema = json.loads((ROOT / "results" / "schema.json").read_text())
-    assert len(result.paths) == 2
+    assert len(result.paths) == 3  # cupy@cpu, the oracle, and cupy@cpu's float64 twin
     for path in result.paths:
         doc = json.loads(path.read_text())
         jsonschema.validate(doc, schema)
         assert doc["status"] == "ok" and doc["spec"]["profile"] == "quick" and doc["spec"]["overrides"]
-        if doc["framework"] == "oracle":  # the reference runs once
+        assert doc["calibration"]["float32_runs"] == 2 and doc["calibration"]["twin_steps"] == 100
+        if doc["framework"] == "oracle" or doc["precision_mode"] == "float64":  # the reference and twins run once
             assert doc["timings"]["repeats"] == 1 and doc["repeats_bitwise_identical"] is None
         else:
             assert doc["timings"]["repeats"] == 2 and doc["repeats_bitwise_identical"] is True
