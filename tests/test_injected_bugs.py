@@ -150,13 +150,14 @@ def torch_single_threaded():
         torch.set_num_threads(threads)
 
 
-def run_with_copies(loaded: LoadedSpec, buggy: list[str]) -> SpecResult:
+def run_with_copies(loaded: LoadedSpec, buggy: list[str], problem=None) -> SpecResult:
     with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
         for name in buggy:
             real, overrides = BUGGY[name]
             register_copy(monkeypatch, name, real, overrides)
         keys = matrix_keys([*REAL, *buggy], ["cpu"])
-        return run_spec(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO()), repeats=1)
+        problem = build_problem(loaded) if problem is None else problem
+        return run_spec(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1)
 
 
 @pytest.fixture(scope="module")

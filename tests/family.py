@@ -1,0 +1,189 @@
+"""A generated family of workloads: hypothesis builds whole valid specs, each runs through
+every installed adapter in float32 and float64 against the oracle, with one injected bug.
+
+An honest adapter must show no failing check on any example (a false alarm is a bug in the
+rule, not in the example), and every injected bug must be diagnosed `implementation`.
+`nox -s family` runs many examples and summarises them (`python -m tests.family FILE`);
+`nox -s tests` runs a few (tests/test_family.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from hypothesis import strategies as st
+from rich.console import Console
+
+from harness import inputs
+from harness.matrix import SpecResult, matrix_keys, run_spec
+from harness.registry import FLOAT64, ORACLE_KEY, RunKey
+from harness.spec import LoadedSpec, total_steps, validate_document
+
+REAL = ("torch", "jax", "cupy")
+# The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
+BUGS_FOR_ANY = ("torch_matmul_bfloat16", "torch_loss_scaled")
+
+
+@st.composite
+def spec_documents(draw) -> dict:
+    """A whole valid spec: depth 1 to 3, any widths, relu or tanh, mse (peaks) or
+    cross-entropy (moons), mean or sum, L2 on or off, SGD or Adam with sane settings, full
+    or mini batches with shuffling and both last-batch rules, 20 to 60 steps."""
+    if draw(st.booleans()):
+        side = draw(st.integers(5, 24))
+        data = {"kind": "peaks_grid", "points_per_axis": side, "low": -3.0, "high": 3.0}
+        n, loss_kind, outputs = side * side, "mse", 1
+    else:
+        n = draw(st.integers(40, 500))
+        data = {"kind": "moons", "n_samples": n, "noise": draw(st.sampled_from([0.05, 0.1, 0.2, 0.3])), "seed": draw(st.integers(0, 99))}
+        loss_kind, outputs = "cross_entropy", 2
+    hidden = draw(st.lists(st.integers(1, 32), min_size=1, max_size=3))
+    activation = st.sampled_from(["relu", "tanh"])
+    layers = [{"width": w, "activation": draw(activation)} for w in hidden] + [{"width": outputs, "activation": "identity"}]
+    reduction = draw(st.sampled_from(["mean", "sum"]))
+    loss = {"kind": loss_kind, "reduction": reduction}
+    if draw(st.booleans()):
+        loss["l2"] = {"coefficient": draw(st.sampled_from([1e-4, 1e-3, 1e-2])), "divide_by_examples": draw(st.booleans())}
+    full = draw(st.booleans())
+    batch = n if full else draw(st.integers(max(2, -(-n // 12)), max(2, n // 2)))
+    # A summed loss grows with the batch: scale the rate so a step stays the same size.
+    per_example = 1.0 if reduction == "mean" else 1.0 / batch
+    if draw(st.booleans()):
+        optimizer = {
+            "kind": "adam",
+            "lr": draw(st.sampled_from([1e-3, 3e-3, 1e-2, 3e-2])),
+            "beta1": draw(st.sampled_from([0.8, 0.9])),
+            "beta2": draw(st.sampled_from([0.99, 0.999])),
+            "eps": draw(st.sampled_from([1e-8, 1e-7])),
+        }
+    else:
+        optimizer = {"kind": "sgd", "lr": draw(st.sampled_from([0.01, 0.05, 0.1])) * per_example}
+    training = {
+        "epochs": 1,
+        "batch_size": "full" if full else batch,
+        "shuffle": draw(st.booleans()),
+        "shuffle_seed": draw(st.integers(0, 99)),
+        "last_batch": draw(st.sampled_from(["keep", "drop"])),
+    }
+    from harness.spec import TrainingSection
+
+    per_epoch = total_steps(TrainingSection.model_validate(training), n)
+    steps = draw(st.integers(20, 60))
+    training["epochs"] = max(1, -(-steps // per_epoch))
+    return {
+        "name": "generated",
+        "title": "a generated workload",
+        "article": "tests/family.py",
+        "data": data,
+        "model": {"input_width": 2, "layers": layers},
+        "init": {
+            "weights": draw(st.sampled_from(["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"])),
+            "biases": draw(st.sampled_from(["zeros", "torch_linear_default"])),
+            "seed": draw(st.integers(0, 999)),
+        },
+        "loss": loss,
+        "optimizer": optimizer,
+        "training": training,
+        "logging": {"loss_every": 1, "print_every": 1000},
+        "checks": {"params_after_steps": {"step": min(10, training["epochs"] * per_epoch)}},
+        "timing": {"repeats": 1},
+    }
+
+
+def bugs_for(doc: dict) -> list[str]:
+    """The injected bugs that change this spec's math."""
+    bugs = list(BUGS_FOR_ANY)
+    if doc["loss"]["reduction"] == "mean":
+        bugs.append("torch_loss_sum")
+    if doc["optimizer"]["kind"] == "adam":
+        bugs.append("cupy_eps_inside")
+    return bugs
+
+
+def loaded(doc: dict) -> LoadedSpec:
+    path = Path("<generated>")
+    spec, overrides = validate_document(path, doc)
+    sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return LoadedSpec(spec=spec, path=path, sha256=sha, profile="full", overrides=overrides)
+
+
+def run_example(doc: dict, bug: str) -> SpecResult:
+    """Every real adapter and one buggy copy, float32 and float64, in this process."""
+    from tests.test_injected_bugs import run_with_copies
+
+    return run_with_copies(loaded(doc), [bug], problem=inputs.build_problem(loaded(doc)))
+
+
+@dataclass
+class Verdict:
+    honest_failures: list[str]  # failing gating checks between honest runs: must be empty
+    worst_honest_ratio: float  # the largest error/tolerance among honest calibrated checks
+    worst_honest_check: str
+    known: int  # honest checks covered by a known difference
+    bug: str
+    bug_caught: bool  # the buggy twin fails math parity
+    bug_diagnoses: list[str]  # the diagnosis of each failing float32 check of the buggy run
+    ran: list[str]
+
+
+def judge(result: SpecResult, bug: str) -> Verdict:
+    honest = [
+        c
+        for c in result.checks
+        if c.a.framework not in (bug,) and c.b.framework not in (bug,) and c.verdict != "skipped"
+    ]
+    failing = [f"{c.a.label} vs {c.b.label}: {c.name} ({c.ratio:.3g}x; {c.diagnosis})" for c in honest if c.verdict == "fail"]
+    judged = [c for c in honest if c.ratio is not None and c.verdict == "pass" and np.isfinite(c.ratio)]
+    worst = max(judged, key=lambda c: c.ratio, default=None)
+    twin = [c for c in result.checks if c.a == RunKey(bug, "cpu", precision=FLOAT64) and c.b == ORACLE_KEY]
+    mine = [c for c in result.checks if c.involves(RunKey(bug, "cpu")) and c.verdict == "fail"]
+    return Verdict(
+        honest_failures=failing,
+        worst_honest_ratio=0.0 if worst is None else float(worst.ratio),
+        worst_honest_check="" if worst is None else f"{worst.a.label} vs {worst.b.label}: {worst.name}",
+        known=sum(c.verdict == "known" for c in honest),
+        bug=bug,
+        bug_caught=any(c.verdict == "fail" for c in twin),
+        bug_diagnoses=[c.diagnosis for c in mine],
+        ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
+    )
+
+
+def summarize(path: Path) -> dict:
+    """Counts and the distribution of the worst honest ratio, from the JSON lines `path` holds."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ratios = np.array([r["verdict"]["worst_honest_ratio"] for r in rows])
+    caught = [r for r in rows if r["verdict"]["bug_caught"]]
+    diagnosed = [
+        r for r in caught if all(d.startswith("implementation") for d in r["verdict"]["bug_diagnoses"])
+    ]
+    return {
+        "examples": len(rows),
+        "honest_failing_checks": sum(len(r["verdict"]["honest_failures"]) for r in rows),
+        "examples_with_honest_failures": sum(bool(r["verdict"]["honest_failures"]) for r in rows),
+        "known_checks": sum(r["verdict"]["known"] for r in rows),
+        "bugs_injected": len(rows),
+        "bugs_caught_by_math_parity": len(caught),
+        "bugs_diagnosed_implementation": len(diagnosed),
+        "worst_honest_ratio_quantiles": {
+            q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)
+        } if len(ratios) else {},
+        "seconds": sum(r["seconds"] for r in rows),
+    }
+
+
+def main(argv: list[str]) -> int:
+    summary = summarize(Path(argv[0]))
+    Console().print_json(json.dumps(summary))
+    ok = summary["honest_failing_checks"] == 0 and summary["bugs_diagnosed_implementation"] == summary["bugs_injected"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
