@@ -123,7 +123,6 @@ def _parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
     comp.add_argument("new", type=Path, nargs="?", default=Path("results"), help="folder of new records (default: results)")
     comp.add_argument("--baseline", required=True, help="folder of baseline records, or git:REV for results/ at REV")
-    comp.add_argument("--across-hosts", action="store_true", help="also compare records of other hosts or library versions")
 
     rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
     rep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
@@ -301,7 +300,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
     from harness import compare
 
-    findings = compare.compare(args.new, args.baseline, args.across_hosts)
+    findings = compare.compare(args.new, args.baseline)
     table = Table(title=f"{args.new} against {args.baseline}")
     for column in ("spec", "run", "profile", "what", "baseline", "new", "verdict"):
         table.add_column(column)

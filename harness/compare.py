@@ -1,14 +1,24 @@
 """Regression checks: new records against a baseline (a folder, or results/ at a git revision).
 
-Records are matched by spec, framework, device, profile, dtype and data source (the newest
-of each in either set). A pair regresses when a check that passed now fails (an agreement error grew
-past its tolerance, or a verdict flipped), when a final metric moved by more than its
-tolerance, or when the time per step grew by more than the noise both sides recorded.
-Records of different hosts or library versions are compared only when asked.
+Records are matched cell by cell: spec, profile and its overrides (a sweep's size), data
+source and size, framework, device, precision mode, dtype and mode (the newest of each in
+either set). The verdicts are the harness's own:
+
+- Every check the new record carries (against the oracle and the other runs of its
+  matrix, math parity for a float64 twin) must pass or be known: a failing check is a
+  regression, with its diagnosis.
+- On the same host fingerprint (CPU model and flags, BLAS kernels, library versions) a
+  CPU run is expected to be bitwise identical to its baseline; where it is not, that is
+  said. On another fingerprint, an honest float32 difference is expected: each final metric
+  may move by the calibrated rule, factor * e(T) * |baseline| + the metric floor (e(T) the
+  larger of both records' float32 spread), and more is a regression.
+- Time per step is compared only on the same fingerprint, and must grow by more than the
+  noise both sides recorded.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -21,9 +31,6 @@ from harness.records import Record, read_record
 # this fraction of the baseline. Runs of a single repeat record no spread: their times are
 # not judged (the oracle runs once; so do specs whose runs take minutes).
 TIME_NOISE_FLOOR = 0.05
-# Final metrics may move by this much relative, plus the spec's metric floor, before it
-# counts (a bitwise-reproducible CPU run moves by exactly zero).
-METRIC_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,35 @@ class Finding:
     verdict: str  # ok, regression, improved, changed, not compared
 
 
+def cell_key(record: Record) -> tuple:
+    """Everything that makes a record's run what it is, but the host and the code."""
+    return (
+        record.spec.name,
+        record.spec.profile,
+        json.dumps(record.spec.overrides, sort_keys=True),
+        record.data.source,
+        record.data.n_train,
+        record.framework,
+        record.device.kind,
+        record.precision_mode,
+        record.dtype,
+        record.mode,
+    )
+
+
+def run_label(record: Record) -> str:
+    label = f"{record.framework}@{record.device.kind}"
+    if record.precision_mode != "strict":
+        label += f"+{record.precision_mode}"
+    if record.mode != "eager":
+        label += f":{record.mode}"
+    if record.spec.overrides and record.spec.profile != "quick":
+        label += f" {json.dumps(record.spec.overrides, sort_keys=True)}"
+    return label
+
+
 def load_records(folder: Path) -> dict[tuple, Record]:
-    """The newest record of each (spec, framework, device, profile, dtype, data source) under folder."""
+    """The newest record of each cell (cell_key) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
     newest: dict[tuple, Record] = {}
@@ -46,7 +80,7 @@ def load_records(folder: Path) -> dict[tuple, Record]:
         if path.name == "schema.json":
             continue
         record = read_record(path)
-        key = (record.spec.name, record.framework, record.device.kind, record.spec.profile, record.dtype, record.data.source)
+        key = cell_key(record)
         if key not in newest or record.created > newest[key].created:
             newest[key] = record
     return newest
@@ -64,27 +98,75 @@ def baseline_folder(baseline: str, workdir: Path) -> Path:
     return workdir / "results"
 
 
-def _same_environment(a: Record, b: Record) -> str | None:
+def fingerprint_differences(a: Record, b: Record) -> list[str]:
+    """What differs between the two records' host fingerprints (empty: the same)."""
+    differs = []
     if a.host.cpu_model != b.host.cpu_model or a.host.cores != b.host.cores:
-        return f"different hosts ({b.host.cpu_model} vs {a.host.cpu_model})"
+        differs.append(f"CPU ({b.host.cpu_model} vs {a.host.cpu_model})")
+    if a.host.cpu_flags != b.host.cpu_flags:
+        differs.append("CPU flags")
+    if a.host.blas != b.host.blas:
+        differs.append("BLAS kernels")
     if a.libraries != b.libraries:
         changed = sorted(k for k in set(a.libraries) | set(b.libraries) if a.libraries.get(k) != b.libraries.get(k))
-        return f"different library versions ({', '.join(changed)})"
-    return None
+        differs.append(f"library versions ({', '.join(changed)})")
+    return differs
 
 
-def compare_pair(base: Record, new: Record, across: bool) -> list[Finding]:
-    spec, run, profile = new.spec.name, f"{new.framework}@{new.device.kind}", new.spec.profile
+def _bitwise_same(base: Record, new: Record) -> bool:
+    if not (base.metrics and new.metrics):
+        return False
+    return base.metrics.values == new.metrics.values and base.metrics.loss_curve == new.metrics.loss_curve
+
+
+def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
+    cals = [r.calibration for r in (base, new) if r.calibration is not None]
+    if len(cals) < 2:
+        return [finding("final metrics", "", "", "not compared: a record without calibration (re-record the baseline)")]
+    factor = max(c.factor for c in cals)
+    spread = max(c.float32_final_curve for c in cals)
+    floor = max(c.metric_floor for c in cals)
+    findings = []
+    for name, old in base.metrics.values.items():
+        value = new.metrics.values.get(name)
+        if value is None:
+            continue
+        allowed = factor * spread * abs(old) + floor
+        verdict = "ok" if abs(value - old) <= allowed else "regression"
+        findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g} (allowed {allowed:.3g})", verdict))
+    return findings
+
+
+def _time_findings(base: Record, new: Record, differs: list[str], finding) -> list[Finding]:
+    if not (base.timings and new.timings):
+        return []
+    if differs:
+        return [finding("time per step", "", "", f"not compared: another host fingerprint ({'; '.join(differs)})")]
+    if min(base.timings.repeats, new.timings.repeats) < 2:
+        return [finding("time per step", "", "", "not compared: a single repeat records no spread")]
+    if base.timings.total_steps != new.timings.total_steps:
+        return []
+    steps = base.timings.total_steps
+    noise = (base.timings.train_s_spread + new.timings.train_s_spread) / steps
+    allowed = base.timings.per_step_s + noise + TIME_NOISE_FLOOR * base.timings.per_step_s
+    return [
+        finding(
+            "time per step",
+            f"{base.timings.per_step_s * 1e3:.4g} ms",
+            f"{new.timings.per_step_s * 1e3:.4g} ms (limit {allowed * 1e3:.4g})",
+            "regression" if new.timings.per_step_s > allowed else "ok",
+        )
+    ]
+
+
+def compare_pair(base: Record, new: Record) -> list[Finding]:
+    spec, run, profile = new.spec.name, run_label(new), new.spec.profile
 
     def finding(what: str, b: str, n: str, verdict: str) -> Finding:
         return Finding(spec, run, profile, what, b, n, verdict)
 
     findings = []
-    differs = _same_environment(base, new)
-    if differs and not across:
-        return [finding("everything", "", "", f"not compared: {differs} (--across-hosts)")]
-    if differs:
-        findings.append(finding("environment", "", "", f"compared across: {differs}"))
+    differs = fingerprint_differences(base, new)
     if base.status != new.status:
         verdict = "regression" if base.status == "ok" else "improved" if new.status == "ok" else "changed"
         findings.append(finding("status", base.status, new.status, verdict))
@@ -92,46 +174,34 @@ def compare_pair(base: Record, new: Record, across: bool) -> list[Finding]:
     base_checks = {(c.name, c.against): c for c in base.checks}
     for check in new.checks:
         old = base_checks.get((check.name, check.against))
-        if old is None or old.verdict == check.verdict:
-            continue
+        old_verdict = "-" if old is None else old.verdict
+        err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
         if check.verdict == "fail":
-            verdict = "regression"
-        elif old.verdict == "fail":
-            verdict = "improved"
-        else:
-            verdict = "changed"
-        err = "" if check.max_rel_error is None else f" (max rel {check.max_rel_error:.3g})"
-        findings.append(finding(f"{check.name} vs {check.against}", old.verdict, check.verdict + err, verdict))
+            findings.append(
+                finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression")
+            )
+        elif old is not None and old.verdict == "fail":
+            findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 
     if base.metrics and new.metrics:
-        for name, old in base.metrics.values.items():
-            value = new.metrics.values.get(name)
-            if value is None:
-                continue
-            moved = abs(value - old)
-            allowed = METRIC_RTOL * abs(old)
-            verdict = "regression" if moved > allowed else "ok"
-            findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g}", verdict))
-
-    if base.timings and new.timings and min(base.timings.repeats, new.timings.repeats) < 2:
-        findings.append(finding("time per step", "", "", "not compared: a single repeat records no spread"))
-    elif base.timings and new.timings and base.timings.total_steps == new.timings.total_steps:
-        steps = base.timings.total_steps
-        noise = (base.timings.train_s_spread + new.timings.train_s_spread) / steps
-        allowed = base.timings.per_step_s + noise + TIME_NOISE_FLOOR * base.timings.per_step_s
-        grew = new.timings.per_step_s > allowed
-        findings.append(
-            finding(
-                "time per step",
-                f"{base.timings.per_step_s * 1e3:.4g} ms",
-                f"{new.timings.per_step_s * 1e3:.4g} ms (limit {allowed * 1e3:.4g})",
-                "regression" if grew else "ok",
+        if not differs:
+            same = _bitwise_same(base, new)
+            findings.append(
+                finding(
+                    "bitwise identity (same host fingerprint)",
+                    "",
+                    "identical" if same else "differs",
+                    "ok" if same else "changed: expected bitwise identical on the same host and versions; judged by the calibrated rule",
+                )
             )
-        )
-    return findings
+        else:
+            findings.append(finding("host fingerprint", "", "; ".join(differs), "changed: judged by the calibrated rule"))
+        if differs or not _bitwise_same(base, new):
+            findings.extend(_metric_findings(base, new, finding))
+    return [*findings, *_time_findings(base, new, differs, finding)]
 
 
-def compare(new_dir: Path, baseline: str, across: bool = False) -> list[Finding]:
+def compare(new_dir: Path, baseline: str) -> list[Finding]:
     with tempfile.TemporaryDirectory() as tmp:
         base_records = load_records(baseline_folder(baseline, Path(tmp)))
     new_records = load_records(new_dir)
@@ -139,7 +209,7 @@ def compare(new_dir: Path, baseline: str, across: bool = False) -> list[Finding]
     for key, new in sorted(new_records.items()):
         base = base_records.get(key)
         if base is None:
-            findings.append(Finding(key[0], f"{key[1]}@{key[2]}", key[3], "everything", "", "", "not compared: no baseline"))
+            findings.append(Finding(new.spec.name, run_label(new), new.spec.profile, "everything", "", "", "not compared: no baseline"))
             continue
-        findings.extend(compare_pair(base, new, across))
+        findings.extend(compare_pair(base, new))
     return findings

@@ -102,6 +102,7 @@ def calibration_record(spec, cal: Calibration | None) -> records.CalibrationReco
         float32_runs=cal.float32.runs,
         float32_final_curve=float(cal.float32.curve[-1]),
         float32_final_outputs=cal.float32.final_outputs_max,
+        metric_floor=spec.checks.long_run.metric_floor,
         float64_runs=None if cal.float64 is None else cal.float64.runs,
         twin_steps=None if cal.twin_reference is None or cal.twin_reference.losses is None else len(cal.twin_reference.losses),
     )

@@ -56,6 +56,7 @@ class Host(Frozen):
     # CPU ("openblas 0.3.31 SkylakeX"): NumPy's float32 and float64 bits depend on them, and
     # on a VM that moves between CPUs they change under the same code.
     blas: list[str] = []
+    cpu_flags: str | None = None  # sha256 (16 hex) of the CPU's feature flags: kernels follow them
 
 
 class Git(Frozen):
@@ -156,6 +157,7 @@ class CalibrationRecord(Frozen):
     float32_runs: int
     float32_final_curve: float  # e(T): the members' final relative loss distance from the oracle
     float32_final_outputs: float  # the members' largest |difference| of a final output
+    metric_floor: float  # the spec's long_run.metric_floor
     float64_runs: int | None
     twin_steps: int | None
 
@@ -224,10 +226,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_flags() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                return hashlib.sha256(flags.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return None
+
+
 def host_info() -> Host:
     return Host(
         hostname=platform.node(),
         cpu_model=_cpu_model(),
+        cpu_flags=_cpu_flags(),
         cores=os.cpu_count() or 0,
         os=platform.platform(),
         python=platform.python_version(),
