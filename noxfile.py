@@ -1,6 +1,6 @@
 """Sessions: `nox -s cpu` (the main job), `nox -s gpu` (the same on a CUDA host, CPU and
 GPU, then eager and fast modes side by side), `nox -s bench` (eager and fast modes against
-the hardware floor, on the CPU), `nox -s tests` (the test suite), `nox -s regress` (the
+the hardware floor, on the CPU), `nox -s tests` (the test suite), `nox -s family` (generated workloads), `nox -s regress` (the
 quick profile against the committed baseline), `nox -s report` (results/REPORT.md).
 
 Policy: pip, never uv (the local pip configuration holds the CPU build of torch); torch is
@@ -118,6 +118,17 @@ def tests(session: nox.Session) -> None:
     _install(session, "torch", "jax", "test")
     session.run("python", "-m", "harness", "schema", "--check")
     session.run("pytest", *session.posargs, env=_test_env())
+
+
+@nox.session
+def family(session: nox.Session) -> None:
+    """Many generated workloads through every adapter, float32 and float64, each with an injected bug; a summary."""
+    _install(session, "torch", "jax", "test")
+    out = Path(session.create_tmp()) / "family.jsonl"
+    out.unlink(missing_ok=True)
+    env = {"HARNESS_FAMILY_EXAMPLES": os.environ.get("HARNESS_FAMILY_EXAMPLES", "200"), "HARNESS_FAMILY_OUT": str(out)}
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_family.py", *session.posargs, env=env)
+    session.run("python", "-m", "tests.family", str(out))
 
 
 @nox.session

@@ -28,9 +28,11 @@ from harness.errors import RecordError
 from harness.records import Record, read_record
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
-# this fraction of the baseline. Runs of a single repeat record no spread: their times are
-# not judged (the oracle runs once; so do specs whose runs take minutes).
-TIME_NOISE_FLOOR = 0.05
+# this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
+# to 1.5x within minutes (measured; DEVELOPERS.md), so less than that is the machine, not
+# the code. Runs of a single repeat record no spread: their times are not judged (the
+# oracle runs once; so do specs whose runs take minutes).
+TIME_NOISE_FLOOR = 0.5
 
 
 @dataclass(frozen=True)

@@ -364,7 +364,7 @@ def problems_list(records: list[Record]) -> list[str]:
                 seen.add(pair)
                 where = "" if c.first_failure_step is None else f", first at step {c.first_failure_step}"
                 measured = f"max rel {fmt(c.max_rel_error, '.3g')}{where}; " if c.max_rel_error is not None else ""
-                reason = " (listed in the spec's known_differences)" if c.verdict == "known" else ""
+                reason = f"; diagnosis: {c.diagnosis}" if c.diagnosis else ""
                 lines.append(
                     f"- **{c.verdict.upper()}** {r.spec.name} {run_label(r)} vs {c.against}: {c.name}: "
                     f"{measured}tolerance {c.tolerance}{reason}"
