@@ -4,7 +4,12 @@ and nothing is executed or written."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
 import os
+import pickle
 import stat
 from pathlib import Path
 
@@ -12,7 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import cli
+from harness import cli, workcache
+from harness.registry import RunKey
+from harness.runner import Outcome
 from harness.spec import SPECS_DIR
 
 
@@ -49,6 +56,123 @@ def tiny_moons(folder: Path, **changes) -> Path:
     path = folder / "tiny_moons.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+# --- 1. the work folder holds data, never code ------------------------------------------
+
+
+class Planted:
+    """A pickle that creates `marker` when it is loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def a_sample_outcome() -> Outcome:
+    """An Outcome with every field, and every field of its key, set to a non-default value
+    of its declared type."""
+    rng = np.random.default_rng(0)
+
+    def params():
+        return [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32))] * 2
+
+    key = RunKey("torch", "gpu", variant="order3", precision="tf32", mode="fast")
+    sample = {
+        "key": key,
+        "status": "failed",
+        "reason": "diverged at step 3",
+        "describe": {"library": "torch", "threads": 2, "math_mode": {"tf32": "on"}, "nested": [1, 2.5, None, True]},
+        "losses": np.array([1.0, 0.5, np.nan, np.inf], dtype=np.float32),
+        "snapshots": {1: params(), 100: params()},
+        "initial_outputs": rng.standard_normal((16, 2)),
+        "final_outputs": rng.standard_normal((16, 2)).astype(np.float32),
+        "final_params": params(),
+        "metrics": {"train_loss": 0.25, "train_accuracy": 1.0},
+        "timings": {"repeats": 2, "train_s": 1.5, "train_s_each": [1.5, 1.6], "alternated_with": ["torch@gpu"]},
+        "repeats_bitwise_identical": False,
+        "repeats_max_abs_diff": math.inf,
+        "repeats_first_diff_step": 7,
+        "failed_at_step": 3,
+    }
+    # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
+    assert set(sample) == {f.name for f in dataclasses.fields(Outcome)}
+    defaults = {f.name: f.default for f in dataclasses.fields(Outcome)}
+    assert all(sample[name] is not defaults[name] for name in sample)
+    assert all(getattr(key, f.name) != f.default for f in dataclasses.fields(RunKey) if f.default is not dataclasses.MISSING)
+    return Outcome(**sample)
+
+
+def same(a, b) -> bool:
+    """Equal in value and in type, all the way down (int keys stay ints, tuples tuples)."""
+    if isinstance(a, np.ndarray):
+        return type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, dict):
+        return type(b) is dict and list(a) == list(b) and all(type(k) is type(j) for k, j in zip(a, b)) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+def test_every_field_of_an_outcome_survives_the_work_folder(tmp_path):
+    outcome = a_sample_outcome()
+    cell = tmp_path / "cell.json"
+    workcache.save(cell, outcome)
+    json.loads(cell.read_text())  # data a person can read
+    back = workcache.load(cell, outcome.key)
+    for field in dataclasses.fields(Outcome):
+        assert same(getattr(outcome, field.name), getattr(back, field.name)), field.name
+
+
+def test_a_kept_run_of_another_key_or_a_changed_npz_is_not_used(tmp_path):
+    outcome = a_sample_outcome()
+    cell = tmp_path / "cell.json"
+    workcache.save(cell, outcome)
+    with pytest.raises(workcache.Unusable, match="holds torch@gpu"):
+        workcache.load(cell, RunKey("jax", "cpu"))
+    npz = workcache.npz_path(cell)
+    npz.write_bytes(npz.read_bytes() + b"\0")
+    with pytest.raises(workcache.Unusable, match="sha256"):
+        workcache.load(cell, outcome.key)
+
+
+def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None:
+    """A pickle that creates `marker`, under each cell's old name (.pkl) and new names (.json,
+    .npz); or, with `digest_matches`, as the .npz of a .json that names its sha256."""
+    payload = pickle.dumps(Planted(marker))
+    for cell in cells:
+        cell.with_suffix(".pkl").write_bytes(payload)
+        workcache.npz_path(cell).write_bytes(payload)
+        if digest_matches:
+            doc = json.loads(cell.read_text())
+            doc["npz_sha256"] = hashlib.sha256(payload).hexdigest()
+            cell.write_text(json.dumps(doc))
+        else:
+            cell.write_bytes(payload)
+
+
+@pytest.mark.parametrize("digest_matches", [False, True], ids=["pickles-everywhere", "pickle-npz-with-its-digest"])
+def test_a_planted_pickle_in_the_work_folder_is_never_loaded(tmp_path, capsys, digest_matches):
+    spec, work, marker = tiny_moons(tmp_path), tmp_path / "work", tmp_path / "executed"
+    run = ("run", spec, "--frameworks", "cupy", "--no-records", "--no-floor", "--in-process", "--work-dir", work)
+    assert harness(capsys, *run)[0] == 0
+    cells = sorted(work.rglob("*.json"))
+    assert len(cells) == 3  # cupy, the oracle, the calibration member
+    pickle.loads(pickle.dumps(Planted(tmp_path / "control")))
+    assert (tmp_path / "control").exists()  # the planted payload does run when unpickled
+
+    plant_pickles(cells, marker, digest_matches)
+    code, out, _ = harness(capsys, *run)
+    assert code == 0 and not marker.exists()
+    notes = [line for line in out.splitlines() if "work folder:" in line]
+    assert len(notes) == 3 and all("not used" in line and "it runs again" in line for line in notes), out
+    assert "finished earlier" not in out
+    code, out, _ = harness(capsys, *run)  # run again, and kept again as data
+    assert code == 0 and out.count("finished earlier") == 3 and not marker.exists()
 
 
 # --- 3. export replaces only regular files ----------------------------------------------
