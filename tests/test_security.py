@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import cli, workcache
+from harness import cli, gitrev, workcache
+from harness.errors import HarnessError
 from harness.registry import RunKey
 from harness.runner import Outcome
 from harness.spec import SPECS_DIR
+from tests.conftest import ROOT
 
 
 def harness(capsys, *args: str) -> tuple[int, str, str]:
@@ -206,3 +208,42 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# --- 2. git revisions are checked before git sees them ----------------------------------
+
+
+def test_a_revision_is_a_full_sha_or_a_ref_git_resolves():
+    head = gitrev.checked_revision("HEAD", "--baseline")
+    assert gitrev.FULL_SHA.fullmatch(head)
+    assert gitrev.checked_revision(head.upper(), "--baseline") == head
+    for bad in ("", "-p", "--output=/tmp/x", "HEAD\n", "no-such-ref-anywhere", "HEAD:README.md"):
+        with pytest.raises(HarnessError, match="^--baseline: "):
+            gitrev.checked_revision(bad, "--baseline")
+
+
+def test_compare_refuses_a_baseline_revision_that_is_an_option(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    code, _, err = harness(capsys, "compare", tmp_path, "--baseline", f"git:--output={victim}")
+    assert code == 2
+    one_line_error(err, "--baseline", "is not a git revision")
+    assert victim.read_text() == "untouched"
+
+
+def test_report_refuses_a_record_whose_commit_is_an_option(tmp_path, capsys):
+    """The report looks for a record's spec in git at the record's commit (here no file
+    has the record's sha256): `git show --output=...` would write a file."""
+    victim = tmp_path / "victim"
+    (tmp_path / "victim:specs").mkdir()  # where `git show --output=VICTIM:specs/moons_net.yaml` would write
+    source = next((ROOT / "baselines" / "cpu-quick" / "moons_net").glob("*.json"))
+    doc = json.loads(source.read_text())
+    doc["git"]["commit"] = f"--output={victim}"
+    doc["spec"]["sha256"] = "0" * 64
+    results = tmp_path / "results"
+    (results / "moons_net").mkdir(parents=True)
+    (results / "moons_net" / source.name).write_text(json.dumps(doc))
+    code, _, err = harness(capsys, "report", "--results", results, "--profile", "quick")
+    assert code == 2
+    one_line_error(err, f"record {doc['record_id']}: git.commit", "is not a git revision")
+    assert not list((tmp_path / "victim:specs").iterdir()) and not (results / "REPORT.md").exists()
