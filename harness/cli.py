@@ -14,6 +14,7 @@ from rich.console import Console
 
 from harness import progress, records
 from harness import spec as spec_mod
+from harness.atomic import atomic_write, ensure_replaceable
 from harness.errors import HarnessError
 from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, STRICT
 
@@ -266,8 +267,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from harness import inputs, matrix
 
     loaded = spec_mod.load_spec(spec_mod.resolve_spec(args.spec, args.specs_dir), args.profile)
-    problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download)
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
+    ensure_replaceable(out)  # before the oracle runs
+    problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download)
     arrays = {
         "x_train": problem.x_train,
         "y_train": problem.y_train,
@@ -283,14 +285,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         arrays["batch_order"] = problem.batch_order
     for i, (w, b) in enumerate(problem.initial_params):
         arrays[f"W{i}"], arrays[f"b{i}"] = w, b
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        tmp.replace(out)
-    except OSError as exc:
-        raise HarnessError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    atomic_write(out, lambda f: np.savez_compressed(f, **arrays))
     console.print(f"wrote {out}: inputs of {loaded.name} ({loaded.profile}) and the oracle's loss curve", highlight=False)
     return 0
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import RecordError
+from harness.gitrev import checked_revision
 from harness.records import Record, read_record
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
@@ -92,8 +93,8 @@ def baseline_folder(baseline: str, workdir: Path) -> Path:
     """A folder as is, or `git:REV` (results/ as committed at REV), extracted into workdir."""
     if not baseline.startswith("git:"):
         return Path(baseline)
-    rev = baseline.removeprefix("git:")
-    archive = subprocess.run(["git", "archive", "--format=tar", rev, "results"], capture_output=True)
+    rev = checked_revision(baseline.removeprefix("git:"), "--baseline", Path.cwd())
+    archive = subprocess.run(["git", "archive", "--format=tar", "--end-of-options", rev, "results"], capture_output=True)
     if archive.returncode != 0:
         raise RecordError(f"{baseline}: cannot read results/ at that revision: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive.stdout, check=True)

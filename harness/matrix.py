@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import pickle
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from harness import calibration, progress, records
+from harness import calibration, progress, records, workcache
 from harness import checks as checks_mod
 from harness.checks import Calibration, Check
 from harness.errors import HarnessError
@@ -258,7 +257,7 @@ def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey
     name = key.label
     for mark in "@+~:":
         name = name.replace(mark, "-")
-    return work_dir / loaded.name / f"{name}-{digest}.pkl"
+    return work_dir / loaded.name / f"{name}-{digest}.json"
 
 
 def _one(
@@ -277,13 +276,11 @@ def _group(
 ) -> dict[RunKey, Outcome]:
     """Run the keys of `labels` together, their repeats taking turns (or take them from the
     work folder, if every one finished earlier), and keep each finished one there."""
-    if all(cell is not None and cell.is_file() for cell in cells.values()):
-        outcomes = {}
+    kept = workcache.taken(cells, console)
+    if kept is not None:
         for key, cell in cells.items():
-            with open(cell, "rb") as f:
-                outcomes[key] = pickle.load(f)
             console.print(f"[bold]{labels[key]}[/bold]: finished earlier, taken from {cell}", highlight=False)
-        return outcomes
+        return kept
     steps = f"{problem.total_steps} steps, {repeats} repeat(s)"
     for key, label in labels.items():
         console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps})")
@@ -301,11 +298,7 @@ def _group(
             console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
         cell = cells.get(key)
         if cell is not None and outcome.status == "ok":
-            cell.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cell.with_name(f".{cell.name}.tmp")
-            with open(tmp, "wb") as f:
-                pickle.dump(outcome, f)
-            tmp.replace(cell)
+            workcache.keep(cell, outcome, console)
     return outcomes
 
 

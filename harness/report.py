@@ -29,6 +29,7 @@ import numpy as np
 
 from harness import spec as spec_mod
 from harness.errors import HarnessError, RecordError, SpecError
+from harness.gitrev import checked_revision
 from harness.records import PROJECT_ROOT, Record, read_record
 from harness.registry import ORACLE
 from harness.speed import SpeedRow, speed_rows
@@ -168,9 +169,8 @@ def final_params(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.nda
 @cache
 def _spec_text_at(commit: str, repo_path: str) -> bytes | None:
     try:
-        done = subprocess.run(
-            ["git", "show", f"{commit}:{repo_path}"], cwd=PROJECT_ROOT, capture_output=True, timeout=30, check=False
-        )
+        show = ["git", "show", "--end-of-options", f"{commit}:{repo_path}"]
+        done = subprocess.run(show, cwd=PROJECT_ROOT, capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -191,7 +191,8 @@ def _spec_candidates(path: str, commit: str | None) -> Iterable[tuple[str, bytes
 def record_spec(record: Record) -> spec_mod.Spec:
     """The spec as the record ran it (its profile's and sweep point's overrides applied)."""
     overrides = json.dumps(record.spec.overrides, sort_keys=True)
-    return _record_spec(record.spec.path, record.spec.sha256, record.git.commit, overrides)
+    commit = record.git.commit and checked_revision(record.git.commit, f"record {record.record_id}: git.commit")
+    return _record_spec(record.spec.path, record.spec.sha256, commit, overrides)
 
 
 @cache

@@ -1,0 +1,249 @@
+"""Hostile input: files in the work folder, git revisions, output paths, resource bombs.
+Each case ends in exit 2 with one line (or, for the work folder, in the run going again),
+and nothing is executed or written."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pickle
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from harness import cli, gitrev, workcache
+from harness.errors import HarnessError
+from harness.registry import RunKey
+from harness.runner import Outcome
+from harness.spec import SPECS_DIR
+from tests.conftest import ROOT
+
+
+def harness(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the command line in this process: its exit code, stdout and stderr."""
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line_error(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+def tiny_moons(folder: Path, **changes) -> Path:
+    """The moons spec shrunk to 64 points, 8 hidden units and 3 steps (a run takes ms)."""
+    doc = yaml.safe_load((SPECS_DIR / "moons_net.yaml").read_text())
+    doc["data"]["n_samples"] = 64
+    doc["model"]["layers"][0]["width"] = 8
+    doc["training"]["epochs"] = 3
+    doc["checks"]["probe_size"] = 16
+    doc["checks"]["params_after_steps"]["step"] = 2
+    doc["logging"] = {"loss_every": 1, "print_every": 1}
+    doc["profiles"], doc["known_differences"] = {}, []
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        section = doc
+        for key in parents:
+            section = section[key]
+        section[last] = value
+    path = folder / "tiny_moons.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# --- 1. the work folder holds data, never code ------------------------------------------
+
+
+class Planted:
+    """A pickle that creates `marker` when it is loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def a_sample_outcome() -> Outcome:
+    """An Outcome with every field, and every field of its key, set to a non-default value
+    of its declared type."""
+    rng = np.random.default_rng(0)
+
+    def params():
+        return [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32))] * 2
+
+    key = RunKey("torch", "gpu", variant="order3", precision="tf32", mode="fast")
+    sample = {
+        "key": key,
+        "status": "failed",
+        "reason": "diverged at step 3",
+        "describe": {"library": "torch", "threads": 2, "math_mode": {"tf32": "on"}, "nested": [1, 2.5, None, True]},
+        "losses": np.array([1.0, 0.5, np.nan, np.inf], dtype=np.float32),
+        "snapshots": {1: params(), 100: params()},
+        "initial_outputs": rng.standard_normal((16, 2)),
+        "final_outputs": rng.standard_normal((16, 2)).astype(np.float32),
+        "final_params": params(),
+        "metrics": {"train_loss": 0.25, "train_accuracy": 1.0},
+        "timings": {"repeats": 2, "train_s": 1.5, "train_s_each": [1.5, 1.6], "alternated_with": ["torch@gpu"]},
+        "repeats_bitwise_identical": False,
+        "repeats_max_abs_diff": math.inf,
+        "repeats_first_diff_step": 7,
+        "failed_at_step": 3,
+    }
+    # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
+    assert set(sample) == {f.name for f in dataclasses.fields(Outcome)}
+    defaults = {f.name: f.default for f in dataclasses.fields(Outcome)}
+    assert all(sample[name] is not defaults[name] for name in sample)
+    assert all(getattr(key, f.name) != f.default for f in dataclasses.fields(RunKey) if f.default is not dataclasses.MISSING)
+    return Outcome(**sample)
+
+
+def same(a, b) -> bool:
+    """Equal in value and in type, all the way down (int keys stay ints, tuples tuples)."""
+    if isinstance(a, np.ndarray):
+        return type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, dict):
+        return type(b) is dict and list(a) == list(b) and all(type(k) is type(j) for k, j in zip(a, b)) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+def test_every_field_of_an_outcome_survives_the_work_folder(tmp_path):
+    outcome = a_sample_outcome()
+    cell = tmp_path / "cell.json"
+    workcache.save(cell, outcome)
+    json.loads(cell.read_text())  # data a person can read
+    back = workcache.load(cell, outcome.key)
+    for field in dataclasses.fields(Outcome):
+        assert same(getattr(outcome, field.name), getattr(back, field.name)), field.name
+
+
+def test_a_kept_run_of_another_key_or_a_changed_npz_is_not_used(tmp_path):
+    outcome = a_sample_outcome()
+    cell = tmp_path / "cell.json"
+    workcache.save(cell, outcome)
+    with pytest.raises(workcache.Unusable, match="holds torch@gpu"):
+        workcache.load(cell, RunKey("jax", "cpu"))
+    npz = workcache.npz_path(cell)
+    npz.write_bytes(npz.read_bytes() + b"\0")
+    with pytest.raises(workcache.Unusable, match="sha256"):
+        workcache.load(cell, outcome.key)
+
+
+def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None:
+    """A pickle that creates `marker`, under each cell's old name (.pkl) and new names (.json,
+    .npz); or, with `digest_matches`, as the .npz of a .json that names its sha256."""
+    payload = pickle.dumps(Planted(marker))
+    for cell in cells:
+        cell.with_suffix(".pkl").write_bytes(payload)
+        workcache.npz_path(cell).write_bytes(payload)
+        if digest_matches:
+            doc = json.loads(cell.read_text())
+            doc["npz_sha256"] = hashlib.sha256(payload).hexdigest()
+            cell.write_text(json.dumps(doc))
+        else:
+            cell.write_bytes(payload)
+
+
+@pytest.mark.parametrize("digest_matches", [False, True], ids=["pickles-everywhere", "pickle-npz-with-its-digest"])
+def test_a_planted_pickle_in_the_work_folder_is_never_loaded(tmp_path, capsys, digest_matches):
+    spec, work, marker = tiny_moons(tmp_path), tmp_path / "work", tmp_path / "executed"
+    run = ("run", spec, "--frameworks", "cupy", "--no-records", "--no-floor", "--in-process", "--work-dir", work)
+    assert harness(capsys, *run)[0] == 0
+    cells = sorted(work.rglob("*.json"))
+    assert len(cells) == 3  # cupy, the oracle, the calibration member
+    pickle.loads(pickle.dumps(Planted(tmp_path / "control")))
+    assert (tmp_path / "control").exists()  # the planted payload does run when unpickled
+
+    plant_pickles(cells, marker, digest_matches)
+    code, out, _ = harness(capsys, *run)
+    assert code == 0 and not marker.exists()
+    notes = [line for line in out.splitlines() if "work folder:" in line]
+    assert len(notes) == 3 and all("not used" in line and "it runs again" in line for line in notes), out
+    assert "finished earlier" not in out
+    code, out, _ = harness(capsys, *run)  # run again, and kept again as data
+    assert code == 0 and out.count("finished earlier") == 3 and not marker.exists()
+
+
+# --- 3. export replaces only regular files ----------------------------------------------
+
+
+def test_export_refuses_a_fifo_a_device_or_a_link_and_writes_nothing(tmp_path, capsys):
+    spec = tiny_moons(tmp_path)
+    fifo, link = tmp_path / "out.npz", tmp_path / "link.npz"
+    os.mkfifo(fifo)
+    link.symlink_to(tmp_path / "elsewhere.npz")
+    before = sorted(tmp_path.iterdir())
+    for out in (fifo, Path("/dev/full"), link):
+        code, _, err = harness(capsys, "export", spec, "--out", out)
+        assert code == 2
+        one_line_error(err, str(out), "not a regular file")
+    assert sorted(tmp_path.iterdir()) == before and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not (tmp_path / "elsewhere.npz").exists()
+
+
+def test_export_replaces_a_regular_file_through_a_temporary_one(tmp_path, capsys):
+    spec, out = tiny_moons(tmp_path), tmp_path / "out.npz"
+    out.write_bytes(b"old")
+    assert harness(capsys, "export", spec, "--out", out)[0] == 0
+    with np.load(out, allow_pickle=False) as npz:
+        assert len(npz["oracle_losses"]) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz", "tiny_moons.yaml"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# --- 2. git revisions are checked before git sees them ----------------------------------
+
+
+def test_a_revision_is_a_full_sha_or_a_ref_git_resolves():
+    head = gitrev.checked_revision("HEAD", "--baseline")
+    assert gitrev.FULL_SHA.fullmatch(head)
+    assert gitrev.checked_revision(head.upper(), "--baseline") == head
+    for bad in ("", "-p", "--output=/tmp/x", "HEAD\n", "no-such-ref-anywhere", "HEAD:README.md"):
+        with pytest.raises(HarnessError, match="^--baseline: "):
+            gitrev.checked_revision(bad, "--baseline")
+
+
+def test_compare_refuses_a_baseline_revision_that_is_an_option(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    code, _, err = harness(capsys, "compare", tmp_path, "--baseline", f"git:--output={victim}")
+    assert code == 2
+    one_line_error(err, "--baseline", "is not a git revision")
+    assert victim.read_text() == "untouched"
+
+
+def test_report_refuses_a_record_whose_commit_is_an_option(tmp_path, capsys):
+    """The report looks for a record's spec in git at the record's commit (here no file
+    has the record's sha256): `git show --output=...` would write a file."""
+    victim = tmp_path / "victim"
+    (tmp_path / "victim:specs").mkdir()  # where `git show --output=VICTIM:specs/moons_net.yaml` would write
+    source = next((ROOT / "baselines" / "cpu-quick" / "moons_net").glob("*.json"))
+    doc = json.loads(source.read_text())
+    doc["git"]["commit"] = f"--output={victim}"
+    doc["spec"]["sha256"] = "0" * 64
+    results = tmp_path / "results"
+    (results / "moons_net").mkdir(parents=True)
+    (results / "moons_net" / source.name).write_text(json.dumps(doc))
+    code, _, err = harness(capsys, "report", "--results", results, "--profile", "quick")
+    assert code == 2
+    one_line_error(err, f"record {doc['record_id']}: git.commit", "is not a git revision")
+    assert not list((tmp_path / "victim:specs").iterdir()) and not (results / "REPORT.md").exists()
