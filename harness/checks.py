@@ -361,4 +361,18 @@ def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration) -> 
     for twin in ok:
         if twin.key.precision == FLOAT64:
             checks.extend(math_parity_checks(spec, twin, cal))
+    reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
+    for twin in outcomes.values():
+        if twin.key.precision == FLOAT64 and twin.failed_at_step is not None and reference_ok:
+            checks.append(
+                Check(
+                    f"{MATH}divergence",
+                    twin.key,
+                    ORACLE_KEY,
+                    "fail",
+                    "a float64 twin trains wherever the oracle does",
+                    first_failure_step=twin.failed_at_step,
+                    reason=twin.reason,
+                )
+            )
     return diagnosis.diagnose(spec, diagnosis.apply_known_differences(spec, checks, outcomes))

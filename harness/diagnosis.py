@@ -145,7 +145,8 @@ def _where(check: Check, pair: list[Check]) -> str:
 def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
     ratio = "" if check.ratio is None else f"{check.ratio:.3g}x the calibrated tolerance"
     if check.name.startswith(MATH):
-        return f"implementation: the float64 twin differs from the oracle ({ratio}): different math, not rounding"
+        how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
+        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding"
     if check.name == "known_difference_absent":
         return check.diagnosis or "stale known difference"
     sides = [k for k in (check.a, check.b) if k.framework != ORACLE]

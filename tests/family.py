@@ -149,7 +149,7 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         worst_honest_check="" if worst is None else f"{worst.a.label} vs {worst.b.label}: {worst.name}",
         known=sum(c.verdict == "known" for c in honest),
         bug=bug,
-        bug_caught=any(c.verdict == "fail" for c in twin),
+        bug_caught=any(c.verdict == "fail" for c in twin),  # math_divergence where the twin diverged
         bug_diagnoses=[c.diagnosis for c in mine],
         ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
     )
