@@ -26,7 +26,9 @@ def copy_baseline(tmp_path: Path) -> Path:
 
 
 def edit_one(folder: Path, framework: str, change) -> None:
-    path = next(p for p in sorted(folder.rglob(f"*_{framework}_cpu_*.json")))
+    """Change the first float32 record of `framework` (not its float64 twin)."""
+    paths = sorted(folder.rglob(f"*_{framework}_cpu_*.json"))
+    path = next(p for p in paths if json.loads(p.read_text())["precision_mode"] == "strict")
     doc = json.loads(path.read_text())
     change(doc)
     path.write_text(json.dumps(doc))

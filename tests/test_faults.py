@@ -127,7 +127,7 @@ def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
     first, second = run_cli(tmp_path), run_cli(tmp_path)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
     written = sorted(tmp_path.rglob("*.json"))
-    assert len(written) == 4 and len({p.name for p in written}) == 4
+    assert len(written) == 6 and len({p.name for p in written}) == 6  # 3 records (cupy, oracle, cupy's twin) each
     for path in written:
         records.read_record(path)
 
@@ -159,7 +159,9 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     )
     assert second.returncode == 0, second.stdout + second.stderr
     reused = [line for line in second.stdout.splitlines() if "finished earlier" in line]
-    assert len(reused) == 3  # cupy@cpu, the oracle and the calibration member; torch runs
+    # cupy@cpu, the oracle, the calibration member, the oracle's first steps, its 3 float64
+    # members and cupy's float64 twin; torch and its twin run
+    assert len(reused) == 8
     assert "moons_net torch@cpu (float32" in second.stdout
     written = {r.framework: r for r in map(records.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
     assert set(written) == {"cupy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
