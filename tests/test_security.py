@@ -247,3 +247,31 @@ def test_report_refuses_a_record_whose_commit_is_an_option(tmp_path, capsys):
     assert code == 2
     one_line_error(err, f"record {doc['record_id']}: git.commit", "is not a git revision")
     assert not list((tmp_path / "victim:specs").iterdir()) and not (results / "REPORT.md").exists()
+
+
+# --- 5. bad input that must not crash -------------------------------------------------
+
+
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("bcdefgh", "cdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[" * 20_000, "line 1: nested deeper than 64 levels"),
+        ("a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)), "nested deeper than 64 levels"),
+        (BILLION_LAUGHS, "line 1: YAML anchors and aliases are not allowed in a spec (&a)"),
+        ("name: peaks_mlp\ntraining: {epochs: 1}\ntraining: {epochs: 10}\n", "line 3: duplicate key 'training'"),
+        ("training: {epochs: 1, epochs: 10}\n", "line 1: duplicate key 'epochs'"),
+        ("a: 1" + "0" * 5000 + "\n", "not valid YAML"),
+    ],
+    ids=["deep-flow", "deep-block", "alias-bomb", "duplicate-section", "duplicate-key", "5000-digit-int"],
+)
+def test_hostile_yaml_exits_two_with_one_line(tmp_path, capsys, text, fragment):
+    spec = tmp_path / "hostile.yaml"
+    spec.write_text(text)
+    code, out, err = harness(capsys, "validate", spec)
+    assert code == 2 and not out
+    one_line_error(err, str(spec), fragment)
