@@ -2,12 +2,13 @@
 
 Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
 2 bad input (a spec, an option, a data file, the results folder, a spec past the resource
-limits), with one clear message.
+limits), with one clear message; 130 interrupted (Ctrl-C), with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, STRICT
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def _csv(allowed: tuple[str, ...], what: str):
@@ -30,7 +32,7 @@ def _csv(allowed: tuple[str, ...], what: str):
         unknown = [t for t in items if t not in allowed]
         if unknown or not items:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}")
-        return items
+        return list(dict.fromkeys(items))  # each once: cupy,cupy is cupy
 
     return parse
 
@@ -406,14 +408,26 @@ COMMANDS = {
 }
 
 
+def _say(line: str) -> None:
+    Console(stderr=True, soft_wrap=True).print(line, style="red", highlight=False, markup=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = progress.console()
     try:
         return COMMANDS[args.command](args, console)
     except HarnessError as exc:
-        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", style="red", highlight=False, markup=False)
+        _say(f"error: {exc}")
         return EXIT_BAD_INPUT
+    except OSError as exc:  # a path of the command line, or one made from it, too long for the system
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        _say(f"error: {exc.filename}: file name too long")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

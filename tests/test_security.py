@@ -393,3 +393,29 @@ def test_hostile_yaml_exits_two_with_one_line(tmp_path, capsys, text, fragment):
     code, out, err = harness(capsys, "validate", spec)
     assert code == 2 and not out
     one_line_error(err, str(spec), fragment)
+
+
+def test_a_file_name_too_long_exits_two(tmp_path, capsys):
+    long = "a" * 300
+    code, _, err = harness(capsys, "validate", tmp_path / f"{long}.yaml")
+    assert code == 2
+    one_line_error(err, "file name too long")
+    code, _, err = harness(capsys, "run", "mnist_mlp", "--data-dir", tmp_path / long, "--no-records", "--no-floor")
+    assert code == 2
+    one_line_error(err, "file name too long")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_framework_named_twice_runs_once(tmp_path, capsys):
+    spec = tiny_moons(tmp_path)
+    code, out, _ = harness(capsys, "run", spec, "--frameworks", "cupy,cupy", "--no-records", "--no-floor", "--in-process")
+    assert code == 0 and out.count("moons_net cupy@cpu (float32") == 1
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
+    def interrupted(args, console):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "validate", interrupted)
+    code, out, err = harness(capsys, "validate")
+    assert code == 130 and not out and err.strip() == "interrupted"
