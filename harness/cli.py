@@ -1,18 +1,21 @@
 """Command line: `python -m harness run|bench|sweep|validate|export|compare|report|schema|list`.
 
 Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
-2 bad input (a spec, an option, a data file, the results folder), with one clear message.
+2 bad input (a spec, an option, a data file, the results folder, a spec past the resource
+limits), with one clear message; 130 interrupted (Ctrl-C), with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import math
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from harness import progress, records
+from harness import progress, records, resources
 from harness import spec as spec_mod
 from harness.atomic import atomic_write, ensure_replaceable
 from harness.errors import HarnessError
@@ -20,6 +23,7 @@ from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, STRICT
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def _csv(allowed: tuple[str, ...], what: str):
@@ -28,7 +32,7 @@ def _csv(allowed: tuple[str, ...], what: str):
         unknown = [t for t in items if t not in allowed]
         if unknown or not items:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}")
-        return items
+        return list(dict.fromkeys(items))  # each once: cupy,cupy is cupy
 
     return parse
 
@@ -41,6 +45,38 @@ def _positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"values must be positive: {text!r}")
     return values
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive and finite: {text!r}")
+        return value
+
+    return parse
+
+
+def limit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-memory-gb",
+        type=_positive(float),
+        default=resources.DEFAULT_MAX_MEMORY_GB,
+        help=f"refuse a spec estimated to need more memory (default: {resources.DEFAULT_MAX_MEMORY_GB:g} GiB)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=_positive(int),
+        default=resources.DEFAULT_MAX_STEPS,
+        help=f"refuse a spec of more training steps (default: {resources.DEFAULT_MAX_STEPS:,})",
+    )
+
+
+def _limits(args: argparse.Namespace) -> resources.Limits:
+    return resources.Limits(args.max_memory_gb, args.max_steps)
 
 
 def gpu_options(p: argparse.ArgumentParser) -> None:
@@ -84,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
     speed_options(run, [EAGER])
     gpu_options(run)
+    limit_options(run)
     data_options(run)
 
     bench = sub.add_parser(
@@ -97,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=5, help="timing repeats of each run (default: 5)")
     speed_options(bench, [EAGER, FAST])
     gpu_options(bench)
+    limit_options(bench)
     data_options(bench)
     bench.set_defaults(profile=spec_mod.BENCH_PROFILE)
 
@@ -109,16 +147,19 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
     speed_options(sweep, [EAGER])
     gpu_options(sweep)
+    limit_options(sweep)
     sweep.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     sweep.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
 
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
     validate.add_argument("specs", nargs="*")
+    limit_options(validate)
     validate.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
 
     export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
     export.add_argument("spec")
     export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
+    limit_options(export)
     data_options(export)
 
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
@@ -201,7 +242,7 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
 
     loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args)
-    problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download) for spec in loaded]
+    problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, _limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
     run_id = records.new_id()
     isolate = not getattr(args, "in_process", False)
@@ -238,13 +279,15 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             continue
         for value in args.values or spec.sweep.values:
             (extra,) = spec_mod.sweep_overrides(spec, [value])
-            points.append((spec_mod.load_spec(path, spec.sweep.profile, extra), value))
+            point = spec_mod.load_spec(path, spec.sweep.profile, extra)
+            resources.check(point, _limits(args))
+            points.append((point, value))
     results_dir, keys = _prepare(args)
     rates = _rates(args, keys, console)
     run_id = records.new_id()
     results = []
     for i, (loaded, value) in enumerate(points, 1):
-        problem = inputs.build_problem(loaded, args.data_dir)
+        problem = inputs.build_problem(loaded, args.data_dir, limits=_limits(args))
         key = loaded.spec.sweep.key
         console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
         results.append(
@@ -256,8 +299,12 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     for path in _spec_paths(args.specs, args.specs_dir):
         loaded = spec_mod.load_spec(path)
-        profiles = ", ".join([spec_mod.FULL_PROFILE, *loaded.spec.profiles])
-        console.print(f"{path}: ok ({loaded.name}; profiles: {profiles})", highlight=False)
+        profiles = [spec_mod.FULL_PROFILE, *loaded.spec.profiles]
+        for profile in profiles:  # and each point of its sweep: within the resource limits
+            resources.check(spec_mod.load_spec(path, profile), _limits(args))
+        for extra in spec_mod.sweep_overrides(loaded.spec):
+            resources.check(spec_mod.load_spec(path, loaded.spec.sweep.profile, extra), _limits(args))
+        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)})", highlight=False)
     return 0
 
 
@@ -269,7 +316,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     loaded = spec_mod.load_spec(spec_mod.resolve_spec(args.spec, args.specs_dir), args.profile)
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
-    problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download)
+    problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, _limits(args))
     arrays = {
         "x_train": problem.x_train,
         "y_train": problem.y_train,
@@ -360,14 +407,26 @@ COMMANDS = {
 }
 
 
+def _say(line: str) -> None:
+    Console(stderr=True, soft_wrap=True).print(line, style="red", highlight=False, markup=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = progress.console()
     try:
         return COMMANDS[args.command](args, console)
     except HarnessError as exc:
-        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", style="red", highlight=False, markup=False)
+        _say(f"error: {exc}")
         return EXIT_BAD_INPUT
+    except OSError as exc:  # a path of the command line, or one made from it, too long for the system
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        _say(f"error: {exc.filename}: file name too long")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import shutil
+import struct
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -28,6 +32,9 @@ MNIST_MIRRORS = (
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
 )
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_MAX_DIMS = 8
+IDX_MAX_BYTES = 2 * 2**30  # an IDX file's data, decompressed: MNIST's largest is 47 MB
+IDX_CHUNK = 1 << 20
 
 
 # --- peaks ------------------------------------------------------------------------------
@@ -92,31 +99,56 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (gzip-compressed or raw) into a NumPy array of its declared shape."""
+def _read_at_most(stream: BinaryIO, count: int) -> bytearray:
+    """Up to `count` bytes of `stream` (fewer where it ends), read a chunk at a time: a
+    gzip stream is decompressed only as far as it is read."""
+    got = bytearray()
+    while len(got) < count:
+        chunk = stream.read(min(count - len(got), IDX_CHUNK))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int) -> np.ndarray:
+    magic = _read_at_most(stream, 4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES or magic[3] == 0:
+        raise DataError(f"{path}: not an IDX file (wrong magic number {magic.hex() or 'none'})")
+    dtype, ndim = np.dtype(IDX_DTYPES[magic[2]]), magic[3]
+    if ndim > IDX_MAX_DIMS:
+        raise DataError(f"{path}: an IDX header of {ndim} dimensions (at most {IDX_MAX_DIMS})")
+    dims = _read_at_most(stream, 4 * ndim)
+    if len(dims) < 4 * ndim:
+        raise DataError(f"{path}: truncated IDX header")
+    shape = struct.unpack(f">{ndim}I", dims)
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if expected > max_bytes:
+        raise DataError(f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than the {max_bytes:,} allowed")
+    body = _read_at_most(stream, expected + 1)  # one byte more tells an oversized file
+    if len(body) != expected:
+        found = f"more than {expected}" if len(body) > expected else str(len(body))
+        raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
+    return np.frombuffer(body, dtype=dtype).reshape(shape)
+
+
+def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
+    """Read an IDX file (gzip-compressed or raw) into a NumPy array of its declared shape.
+    The header's size is checked against `max_bytes` before the data is read, and a gzip
+    stream is decompressed no further than the header's size (plus one byte)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            compressed = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            if not compressed:
+                return _parse_idx(path, f, max_bytes)
+            try:
+                return _parse_idx(path, gzip.GzipFile(fileobj=f, mode="rb"), max_bytes)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES or raw[3] == 0:
-        raise DataError(f"{path}: not an IDX file (wrong magic number {raw[:4].hex() or 'none'})")
-    dtype = np.dtype(IDX_DTYPES[raw[2]])
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError(f"{path}: truncated IDX header")
-    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if len(raw) - header != expected:
-        raise DataError(f"{path}: truncated or oversized IDX data: {len(raw) - header} bytes, the header says {expected}")
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
 
 
 def default_data_dir() -> Path:
@@ -205,6 +237,10 @@ def load_idx(section: IdxData, source: str, data_dir: Path, download: bool = Fal
         raise DataError(
             f"{used[0].path}: images {images.shape} and labels {labels.shape} do not make an image data set"
         )
+    if labels.dtype.kind not in "iu" or labels.min(initial=0) < 0:
+        raise DataError(f"{used[1].path}: labels must be class indices 0, 1, ...: found {labels.dtype} down to {labels.min(initial=0)}")
+    if images.dtype.kind == "f" and not np.isfinite(images).all():
+        raise DataError(f"{used[0].path}: images hold NaN or infinite values")
     if chosen.validation >= len(images):
         raise DataError(f"data.sources.{source}.validation: {chosen.validation} leaves no training examples of {len(images)}")
     features = (images.reshape(len(images), -1).astype(np.float32) / np.float32(section.scale)).astype(np.float32)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import data
+from harness import data, resources
 from harness.errors import DataError
 from harness.spec import LoadedSpec, Spec, batch_bounds, check_batching
 
@@ -171,12 +171,20 @@ def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: 
 
 
 def build_problem(
-    loaded: LoadedSpec, data_dir: Path | None = None, source: str | None = None, download: bool = False
+    loaded: LoadedSpec,
+    data_dir: Path | None = None,
+    source: str | None = None,
+    download: bool = False,
+    limits: resources.Limits = resources.Limits(),
 ) -> Problem:
-    """Make the data, the initial weights and the batch order of a spec, once."""
+    """Make the data, the initial weights and the batch order of a spec, once; refused
+    before anything is made when it is past the resource limits (for an IDX data set,
+    again once its files are read and its size is known)."""
     spec = loaded.spec
     start = time.perf_counter()
+    resources.check(loaded, limits)
     x_train, y_train, x_val, y_val, files, used_source = _load_data(spec, data_dir, source, download)
+    resources.check(loaded, limits, len(x_train))
     try:
         check_batching(spec.training, len(x_train))
     except ValueError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,7 @@ from harness.errors import SpecError
 FULL_PROFILE = "full"
 BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
+MAX_DEPTH = 64  # nesting of a spec document (the shipped specs reach 5)
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
@@ -37,7 +39,7 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- data -----------------------------------------------------------------------------
@@ -398,8 +400,16 @@ def batch_bounds(training: TrainingSection, n_examples: int) -> list[tuple[int, 
     return bounds
 
 
+def batches_per_epoch(training: TrainingSection, n_examples: int) -> int:
+    """len(batch_bounds(...)), counted without making the list (a spec may ask for billions)."""
+    if training.batch_size == "full":
+        return 1
+    whole, rest = divmod(n_examples, training.batch_size)
+    return whole + (1 if rest and training.last_batch == "keep" else 0)
+
+
 def total_steps(training: TrainingSection, n_examples: int) -> int:
-    return training.epochs * len(batch_bounds(training, n_examples))
+    return training.epochs * batches_per_epoch(training, n_examples)
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -456,11 +466,56 @@ class LoadedSpec(BaseModel):
         return self.spec.name
 
 
+class _Refused(Exception):
+    """YAML that parses but that a spec may not use, at a line."""
+
+    def __init__(self, mark: yaml.Mark, message: str):
+        super().__init__(f"line {mark.line + 1}: {message}")
+
+
+class SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that also refuses anchors and aliases (a few lines of aliases
+    expand to billions of nodes), duplicate keys (the last one silently won) and nesting
+    deeper than MAX_DEPTH (the composer recurses: 20,000 '[' overflowed the stack)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:  # an alias, or a node that defines one
+            sigil = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            raise _Refused(event.start_mark, f"YAML anchors and aliases are not allowed in a spec ({sigil}{event.anchor})")
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _Refused(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<:`, merged by the safe constructor
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # the safe constructor refuses it
+            if key in seen:
+                raise _Refused(key_node.start_mark, f"duplicate key {key!r}")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def parse_document(path: Path, text: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        doc = yaml.load(text, Loader=SpecLoader)  # noqa: S506 (a safe loader)
+    except _Refused as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+        raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(doc, dict):
         raise SpecError(f"{path}: (document): a spec is a mapping of keys, got {type(doc).__name__}")
     return doc

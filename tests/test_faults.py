@@ -3,7 +3,9 @@ writers. Nothing may crash obscurely, and no half-written record may be left."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from harness import records
 from harness.errors import RecordError, SpecError
-from harness.spec import SPECS_DIR, parse_document, validate_document
+from harness.spec import MAX_DEPTH, SPECS_DIR, parse_document, validate_document
 from tests.conftest import ROOT
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
@@ -86,6 +88,42 @@ def test_any_document_loads_or_gives_a_spec_error(doc):
     else:
         with pytest.raises(SpecError):
             parse_document(Path("fuzz.yaml"), yaml.safe_dump(doc))
+
+
+PEAKS_LINES = (SPECS_DIR / "peaks_mlp.yaml").read_text().splitlines()
+# The lines `key: value` of the peaks spec whose value is on the line (not a block scalar).
+KEYED_LINES = [i for i, line in enumerate(PEAKS_LINES) if re.fullmatch(r" *[a-z_0-9]+: +[^#|> ].*", line)]
+NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
+
+
+@FUZZ
+@given(st.sampled_from(KEYED_LINES), NAMES, st.booleans())
+def test_an_anchor_or_alias_anywhere_gives_a_spec_error(index, name, alias):
+    lines = list(PEAKS_LINES)
+    key, value = lines[index].split(": ", 1)
+    lines[index] = f"{key}: *{name}" if alias else f"{key}: &{name} {value.lstrip()}"
+    with pytest.raises(SpecError, match=rf"^fuzz.yaml: line {index + 1}: YAML anchors and aliases are not allowed"):
+        parse_document(Path("fuzz.yaml"), "\n".join(lines))
+
+
+@FUZZ
+@given(st.sampled_from(KEYED_LINES), VALUES.map(json.dumps))  # JSON is YAML's flow style
+def test_a_duplicate_key_anywhere_gives_a_spec_error(index, value):
+    lines = list(PEAKS_LINES)
+    key = lines[index].split(": ", 1)[0]
+    lines.insert(index + 1, f"{key}: {value}")
+    with pytest.raises(SpecError, match=rf"^fuzz.yaml: line {index + 2}: duplicate key '{key.strip()}'"):
+        parse_document(Path("fuzz.yaml"), "\n".join(lines))
+
+
+@settings(FUZZ, max_examples=30)  # the scanner reads a deep line to its end: 0.15 s at 20,000 levels
+@given(st.integers(MAX_DEPTH + 1, 20_000), st.sampled_from(["[", "{a: ", "[{b: ", "{a: ["]), st.sampled_from(KEYED_LINES))
+def test_deep_nesting_anywhere_gives_a_spec_error(depth, opener, index):
+    lines = list(PEAKS_LINES)
+    key = lines[index].split(": ", 1)[0]
+    lines[index] = f"{key}: {opener * depth}"
+    with pytest.raises(SpecError, match=rf"^fuzz.yaml: line {index + 1}: nested deeper than {MAX_DEPTH} levels"):
+        parse_document(Path("fuzz.yaml"), "\n".join(lines))
 
 
 def run_cli(results: Path) -> subprocess.Popen:

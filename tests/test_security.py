@@ -5,20 +5,23 @@ and nothing is executed or written."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import math
 import os
 import pickle
 import stat
+import struct
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from harness import cli, gitrev, workcache
-from harness.errors import HarnessError
+from harness import cli, data, gitrev, workcache
+from harness.errors import DataError, HarnessError
 from harness.registry import RunKey
 from harness.runner import Outcome
 from harness.spec import SPECS_DIR
@@ -49,13 +52,17 @@ def tiny_moons(folder: Path, **changes) -> Path:
     doc["checks"]["params_after_steps"]["step"] = 2
     doc["logging"] = {"loss_every": 1, "print_every": 1}
     doc["profiles"], doc["known_differences"] = {}, []
+    return write_spec(folder / "tiny_moons.yaml", doc, changes)
+
+
+def write_spec(path: Path, doc: dict, changes: dict) -> Path:
+    """`doc` with `changes` (key paths joined by "__", list indices as numbers) as YAML."""
     for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
+        *parents, last = [int(k) if k.isdigit() else k for k in dotted.split("__")]
         section = doc
         for key in parents:
             section = section[key]
         section[last] = value
-    path = folder / "tiny_moons.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -215,6 +222,7 @@ def current_umask() -> int:
 # --- 2. git revisions are checked before git sees them ----------------------------------
 
 
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout: no refs to resolve")
 def test_a_revision_is_a_full_sha_or_a_ref_git_resolves():
     head = gitrev.checked_revision("HEAD", "--baseline")
     assert gitrev.FULL_SHA.fullmatch(head)
@@ -249,3 +257,168 @@ def test_report_refuses_a_record_whose_commit_is_an_option(tmp_path, capsys):
     assert code == 2
     one_line_error(err, f"record {doc['record_id']}: git.commit", "is not a git revision")
     assert not list((tmp_path / "victim:specs").iterdir()) and not (results / "REPORT.md").exists()
+
+
+# --- 4. resource limits -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, fragments",
+    [
+        ({"model__layers__0__width": 10**9}, ["GiB of memory", "the limit is 8 GiB (--max-memory-gb raises it)"]),
+        ({"training__epochs": 10**30}, ["training.epochs: about 10^30 training steps", "(--max-steps raises it)"]),
+        ({"training__epochs": 1e18}, ["training.epochs: about 10^18 training steps", "(--max-steps raises it)"]),
+        ({"training__epochs": 1e30}, ["training.epochs"]),
+        ({"checks__loss_curve__rtol": math.inf}, ["checks.loss_curve.rtol", "finite"]),
+        ({"optimizer__lr": math.nan}, ["optimizer.lr", "finite"]),
+        ({"checks__long_run__curve_floor": -math.inf}, ["checks.long_run.curve_floor", "finite"]),
+    ],
+    ids=["width-1e9", "epochs-10**30", "epochs-1e18", "epochs-1e30", "inf-rtol", "nan-lr", "minus-inf-floor"],
+)
+def test_validate_refuses_a_spec_past_the_limits_or_not_finite(tmp_path, capsys, changes, fragments):
+    spec = tiny_moons(tmp_path, **changes)
+    code, out, err = harness(capsys, "validate", spec)
+    assert code == 2 and not out
+    one_line_error(err, str(spec), *fragments)
+
+
+@pytest.mark.parametrize(
+    "changes, option, value",
+    [({"model__layers__0__width": 10**7}, "--max-memory-gb", "20"), ({"training__epochs": 2 * 10**7}, "--max-steps", "30000000")],
+)
+def test_an_option_raises_the_limit(tmp_path, capsys, changes, option, value):
+    spec = tiny_moons(tmp_path, **changes)
+    assert harness(capsys, "validate", spec)[0] == 2
+    assert harness(capsys, "validate", spec, option, value)[0] == 0
+
+
+def test_the_limits_hold_where_the_problem_is_built(tmp_path, capsys):
+    spec = tiny_moons(tmp_path)
+    code, _, err = harness(capsys, "run", spec, "--max-steps", "2", "--results", tmp_path / "r", "--no-floor")
+    assert code == 2 and not list(tmp_path.glob("r/*"))
+    one_line_error(err, "3 training steps on 64 examples; the limit is 2")
+    code, _, err = harness(capsys, "export", spec, "--max-memory-gb", "1e-6", "--out", tmp_path / "x.npz")
+    assert code == 2 and not (tmp_path / "x.npz").exists()
+    one_line_error(err, "GiB of memory for 64 examples")
+
+
+def test_an_idx_data_set_is_measured_once_its_files_are_read(tmp_path, capsys, mnist_dir):
+    """validate cannot know an IDX data set's size; the run learns it from the files."""
+    args = ("mnist_mlp", "--profile", "quick", "--data-dir", mnist_dir, "--data-source", "test-set", "--max-memory-gb", "0.01")
+    code, _, err = harness(capsys, "run", *args, "--results", tmp_path / "r", "--no-floor")
+    assert code == 2 and not list(tmp_path.glob("r/*"))
+    one_line_error(err, "GiB of memory for 8,000 examples")
+
+
+def test_a_sweep_of_100000_points_per_axis_is_refused_before_anything_runs(tmp_path, capsys):
+    results = tmp_path / "r"
+    code, out, err = harness(capsys, "sweep", "peaks_mlp", "--values", "10,100000", "--results", results, "--no-floor")
+    assert code == 2 and not out and not results.exists()
+    one_line_error(err, "peaks_mlp.yaml (profile sweep): about", "10,000,000,000 examples", "--max-memory-gb")
+
+
+def idx(array: np.ndarray, code: int, shape: tuple[int, ...] | None = None) -> bytes:
+    """An IDX file of `array` (its header may claim another `shape`)."""
+    dims = shape or array.shape
+    return bytes([0, 0, code, len(dims)]) + struct.pack(f">{len(dims)}I", *dims) + array.tobytes()
+
+
+def gzip_bomb(header: bytes, gib: int) -> bytes:
+    """`header`, then `gib` GiB of zeros, gzip-compressed to about a megabyte (gzip members
+    of 1 MiB of zeros, one after another: gzip readers take them as one stream)."""
+    member = gzip.compress(bytes(2**20), compresslevel=9)
+    return gzip.compress(header) + member * (1024 * gib)
+
+
+IMAGES = np.zeros((10, 28, 28), dtype=np.uint8)
+LABELS = np.arange(10, dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "images, labels, fragment",
+    [
+        (gzip_bomb(idx(IMAGES, 0x08)[:16], 1), gzip.compress(idx(LABELS, 0x08)), "truncated or oversized IDX data: more than 7840 bytes"),
+        (gzip.compress(idx(IMAGES[:0], 0x08, (2**32 - 1,) * 3)), gzip.compress(idx(LABELS, 0x08)), "more than the 2,147,483,648 allowed"),
+        (gzip.compress(idx(IMAGES, 0x08)), gzip.compress(idx(np.arange(-1, 9, dtype=np.int8), 0x09)), "labels must be class indices"),
+        (gzip.compress(idx(IMAGES, 0x08)), gzip.compress(idx(LABELS * 20, 0x08)), "but the labels go up to 180"),
+    ],
+    ids=["gzip-bomb", "header-overflow", "negative-labels", "labels-past-the-outputs"],
+)
+def test_bad_idx_data_exits_two_without_reading_it_whole(tmp_path, capsys, images, labels, fragment):
+    files = {"images": ("bad-images-idx3-ubyte.gz", images), "labels": ("bad-labels-idx1-ubyte.gz", labels)}
+    source = {"validation": 2}
+    for role, (name, payload) in files.items():
+        (tmp_path / name).write_bytes(payload)
+        source[role] = {"file": name, "sha256": hashlib.sha256(payload).hexdigest()}
+    doc = yaml.safe_load((SPECS_DIR / "mnist_mlp.yaml").read_text())
+    spec = write_spec(tmp_path / "bad.yaml", doc, {"data__sources": {"bad": source}, "data__source": "bad", "profiles": {}})
+    code, _, err = harness(capsys, "run", spec, "--data-dir", tmp_path, "--no-records", "--no-floor", "--in-process")
+    assert code == 2
+    one_line_error(err, fragment)
+
+
+def test_a_gzip_bomb_is_not_decompressed(tmp_path):
+    path = tmp_path / "bomb.gz"
+    path.write_bytes(gzip_bomb(idx(IMAGES, 0x08)[:16], 4))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match="more than 7840 bytes"):
+            data.read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+
+
+# --- 5. bad input that must not crash -------------------------------------------------
+
+
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("bcdefgh", "cdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[" * 20_000, "line 1: nested deeper than 64 levels"),
+        ("a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)), "nested deeper than 64 levels"),
+        (BILLION_LAUGHS, "line 1: YAML anchors and aliases are not allowed in a spec (&a)"),
+        ("name: peaks_mlp\ntraining: {epochs: 1}\ntraining: {epochs: 10}\n", "line 3: duplicate key 'training'"),
+        ("training: {epochs: 1, epochs: 10}\n", "line 1: duplicate key 'epochs'"),
+        ("a: 1" + "0" * 5000 + "\n", "not valid YAML"),
+    ],
+    ids=["deep-flow", "deep-block", "alias-bomb", "duplicate-section", "duplicate-key", "5000-digit-int"],
+)
+def test_hostile_yaml_exits_two_with_one_line(tmp_path, capsys, text, fragment):
+    spec = tmp_path / "hostile.yaml"
+    spec.write_text(text)
+    code, out, err = harness(capsys, "validate", spec)
+    assert code == 2 and not out
+    one_line_error(err, str(spec), fragment)
+
+
+def test_a_file_name_too_long_exits_two(tmp_path, capsys):
+    long = "a" * 300
+    code, _, err = harness(capsys, "validate", tmp_path / f"{long}.yaml")
+    assert code == 2
+    one_line_error(err, "file name too long")
+    code, _, err = harness(capsys, "run", "mnist_mlp", "--data-dir", tmp_path / long, "--no-records", "--no-floor")
+    assert code == 2
+    one_line_error(err, "file name too long")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_framework_named_twice_runs_once(tmp_path, capsys):
+    spec = tiny_moons(tmp_path)
+    code, out, _ = harness(capsys, "run", spec, "--frameworks", "cupy,cupy", "--no-records", "--no-floor", "--in-process")
+    assert code == 0 and out.count("moons_net cupy@cpu (float32") == 1
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
+    def interrupted(args, console):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "validate", interrupted)
+    code, out, err = harness(capsys, "validate")
+    assert code == 130 and not out and err.strip() == "interrupted"
