@@ -573,7 +573,7 @@ def bench_pairs(records: list[Record]) -> dict[tuple, dict[str, Record]]:
     and fast side by side."""
     cells: dict[tuple, dict[str, Record]] = {}
     for r in sorted(records, key=record_order):
-        if r.framework != ORACLE:
+        if r.framework != ORACLE and r.precision_mode != "float64":  # a float64 twin is no speed run
             cell = (r.spec.name, r.spec.profile, r.data.n_train, r.framework, r.device.kind, r.precision_mode, r.host.hostname)
             cells.setdefault(cell, {})[r.mode] = r
     return cells

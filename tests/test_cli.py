@@ -22,10 +22,12 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
-    assert len(list((tmp_path / "moons_net").glob("*.json"))) == 2
+    assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # cupy, the oracle, cupy's float64 twin
     from harness.records import read_record
 
-    floors = {r.framework: r.floor for r in map(read_record, (tmp_path / "moons_net").glob("*.json"))}
+    written = list(map(read_record, (tmp_path / "moons_net").glob("*.json")))
+    assert [r.floor for r in written if r.precision_mode == "float64"] == [None]  # the floor is float32's
+    floors = {r.framework: r.floor for r in written if r.precision_mode != "float64"}
     assert floors["oracle"] is None and floors["cupy"].measured_over_floor > 0  # `run` measures the floor too
 
 
