@@ -23,12 +23,11 @@ from itertools import combinations
 
 import numpy as np
 
-from harness.calibration import Spread, relative_curve_distance, tensor_names, tensors
+from harness.calibration import TINY, Spread, relative_curve_distance, tensor_names, tensors
 from harness.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, STRICT, RunKey
 from harness.runner import Outcome
 from harness.spec import Close, Spec
 
-TINY = 1e-30
 # The floor of every calibrated check, in units of the compared dtype's rounding (machine
 # epsilon) times the size of the reference: no difference below a few roundings of the
 # value itself is a failure, even where every member happened to round alike.
@@ -73,10 +72,6 @@ def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     diff = np.abs(a - b)
     rel = diff / np.maximum(np.abs(b), TINY)
     return float(diff.max(initial=0.0)), float(rel.max(initial=0.0))
-
-
-def _flat(params) -> np.ndarray:
-    return np.concatenate([t.ravel() for t in tensors(params)])
 
 
 def _ratio(error: float, allowed: float) -> float:
@@ -299,7 +294,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     factor = spec.checks.long_run.factor
     eps = EPS["float64"]
     checks = [
-        replace_b(check, ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)
+        dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)
     ]
     checks.append(
         curve_check(
@@ -327,10 +322,6 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
         )
     )
     return checks
-
-
-def replace_b(check: Check, b: RunKey) -> Check:
-    return dataclasses.replace(check, b=b)
 
 
 def _judged_pair(a: RunKey, b: RunKey) -> bool:
@@ -375,4 +366,4 @@ def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration) -> 
                     reason=twin.reason,
                 )
             )
-    return diagnosis.diagnose(spec, diagnosis.apply_known_differences(spec, checks, outcomes))
+    return diagnosis.diagnose(spec, diagnosis.apply_known_differences(spec, checks))

@@ -27,8 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.checks import MATH, Check
 from harness.errors import SpecError
-from harness.registry import FLOAT64, ORACLE, RunKey
-from harness.runner import Outcome
+from harness.registry import FLOAT64, ORACLE
 from harness.spec import KnownDifference, LibraryDifference, Spec
 
 LIBRARY_FILE = Path(__file__).with_name("known_differences.yaml")
@@ -82,7 +81,7 @@ def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
 
 
-def apply_known_differences(spec: Spec, checks: list[Check], outcomes: dict[RunKey, Outcome] | None = None) -> list[Check]:
+def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
     """Mark explained failures 'known'; report a strict entry that no longer fails as a failure."""
     entries = [e for e in (*spec.known_differences, *library_differences()) if applies(e, spec)]
     marked = []
