@@ -26,12 +26,14 @@ FAST_MODE = "jit of a lax.fori_loop over many steps (static trip count: a scan),
 def configure(precision: str) -> None:
     global _PRECISION
     _PRECISION = precision
-    flags = os.environ.get("XLA_FLAGS", "")
-    if DETERMINISTIC_FLAG not in flags.split():
-        os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
 
 
 def _jax():
+    # Before JAX's first import, whichever call comes first (`unavailable` does, before
+    # `configure`): XLA reads its flags once, when its backend starts.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DETERMINISTIC_FLAG not in flags.split():
+        os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
     import jax
 
     # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision,
@@ -107,6 +109,20 @@ def put(problem, device: str, dtype: str) -> dict[str, Any]:
     return jax.device_put(arrays, dev)
 
 
+def cross_entropy(logits, labels):
+    """Per-example softmax cross-entropy with integer labels, as optax's
+    `softmax_cross_entropy_with_integer_labels` computes it (logsumexp minus the label's
+    logit), with the label's logit picked by a one-hot dot instead of a gather. Adding exact
+    zeros changes no bit, so the values agree with optax's; but the gradient is a product,
+    not a scatter-add, which XLA's deterministic GPU mode (--xla_gpu_deterministic_ops)
+    would run as a serial loop with one iteration per example."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(logits * one_hot, axis=-1)
+
+
 def _functions(problem):
     """The pure forward, loss and jitted train step of a spec."""
     jax = _jax()
@@ -128,7 +144,7 @@ def _functions(problem):
         if spec.loss.kind == "mse":
             per_example = (out - y) ** 2
         else:
-            per_example = optax.softmax_cross_entropy_with_integer_labels(out, y)
+            per_example = cross_entropy(out, y)
         value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
         if l2:
             value = value + l2 * sum(jnp.sum(w * w) for w, _ in params)

@@ -10,6 +10,7 @@ is one CUDA graph per batch size, replayed with no host synchronisation.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import platform
 import warnings
@@ -243,8 +244,24 @@ def _compiled_objective(torch):
                 x, y = x[rows], y[rows]
             return _objective(torch, kind, reduction, scale, model, model(x), y)
 
-        _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, recompile_limit=64)
+        _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, **_recompile_limit(torch))
     return _COMPILED["objective"]
+
+
+# One graph per batch size (a last partial batch is a second shape) and per spec in the
+# process: more than dynamo's default limit of 8 recompiles of one function.
+RECOMPILE_LIMIT = 64
+
+
+def _recompile_limit(torch) -> dict[str, int]:
+    """torch.compile's own `recompile_limit` keyword where this torch has it (it arrived
+    after 2.11, which raises TypeError on it); else dynamo's process-wide limit, raised."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"recompile_limit": RECOMPILE_LIMIT}
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    return {}
 
 
 def _cpu_step(torch, trainer: Trainer, t: int) -> None:

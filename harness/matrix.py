@@ -241,7 +241,8 @@ def run_isolated(problem: Problem, labels: dict[RunKey, str], repeats: int) -> d
 
 def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int) -> Path:
     """Where a finished cell's outcome is kept: named by everything that makes it what it
-    is (spec bytes, profile and overrides, data files, run key, repeats, code commit, host)."""
+    is (spec bytes, profile and overrides, data files, run key, repeats, code commit, and the
+    host's fingerprint, not its name: a fresh machine of the same kind reuses the cell)."""
     facts = {
         "spec_sha256": loaded.sha256,
         "profile": loaded.profile,
@@ -251,7 +252,7 @@ def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey
         "key": [key.framework, key.device, key.variant, key.precision, key.mode],
         "repeats": repeats,
         "commit": records.git_info().commit,
-        "host": records.host_info().hostname,
+        "host": records.host_fingerprint(),
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = key.label

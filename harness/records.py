@@ -8,11 +8,13 @@ holds the full loss curve and the final parameters, named in the record with its
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import io
 import json
 import os
 import platform
+import shutil
 import subprocess
 import uuid
 from importlib import metadata
@@ -247,6 +249,33 @@ def host_info() -> Host:
         python=platform.python_version(),
         blas=_blas(),
     )
+
+
+@functools.cache
+def host_fingerprint() -> dict[str, Any]:
+    """What a run's numbers and timings depend on in the host, without its name: CPU model,
+    flags and cores, BLAS kernels, library versions and the GPUs the driver lists. Two
+    machines of one kind share it (a fresh lent machine reuses a work folder's cells); a
+    machine that would compute other bits does not."""
+    host = host_info()
+    return {
+        "cpu": [host.cpu_model, host.cpu_flags, host.cores],
+        "blas": host.blas,
+        "libraries": library_versions(),
+        "gpus": _gpu_names(),
+    }
+
+
+def _gpu_names() -> list[str]:
+    """The GPUs `nvidia-smi` lists (none where it is missing or fails); imports nothing."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        listed = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(line.strip() for line in listed.stdout.splitlines() if line.strip()) if listed.returncode == 0 else []
 
 
 def _blas() -> list[str]:

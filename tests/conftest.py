@@ -8,8 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import data, inputs, registry
-from harness.spec import SPECS_DIR, Close, load_spec
+from adapters.jax_adapter import DETERMINISTIC_FLAG
+
+# Before anything imports JAX (tests import it in this process and start runs in children):
+# JAX would take 75% of the GPU's memory at its first use, leaving the children little, and
+# XLA reads its flags once, when its backend starts.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+if DETERMINISTIC_FLAG not in os.environ.get("XLA_FLAGS", "").split():
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DETERMINISTIC_FLAG}".strip()
+
+from harness import data, inputs, registry  # noqa: E402
+from harness.spec import SPECS_DIR, Close, load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # The unit tests' own allclose tolerances for one adapter against the oracle over a step or

@@ -55,3 +55,29 @@ def test_fast_mode_compiles_in_warm_up_only_and_leaves_the_state_alone(mnist_dir
     adapter.synchronize(trainer)
     assert trainer.compiled == compiled
     assert np.isfinite(adapter.losses(trainer, problem.total_steps)).all()
+
+
+def test_cross_entropy_has_optax_values_and_no_gather_or_scatter():
+    """The JAX loss for integer labels gives optax's values bit for bit, and neither it nor
+    its gradient holds a gather or a scatter: under --xla_gpu_deterministic_ops XLA runs a
+    scatter-add as a serial loop over the examples."""
+    import jax
+    import optax
+
+    from adapters import jax_adapter
+
+    jax_adapter.configure("strict")
+    rng = np.random.default_rng(7)
+    logits = jax.numpy.asarray(rng.normal(0, 3, (257, 10)).astype(np.float32))
+    labels = jax.numpy.asarray(rng.integers(0, 10, 257).astype(np.int32))
+    ours = jax_adapter.cross_entropy(logits, labels)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(optax.softmax_cross_entropy_with_integer_labels(logits, labels)))
+
+    def grad_of(fn):
+        return jax.grad(lambda z: fn(z, labels).mean())
+
+    ours_grad, optax_grad = grad_of(jax_adapter.cross_entropy)(logits), grad_of(optax.softmax_cross_entropy_with_integer_labels)(logits)
+    np.testing.assert_allclose(np.asarray(ours_grad), np.asarray(optax_grad), rtol=0, atol=1e-7 / 257)
+    program = str(jax.make_jaxpr(grad_of(jax_adapter.cross_entropy))(logits))
+    assert "gather" not in program and "scatter" not in program, program
+    assert "scatter" in str(jax.make_jaxpr(grad_of(optax.softmax_cross_entropy_with_integer_labels))(logits))

@@ -225,3 +225,21 @@ def test_gpu_fast_minibatches_follow_the_eager_run(adapter):
     checks = UNIT_TOLERANCES
     assert rel(adapter.losses(fast, total), adapter.losses(eager, total)) <= problem.spec.checks.loss_curve.rtol
     assert_params_close(adapter.params(fast), adapter.params(eager), checks.params_after_steps)
+
+
+def test_compile_works_where_torch_compile_has_no_recompile_limit_keyword(adapter, monkeypatch):
+    """torch 2.11 (the GPU host's) has no `recompile_limit` keyword on torch.compile: the
+    adapter must not pass it there, and must raise dynamo's process-wide limit instead."""
+    real_compile = torch.compile
+
+    def compile_2_11(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None, disable=False):
+        return real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options, disable=disable)
+
+    config = torch._dynamo.config
+    monkeypatch.setattr(torch, "compile", compile_2_11)
+    monkeypatch.setattr(config, "recompile_limit", 8)
+    monkeypatch.setattr(adapter, "_COMPILED", {})  # compile afresh, through the 2.11 signature
+    problem = quick_problem("peaks_mlp")
+    trainer = trained(adapter, problem, "fast", 3)
+    assert np.all(np.isfinite(adapter.losses(trainer, 3)))
+    assert config.recompile_limit == adapter.RECOMPILE_LIMIT

@@ -203,3 +203,26 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     assert "moons_net torch@cpu (float32" in second.stdout
     written = {r.framework: r for r in map(records.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
     assert set(written) == {"cupy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
+
+
+def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path, monkeypatch):
+    """A fresh lent machine (another hostname, the same CPU, GPU and libraries) reuses the
+    cells a work folder carried from the last one; another GPU model does not."""
+    from harness import inputs, matrix
+    from harness.registry import RunKey
+    from harness.spec import load_spec
+
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
+    problem = inputs.build_problem(loaded)
+    key = RunKey("torch", "gpu")
+
+    def cell(hostname: str, gpus: list[str]) -> Path:
+        records.host_fingerprint.cache_clear()
+        monkeypatch.setattr(records.platform, "node", lambda: hostname)
+        monkeypatch.setattr(records, "_gpu_names", lambda: gpus)
+        return matrix._cell_path(tmp_path, loaded, problem, key, 1)
+
+    here = cell("lent-1", ["NVIDIA H100 80GB HBM3"])
+    assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here
+    assert cell("lent-2", ["NVIDIA H200"]) != here
+    records.host_fingerprint.cache_clear()

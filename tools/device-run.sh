@@ -15,9 +15,14 @@ set -euo pipefail
 : "${OUT:?set OUT to the folder whose files come back}"
 carry=device-carry
 work=$carry/work
+# The machine's own CUDA builds of torch, jax and cupy stay: the carried wheels go to a
+# folder of their own on PYTHONPATH (the device README's way), never into the image's Python.
 if [ -d "$carry/wheelhouse" ]; then
-    python3 -m pip install --quiet --no-index --find-links "$carry/wheelhouse" pydantic rich pyyaml threadpoolctl
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$carry"/wheelhouse/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 mkdir -p "$work"
 [ -f "$carry/work.tar.gz" ] && tar -xzf "$carry/work.tar.gz" -C "$carry"
 export HARNESS_DATA_DIR=${HARNESS_DATA_DIR:-$PWD/$carry/mnist}
@@ -29,7 +34,9 @@ if [ "${1:-}" = bench ]; then
     shift
 fi
 rc=0
-timeout --signal=INT "${BUDGET_S:-520}" python3 -m harness "${command[@]}" --devices cpu,gpu --require-gpu \
+# INT first (the harness keeps every finished cell and exits 130), KILL 30 s later if it
+# hangs; the default leaves the archives time inside the device's 600 s limit.
+timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness "${command[@]}" --devices cpu,gpu --require-gpu \
     --work-dir "$work" --results results-device "${mnist[@]}" "$@" || rc=$?
 tar -czf "$OUT/work.tar.gz" -C "$carry" work
 [ -d results-device ] && tar -czf "$OUT/records.tar.gz" results-device
