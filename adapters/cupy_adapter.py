@@ -86,6 +86,7 @@ class Trainer:
     opt_state: dict | None = None
     activations: list[str] = field(default_factory=list)
     fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
+    jitter: Any = None  # a calibration member's extra rounding (xp_mlp.jitter_function), or None
 
 
 def put(problem, device: str, dtype: str) -> dict[str, Any]:
@@ -103,6 +104,10 @@ def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "e
     params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
     trainer = Trainer(problem, device, dtype, xp, data, params, xp.zeros(problem.total_steps, dtype=dtype))
     trainer.activations = [layer.activation for layer in problem.spec.model.layers]
+    if problem.jitter_seed is not None:
+        if mode == "fast":
+            raise ValueError("a calibration member (jittered rounding) runs in eager mode only")
+        trainer.jitter = xp_mlp.jitter_function(xp, problem.jitter_seed)
     if mode == "fast":  # trains trainer.params in place; it keeps the optimizer state
         trainer.fast = xp_fast.FastMLP(xp, problem, data, params, dtype, trainer.loss_log)
     elif problem.spec.optimizer.kind == "adam":
@@ -123,13 +128,14 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     xp = trainer.xp
     spec = trainer.problem.spec
     x, y = trainer.problem.batch(trainer.data, step)
+    jitter = trainer.jitter if trainer.jitter is not None and step < trainer.problem.jitter_steps else xp_mlp.plain
     loss, grads = xp_mlp.loss_and_grads(
-        xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train)
+        xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train), jitter
     )
     if spec.optimizer.kind == "adam":
-        params, opt_state = xp_mlp.adam_update(xp, params, grads, opt_state, spec.optimizer)
+        params, opt_state = xp_mlp.adam_update(xp, params, grads, opt_state, spec.optimizer, jitter=jitter)
     else:
-        params = xp_mlp.sgd_update(params, grads, spec.optimizer.lr)
+        params = xp_mlp.sgd_update(params, grads, spec.optimizer.lr, jitter)
     return loss, params, opt_state
 
 
@@ -162,5 +168,6 @@ def params(trainer: Trainer):
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
-    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations)
+    jitter = trainer.jitter if trainer.jitter is not None else xp_mlp.plain
+    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations, jitter)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)

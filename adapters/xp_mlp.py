@@ -7,9 +7,31 @@ CuPy adapter's CPU path; bound to CuPy it runs on the GPU. It imports no framewo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 Array = Any
+Jitter = Callable[[Array], Array]
+
+
+def plain(a: Array) -> Array:
+    return a
+
+
+def jitter_function(xp, seed: int) -> Jitter:
+    """Each call rounds an array once more, elementwise and at random, to one of the two
+    floats nearest a + a*eps*u (u uniform in [-1, 1], seeded): another honest rounding of
+    every value, as an implementation that computes it by another formula would give. The
+    calibration members (harness.inputs.reordered) run with it over their first steps."""
+    rng = np.random.default_rng(seed)
+
+    def jitter(a: Array) -> Array:
+        eps = xp.finfo(a.dtype).eps
+        u = xp.asarray(rng.uniform(-eps, eps, a.shape).astype(a.dtype))
+        return a + a * u
+
+    return jitter
 
 
 def activate(xp, z: Array, name: str) -> Array:
@@ -40,14 +62,14 @@ def weight_gradient(a_in: Array, d_z: Array) -> Array:
     return a_in.T @ d_z
 
 
-def forward(xp, params, x: Array, activations: list[str]) -> tuple[Array, list[tuple[Array, Array]]]:
+def forward(xp, params, x: Array, activations: list[str], jitter: Jitter = plain) -> tuple[Array, list[tuple[Array, Array]]]:
     """Outputs and the (input, pre-activation) of every layer, kept for the backward pass."""
     cache = []
     a = x
     for (w, b), act in zip(params, activations):
-        z = affine(a, w, b)
+        z = jitter(affine(a, w, b))
         cache.append((a, z))
-        a = activate(xp, z, act)
+        a = jitter(activate(xp, z, act))
     return a, cache
 
 
@@ -91,30 +113,32 @@ def objective(xp, params, outputs: Array, targets: Array, loss_section, n_exampl
     return value
 
 
-def loss_and_grads(xp, params, x: Array, targets: Array, activations, loss_section, n_examples: int):
-    """The training loss of a batch and its gradient for every (W, b)."""
-    outputs, cache = forward(xp, params, x, activations)
+def loss_and_grads(xp, params, x: Array, targets: Array, activations, loss_section, n_examples: int, jitter: Jitter = plain):
+    """The training loss of a batch and its gradient for every (W, b); `jitter` rounds every
+    intermediate array once more (a calibration member's, see jitter_function)."""
+    outputs, cache = forward(xp, params, x, activations, jitter)
     loss, d_a = data_loss(xp, outputs, targets, loss_section)
+    d_a = jitter(d_a)
     scale = l2_scale(loss_section, n_examples)
     grads = [None] * len(params)
     for i in reversed(range(len(params))):
         a_in, z = cache[i]
         a_out = outputs if i == len(params) - 1 else cache[i + 1][0]
-        d_z = d_a * activation_grad(xp, z, a_out, activations[i])
+        d_z = jitter(d_a * activation_grad(xp, z, a_out, activations[i]))
         w = params[i][0]
-        d_w = weight_gradient(a_in, d_z)
+        d_w = jitter(weight_gradient(a_in, d_z))
         if scale:
-            d_w = d_w + (2 * scale) * w
-        grads[i] = (d_w, d_z.sum(axis=0))
+            d_w = jitter(d_w + (2 * scale) * w)
+        grads[i] = (d_w, jitter(d_z.sum(axis=0)))
         if i:
-            d_a = d_z @ w.T
+            d_a = jitter(d_z @ w.T)
     if scale:
         loss = loss + scale * sum((w * w).sum() for w, _ in params)
     return loss, grads
 
 
-def sgd_update(params, grads, lr: float):
-    return [(w - lr * dw, b - lr * db) for (w, b), (dw, db) in zip(params, grads)]
+def sgd_update(params, grads, lr: float, jitter: Jitter = plain):
+    return [(w - jitter(lr * dw), b - jitter(lr * db)) for (w, b), (dw, db) in zip(params, grads)]
 
 
 def adam_init(xp, params):
@@ -131,7 +155,7 @@ def adam_denominator(xp, v_hat: Array, eps: float) -> Array:
     return xp.sqrt(v_hat) + eps
 
 
-def adam_update(xp, params, grads, state, opt, corrections=bias_corrections, denominator=adam_denominator):
+def adam_update(xp, params, grads, state, opt, corrections=bias_corrections, denominator=adam_denominator, jitter: Jitter = plain):
     """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat).
 
     `corrections` and `denominator` are the definition's two places where implementations
@@ -143,9 +167,9 @@ def adam_update(xp, params, grads, state, opt, corrections=bias_corrections, den
     for p_pair, g_pair, m_pair, v_pair in zip(params, grads, state["m"], state["v"]):
         layer_p, layer_m, layer_v = [], [], []
         for p, g, m, v in zip(p_pair, g_pair, m_pair, v_pair):
-            m = opt.beta1 * m + (1 - opt.beta1) * g
-            v = opt.beta2 * v + (1 - opt.beta2) * (g * g)
-            p = p - opt.lr * (m / c1) / denominator(xp, v / c2, opt.eps)
+            m = jitter(opt.beta1 * m + (1 - opt.beta1) * g)
+            v = jitter(opt.beta2 * v + (1 - opt.beta2) * (g * g))
+            p = p - jitter(opt.lr * (m / c1) / denominator(xp, v / c2, opt.eps))
             layer_p.append(p)
             layer_m.append(m)
             layer_v.append(v)

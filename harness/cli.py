@@ -110,11 +110,34 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--download", action="store_true", help="download missing data files from the fixed mirrors")
         p.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
 
+    def matrix_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--frameworks",
+            type=_csv(tuple(ADAPTERS), "framework"),
+            default=list(ADAPTERS),
+            metavar="LIST",
+            help=f"comma-separated, of {', '.join(ADAPTERS)} (default: all). The float64 oracle, its "
+            "reordered calibration members and the float64 twins of the frameworks chosen always run "
+            "too: every verdict is judged against them",
+        )
+        p.add_argument(
+            "--devices",
+            type=_csv(DEVICES, "device"),
+            default=["cpu"],
+            metavar="LIST",
+            help=f"comma-separated, of {', '.join(DEVICES)} (default: cpu)",
+        )
+        p.add_argument(
+            "--results",
+            type=Path,
+            default=records.RUNS_DIR,
+            help=f"records folder (default: {records.RUNS_DIR}/, git-ignored; the committed reference records are in "
+            f"{records.REFERENCE_DIR}/)",
+        )
+
     run = sub.add_parser("run", help="run specs through adapters and devices, check, write records")
     run.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
-    run.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
-    run.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
-    run.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    matrix_options(run)
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
@@ -127,9 +150,7 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="eager and fast modes side by side: time per step, fast/eager and measured/floor; records as usual"
     )
     bench.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
-    bench.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
-    bench.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
-    bench.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    matrix_options(bench)
     bench.add_argument("--no-records", action="store_true", help="print the tables, write nothing")
     bench.add_argument("--repeats", type=int, default=5, help="timing repeats of each run (default: 5)")
     speed_options(bench, [EAGER, FAST])
@@ -140,9 +161,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run a spec's crossover sweep (e.g. peaks over 100..160,000 points); records as usual")
     sweep.add_argument("specs", nargs="*", help="spec names or paths (default: every spec that declares a sweep)")
-    sweep.add_argument("--frameworks", type=_csv(tuple(ADAPTERS), "framework"), default=list(ADAPTERS))
-    sweep.add_argument("--devices", type=_csv(DEVICES, "device"), default=["cpu"])
-    sweep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    matrix_options(sweep)
     sweep.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
     speed_options(sweep, [EAGER])
@@ -163,11 +182,18 @@ def _parser() -> argparse.ArgumentParser:
     data_options(export)
 
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
-    comp.add_argument("new", type=Path, nargs="?", default=Path("results"), help="folder of new records (default: results)")
-    comp.add_argument("--baseline", required=True, help="folder of baseline records, or git:REV for results/ at REV")
+    comp.add_argument("new", type=Path, nargs="?", default=records.RUNS_DIR, help=f"folder of new records (default: {records.RUNS_DIR})")
+    comp.add_argument(
+        "--baseline", required=True, help=f"folder of baseline records, or git:REV for {records.REFERENCE_DIR}/ at REV (a sha or a ref)"
+    )
 
     rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
-    rep.add_argument("--results", type=Path, default=Path("results"), help="records folder (default: results)")
+    rep.add_argument(
+        "--results",
+        type=Path,
+        default=records.REFERENCE_DIR,
+        help=f"records folder (default: {records.REFERENCE_DIR}, the committed reference records; {records.RUNS_DIR} for your own)",
+    )
     rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
     rep.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="profile of the main tables (default: full)")
 

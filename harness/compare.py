@@ -26,7 +26,7 @@ from pathlib import Path
 
 from harness.errors import RecordError
 from harness.gitrev import checked_revision
-from harness.records import Record, read_record
+from harness.records import REFERENCE_DIR, Record, read_record
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
 # this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
@@ -90,15 +90,17 @@ def load_records(folder: Path) -> dict[tuple, Record]:
 
 
 def baseline_folder(baseline: str, workdir: Path) -> Path:
-    """A folder as is, or `git:REV` (results/ as committed at REV), extracted into workdir."""
+    """A folder as is, or `git:REV` (the reference records, results/, as committed at REV),
+    extracted into workdir."""
     if not baseline.startswith("git:"):
         return Path(baseline)
     rev = checked_revision(baseline.removeprefix("git:"), "--baseline", Path.cwd())
-    archive = subprocess.run(["git", "archive", "--format=tar", "--end-of-options", rev, "results"], capture_output=True)
+    folder = REFERENCE_DIR.as_posix()
+    archive = subprocess.run(["git", "archive", "--format=tar", "--end-of-options", rev, folder], capture_output=True)
     if archive.returncode != 0:
-        raise RecordError(f"{baseline}: cannot read results/ at that revision: {archive.stderr.decode().strip()}")
+        raise RecordError(f"{baseline}: cannot read {folder}/ at that revision: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive.stdout, check=True)
-    return workdir / "results"
+    return workdir / folder
 
 
 def fingerprint_differences(a: Record, b: Record) -> list[str]:

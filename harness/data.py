@@ -181,8 +181,9 @@ def _download(name: str, sha256: str, dest: Path) -> Path:
     raise DataError(f"cannot download {name}: " + "; ".join(errors))
 
 
-def locate(file: IdxFile, data_dir: Path, download: bool) -> Path:
-    """Find a data file in data_dir, gzip or raw, and verify its sha256; or download it."""
+def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> Path:
+    """Find a data file in data_dir, gzip or raw, and verify its sha256; or download it.
+    `hint` ends the missing-file error (another data source the spec offers, say)."""
     raw_name = file.file.removesuffix(".gz")
     candidates = [(data_dir / file.file, file.sha256)]
     if raw_name != file.file:
@@ -200,7 +201,7 @@ def locate(file: IdxFile, data_dir: Path, download: bool) -> Path:
         return _download(file.file, file.sha256, data_dir)
     raise DataError(
         f"{data_dir / file.file}: missing. Put the file there, point --data-dir or "
-        f"${DATA_DIR_ENV} at a folder that has it, or pass --download"
+        f"${DATA_DIR_ENV} at a folder that has it, or pass --download{hint}"
     )
 
 
@@ -228,8 +229,10 @@ def load_idx(section: IdxData, source: str, data_dir: Path, download: bool = Fal
     chosen = section.sources[source]
     used = []
     arrays = []
+    others = sorted(set(section.sources) - {source})
+    hint = f"; or choose another of the spec's data sources: {', '.join(f'--data-source {o}' for o in others)}" if others else ""
     for file in (chosen.images, chosen.labels):
-        path = locate(file, data_dir, download)
+        path = locate(file, data_dir, download, hint)
         arrays.append(read_idx(path))
         used.append(UsedFile(name=file.file, path=str(path), sha256=sha256_of(path)))
     images, labels = arrays

@@ -39,6 +39,14 @@ class Problem:
     # A calibration member's order of each hidden layer's units (see reordered): new unit j
     # is plain unit order[j]. Empty for a problem in the plain order.
     unit_orders: tuple[np.ndarray, ...] = ()
+    # A calibration member's other roundings (see reordered): over its first `jitter_steps`
+    # steps, the array-module code rounds every intermediate array once more, at random
+    # (seeded), to one of the two nearest floats. None: the plain arithmetic.
+    jitter_seed: int | None = None
+
+    @property
+    def jitter_steps(self) -> int:
+        return self.spec.checks.math_parity.steps if self.jitter_seed is not None else 0
 
     @property
     def total_steps(self) -> int:
@@ -102,11 +110,18 @@ def initial_params(spec: Spec) -> Params:
 
 
 def reordered(problem: Problem, seed: int) -> Problem:
-    """The same training in exact arithmetic, its float32 sums taken in another order: the
-    hidden units in a seeded order (a layer's columns and the next layer's rows move
-    together) and each batch's examples in a seeded order. The output units and the probe
-    rows stay where they are, so losses and outputs compare with the plain run's. A
-    calibration member of the long-run envelope: rounding alone is all that changes."""
+    """The same training in exact arithmetic, rounded otherwise: its sums taken in another
+    order (the hidden units in a seeded order, a layer's columns and the next layer's rows
+    moving together, and each batch's examples in a seeded order), and over the first steps
+    every intermediate array rounded once more, at random (jitter_seed). The output units
+    and the probe rows stay where they are, so losses and outputs compare with the plain
+    run's. A calibration member: rounding alone is all that changes.
+
+    Why both: reordering alone moves a sum's rounding, but not the rounding of each term
+    before it. Where a sum nearly cancels (a gradient over examples that pull both ways, a
+    width-1 layer with nothing to reorder), an honest implementation that rounds each term
+    otherwise (`2*d/n` against `d*(2/n)`) lands eps*sum|terms| away, far beyond eps*|sum|;
+    the jitter makes the members land there too."""
     rng = np.random.default_rng(seed)
     params = [list(layer) for layer in problem.initial_params]
     orders = []
@@ -114,7 +129,7 @@ def reordered(problem: Problem, seed: int) -> Problem:
         units = rng.permutation(layer[0].shape[1])
         layer[0], layer[1], above[0] = layer[0][:, units], layer[1][units], above[0][units]
         orders.append(units)
-    moved = replace(problem, initial_params=[(w, b) for w, b in params], unit_orders=tuple(orders))
+    moved = replace(problem, initial_params=[(w, b) for w, b in params], unit_orders=tuple(orders), jitter_seed=seed)
     if problem.batch_order is None:  # each step is the whole set in order: move the rows
         keep = min(problem.spec.checks.probe_size, len(problem.x_train))
         rows = np.concatenate([np.arange(keep), keep + rng.permutation(len(problem.x_train) - keep)])

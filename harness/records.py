@@ -208,6 +208,12 @@ class Record(Frozen):
     calibration: CalibrationRecord | None = None
 
 
+# Where a user's runs go by default (git-ignored), and where the committed reference
+# records live, from which the report is built.
+RUNS_DIR = Path("runs")
+REFERENCE_DIR = Path("results")
+
+
 def json_schema() -> str:
     schema = Record.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -59,7 +59,43 @@ def test_bad_input_exits_two_and_writes_nothing(tmp_path):
 def test_missing_mnist_files_exit_two(tmp_path):
     done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--results", str(tmp_path / "r"))
     assert done.returncode == 2 and "train-images-idx3-ubyte.gz: missing" in done.stderr
+    assert "--data-source test-set" in done.stderr  # the offline way out is named
     assert not list((tmp_path / "r").rglob("*.json"))
+
+
+def test_runs_go_to_a_git_ignored_folder_and_the_report_reads_the_reference_records():
+    """A user's runs never touch the committed records: run, bench and sweep write to runs/
+    (git-ignored) unless told otherwise; the report and `compare --baseline git:REV` read
+    the reference records in results/."""
+    from harness import cli, records
+
+    parser = cli._parser()
+    for command in ("run", "bench", "sweep"):
+        assert parser.parse_args([command]).results == records.RUNS_DIR
+    assert parser.parse_args(["compare", "--baseline", "b"]).new == records.RUNS_DIR
+    assert parser.parse_args(["report"]).results == records.REFERENCE_DIR
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: git-ignore rules cannot be asked")
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
+
+    assert ignored(f"{records.RUNS_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
+    assert not ignored(f"{records.REFERENCE_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "sweep"])
+def test_help_names_every_framework_and_device_and_what_else_runs(command):
+    from harness.registry import ADAPTERS, DEVICES
+
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", command, "--help"], capture_output=True, text=True, cwd=ROOT, env={"COLUMNS": "100", "PATH": ""}
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    for name in (*ADAPTERS, *DEVICES):
+        assert name in text
+    assert "oracle" in text and "twins" in text and "git-ignored" in text
 
 
 def test_validate_and_schema_check():

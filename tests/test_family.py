@@ -49,5 +49,7 @@ def test_honest_adapters_never_fail_and_every_injected_bug_is_implementation(dat
             f.write(json.dumps(row) + "\n")
     assert {f"{f}@cpu" for f in family.REAL} <= set(verdict.ran), verdict.ran
     assert not verdict.honest_failures, verdict.honest_failures
+    if verdict.bug_inert:  # it changed no bit: there is nothing to catch (counted in the summary)
+        return
     assert verdict.bug_caught, f"{bug}: math parity did not see it"
     assert all(d.startswith("implementation") for d in verdict.bug_diagnoses), verdict.bug_diagnoses
