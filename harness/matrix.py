@@ -24,7 +24,6 @@ from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACL
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
 from harness.spec import LoadedSpec
 
-
 GPU_MIN_REPEATS = 2
 
 

@@ -319,7 +319,7 @@ def git_info(root: Path = PROJECT_ROOT) -> Git:
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def new_id() -> str:

@@ -741,7 +741,8 @@ def peaks_panels(records: list[Record]) -> tuple[Record, Record, str]:
             return cpu, gpu, "the CPU-trained and the GPU-trained net of one framework, as in the article"
     cpus = [r for r in ok if r.device.kind == "cpu"]
     if len(cpus) >= 2:
-        return cpus[0], cpus[1], f"no GPU records: the CPU-trained nets of two frameworks ({cpus[0].framework}, {cpus[1].framework}) instead of CPU and GPU"
+        why = f"no GPU records: the CPU-trained nets of two frameworks ({cpus[0].framework}, {cpus[1].framework}) instead of CPU and GPU"
+        return cpus[0], cpus[1], why
     raise Unavailable("fewer than two finished peaks runs with final parameters")
 
 

@@ -29,6 +29,9 @@ class Limits:
     steps: int = DEFAULT_MAX_STEPS
 
 
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass(frozen=True)
 class Estimate:
     parameter_bytes: int

@@ -110,7 +110,7 @@ def run_alternating(
         attempt(key, start)
     for repeat in range(repeats):
         for key, trial in list(trials.items()):
-            attempt(key, lambda trial=trial: trial.repeat(repeat))
+            attempt(key, lambda trial=trial, repeat=repeat: trial.repeat(repeat))
     for key, trial in trials.items():
         outcomes[key] = trial.finish()
         if len(keys) > 1:

@@ -10,7 +10,6 @@ rule, not in the example), and every injected bug must be diagnosed `implementat
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import sys
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from harness import inputs
-from harness.matrix import SpecResult, matrix_keys, run_spec
+from harness.matrix import SpecResult
 from harness.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.spec import LoadedSpec, total_steps, validate_document
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness import registry
-from tests.conftest import UNIT_TOLERANCES, first_loss, one_step, problem_or_skip, quick_problem
+from tests.conftest import UNIT_TOLERANCES, first_loss, one_step, quick_problem
 
 FRAMEWORKS = ["torch", "jax", "cupy"]
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]

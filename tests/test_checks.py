@@ -49,7 +49,10 @@ def test_close_check_with_different_shapes_fails_instead_of_raising():
     assert check.verdict == "fail" and "shapes differ" in check.reason
 
 
-def fake_check(verdict: str, name: str = "loss_curve_envelope", key: RunKey = RunKey("jax", "cpu")) -> checks.Check:
+JAX_CPU = RunKey("jax", "cpu")
+
+
+def fake_check(verdict: str, name: str = "loss_curve_envelope", key: RunKey = JAX_CPU) -> checks.Check:
     return checks.Check(name, key, ORACLE_KEY, verdict, "rule")
 
 

@@ -177,10 +177,11 @@ def test_the_cli_exits_one_on_a_regression_and_two_on_a_foreign_record(tmp_path)
     ok = subprocess.run([sys.executable, "-m", "harness", "compare", str(new), "--baseline", str(BASELINE)], capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     edit_one(new, "jax", slower)
-    bad = subprocess.run([sys.executable, "-m", "harness", "compare", str(new), "--baseline", str(BASELINE)], capture_output=True, text=True, cwd=ROOT)
+    compare = [sys.executable, "-m", "harness", "compare", str(new), "--baseline", str(BASELINE)]
+    bad = subprocess.run(compare, capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and "1 regression(s)" in bad.stdout
     (new / "foreign.json").write_text('{"not": "a record"}')
-    foreign = subprocess.run([sys.executable, "-m", "harness", "compare", str(new), "--baseline", str(BASELINE)], capture_output=True, text=True, cwd=ROOT)
+    foreign = subprocess.run(compare, capture_output=True, text=True, cwd=ROOT)
     assert foreign.returncode == 2 and "not a harness record" in foreign.stderr
 
 

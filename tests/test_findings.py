@@ -55,8 +55,8 @@ def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
     """torch.compile's mean of the 5,000 per-example losses is what leaves the envelope on
     moons (fast mode), not the per-example values: those are as accurate as eager torch's."""
     torch = pytest.importorskip("torch")
-    from harness.spec import SPECS_DIR, load_spec
     from harness import inputs
+    from harness.spec import SPECS_DIR, load_spec
 
     problem = inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "bench"))  # the full 5,000 points
     (w1, b1), (w2, b2) = problem.initial_params
@@ -190,7 +190,6 @@ def test_torch_at_160000_points_differs_by_summation_order(monkeypatch):
     d_z = np.random.default_rng(0).standard_normal((len(x), 20)).astype(np.float32) / len(x)
     exact = x.astype(np.float64).T @ d_z.astype(np.float64)
     magnitude = np.abs(x.astype(np.float64)).T @ np.abs(d_z.astype(np.float64))
-    blas = relative_to_magnitude(x.T @ d_z, exact, magnitude)
     mkl = relative_to_magnitude(torch.mm(torch.from_numpy(d_z).T, torch.from_numpy(x)).numpy().T, exact, magnitude)
     einsum = relative_to_magnitude(einsum_weight_gradient(x, d_z), exact, magnitude)
     assert mkl < 1e-6 and einsum < 1e-6  # all far inside sqrt(160,000) float32 roundings (2.4e-5)
