@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from harness.checks import MATH, Check
 from harness.errors import SpecError
 from harness.registry import FLOAT64, ORACLE
-from harness.spec import KnownDifference, LibraryDifference, Spec
+from harness.spec import KnownDifference, LibraryDifference, Refused, Spec, SpecLoader
 
 LIBRARY_FILE = Path(__file__).with_name("known_differences.yaml")
 
@@ -36,9 +36,10 @@ LIBRARY_FILE = Path(__file__).with_name("known_differences.yaml")
 @functools.cache
 def library_differences(path: Path = LIBRARY_FILE) -> tuple[LibraryDifference, ...]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        # The spec's loader: no anchors or aliases, no duplicate keys, bounded depth.
+        doc = yaml.load(path.read_text(), Loader=SpecLoader)  # noqa: S506 (a safe loader)
         entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
         raise SpecError(f"{path}: not a valid known-differences file: {exc}") from None
     for entry in entries:
         try:

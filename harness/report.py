@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from harness import spec as spec_mod
+from harness.atomic import ensure_replaceable
 from harness.errors import HarnessError, RecordError, SpecError
 from harness.gitrev import checked_revision
 from harness.records import PROJECT_ROOT, Record, read_record
@@ -844,6 +845,9 @@ def write(doc: Document, out: Path) -> None:
     """Write REPORT.md and figures/ under out's folder: first to a temporary folder, then
     moved into place (the figures first, REPORT.md last)."""
     folder = out.parent
+    ensure_replaceable(out)  # a FIFO or a device is refused, not replaced by a file
+    if (folder / FIGURES_DIR).is_symlink() or ((folder / FIGURES_DIR).exists() and not (folder / FIGURES_DIR).is_dir()):
+        raise HarnessError(f"{folder / FIGURES_DIR}: not a folder; refusing to replace it")
     staging = folder / f".report-{uuid.uuid4().hex}"
     try:
         (staging / FIGURES_DIR).mkdir(parents=True)

@@ -466,7 +466,7 @@ class LoadedSpec(BaseModel):
         return self.spec.name
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """YAML that parses but that a spec may not use, at a line."""
 
     def __init__(self, mark: yaml.Mark, message: str):
@@ -486,11 +486,11 @@ class SpecLoader(yaml.SafeLoader):
         event = self.peek_event()
         if getattr(event, "anchor", None) is not None:  # an alias, or a node that defines one
             sigil = "*" if isinstance(event, yaml.AliasEvent) else "&"
-            raise _Refused(event.start_mark, f"YAML anchors and aliases are not allowed in a spec ({sigil}{event.anchor})")
+            raise Refused(event.start_mark, f"YAML anchors and aliases are not allowed in a spec ({sigil}{event.anchor})")
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
-                raise _Refused(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+                raise Refused(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
@@ -504,7 +504,7 @@ class SpecLoader(yaml.SafeLoader):
             if not isinstance(key, Hashable):
                 continue  # the safe constructor refuses it
             if key in seen:
-                raise _Refused(key_node.start_mark, f"duplicate key {key!r}")
+                raise Refused(key_node.start_mark, f"duplicate key {key!r}")
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -512,7 +512,7 @@ class SpecLoader(yaml.SafeLoader):
 def parse_document(path: Path, text: str) -> dict[str, Any]:
     try:
         doc = yaml.load(text, Loader=SpecLoader)  # noqa: S506 (a safe loader)
-    except _Refused as exc:
+    except Refused as exc:
         raise SpecError(f"{path}: {exc}") from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
         raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None

@@ -422,3 +422,28 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "validate", interrupted)
     code, out, err = harness(capsys, "validate")
     assert code == 130 and not out and err.strip() == "interrupted"
+
+
+def test_the_known_differences_file_is_read_like_a_spec(tmp_path):
+    """No aliases (an alias bomb), no duplicate keys: the library file gets the spec's loader."""
+    from harness import diagnosis
+    from harness.errors import SpecError
+
+    bomb = tmp_path / "known.yaml"
+    bomb.write_text("- &a {id: x}\n- *a\n")
+    with pytest.raises(SpecError, match="anchors and aliases"):
+        diagnosis.library_differences(bomb)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("- {id: x, id: y}\n")
+    with pytest.raises(SpecError, match="twice.yaml"):
+        diagnosis.library_differences(twice)
+
+
+def test_report_out_refuses_a_fifo_and_writes_nothing(tmp_path, capsys):
+    """`report --out` replaces only a regular file: a FIFO stays a FIFO, no figures appear."""
+    fifo = tmp_path / "REPORT.md"
+    os.mkfifo(fifo)
+    code, _, err = harness(capsys, "report", "--results", str(ROOT / "baselines" / "cpu-quick"), "--out", fifo)
+    assert code == 2
+    one_line_error(err, str(fifo), "not a regular file")
+    assert sorted(tmp_path.iterdir()) == [fifo] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
