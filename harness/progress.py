@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -9,8 +11,9 @@ LOG_WIDTH = 160  # a log file has no terminal width: keep the table and the line
 
 
 def console() -> Console:
+    """The terminal's width; a log's is LOG_WIDTH unless $COLUMNS says otherwise."""
     plain = Console()
-    return plain if plain.is_terminal else Console(width=LOG_WIDTH)
+    return plain if plain.is_terminal or os.environ.get("COLUMNS") else Console(width=LOG_WIDTH)
 
 
 def printer(out: Console, label: str, total: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -15,56 +16,68 @@ def _fmt(value: float | None, spec: str = ".6g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _counts(passed: int, failed: int, known: int, skipped: int) -> str:
+    """`12 ok`, then only the counts that are not zero: `2 FAIL`, `3 known`, `1 skip`."""
+    parts = [f"{passed} ok"] + [f"{n} {what}" for n, what in ((failed, "FAIL"), (known, "known"), (skipped, "skip")) if n]
+    return " ".join(parts)
+
+
+# Fits a 100-column terminal: the run labels are never cut (a calibration member's order
+# is what tells it apart); the time per step and run-to-run stay; each failing check's
+# details follow the table, one line each, and every number is in the record.
+COLUMNS = ("run", "status", "final loss", "acc.", "horizon", "checks", "repeats", "ms/step")
+
+
 def verdict_table(results: list[SpecResult]) -> Table:
-    table = Table(title="Verdicts", show_lines=False)
-    for column in ("spec", "run", "status", "final loss", "accuracy", "horizon vs oracle", "checks", "repeats", "train s", "ms/step"):
-        table.add_column(column, justify="left" if column in ("spec", "run", "status") else "right")
+    table = Table(title="Verdicts", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for column in COLUMNS:
+        table.add_column(
+            column,
+            justify="left" if column in ("run", "status", "checks") else "right",
+            no_wrap=column in ("run", "horizon", "ms/step"),
+            overflow="fold",
+        )
     for result in results:
         name = result.loaded.name
         if result.loaded.spec.sweep is not None and result.loaded.profile == result.loaded.spec.sweep.profile:
             name = f"{name} n={len(result.problem.x_train)}"
+        table.add_row(name, style="bold")  # the spec, above its runs
         for key, outcome in result.outcomes.items():
             mine = [c for c in result.checks if c.involves(key)]
-            passed = sum(c.verdict == "pass" for c in mine)
             failed = sum(c.verdict == "fail" for c in mine)
-            skipped = sum(c.verdict == "skipped" for c in mine)
-            known = sum(c.verdict == "known" for c in mine)
+            counts = _counts(*(sum(c.verdict == v for c in mine) for v in ("pass", "fail", "known", "skipped")))
             horizon = next(
                 (
                     c.horizon_steps
-                    for name in ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
+                    for check_name in ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
                     for c in mine
-                    if c.name == name and c.other(key) == ORACLE_KEY and c.horizon_steps is not None
+                    if c.name == check_name and c.other(key) == ORACLE_KEY and c.horizon_steps is not None
                 ),
                 None,
             )
             acc = outcome.metrics.get("val_accuracy", outcome.metrics.get("train_accuracy"))
-            status = outcome.status if outcome.status != "ok" or not failed else "ok, checks fail"
+            status = outcome.status if outcome.status != "ok" or not failed else "ok, FAIL"
             style = "red" if failed or outcome.status == "failed" else "yellow" if outcome.status == "skipped" else None
             table.add_row(
-                name,
-                f"{key.label} {key.dtype}",
+                key.label,
                 status,
-                _fmt(outcome.metrics.get("train_loss")),
+                _fmt(outcome.metrics.get("train_loss"), ".5g"),
                 _fmt(acc, ".4f"),
                 "-" if horizon is None else f"{horizon}/{len(outcome.losses)}",
-                f"{passed} ok, {failed} fail, {known} known, {skipped} skip",
+                counts,
                 run_to_run(outcome),
-                _fmt(outcome.timings.get("train_s"), ".2f"),
                 _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
                 style=style,
             )
         for member in result.members:
             table.add_row(
-                name,
-                f"{member.key.label} float32",
-                f"{member.status} (calibration)",
-                _fmt(member.metrics.get("train_loss")),
+                member.key.label,
+                "member" if member.status == "ok" else member.status,
+                _fmt(member.metrics.get("train_loss"), ".5g"),
                 _fmt(member.metrics.get("val_accuracy", member.metrics.get("train_accuracy")), ".4f"),
                 "-",
-                "defines the envelope",
+                "calibrates",
                 "-",
-                _fmt(member.timings.get("train_s"), ".2f"),
                 _fmt(member.timings["per_step_s"] * 1e3 if member.timings else None, ".3f"),
                 style="dim",
             )

@@ -194,3 +194,21 @@ def test_bench_refuses_an_unknown_mode(tmp_path):
     done = harness("bench", "moons_net", "--modes", "eager,turbo", "--results", str(tmp_path))
     assert done.returncode == 2 and "unknown mode turbo" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "peaks_mlp", "--profile", "quick", "--frameworks", "cupy,jax", "--no-records", "--no-floor"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**__import__("os").environ, "COLUMNS": "100"},
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    lines = done.stdout[done.stdout.index("Verdicts") :].splitlines()
+    table = lines[: next(i for i, line in enumerate(lines) if i > 2 and not line.strip())]
+    assert max(len(line.rstrip()) for line in table) <= 100, "\n".join(table)
+    assert not any(line.startswith(" " * 20) for line in table[3:]), "a cell wrapped:\n" + "\n".join(table)
+    for label in ("jax@cpu", "jax@cpu+float64", "cupy@cpu+float64", "oracle@cpu", "cupy@cpu~order8"):
+        assert any(f" {label} " in line for line in table), (label, "\n".join(table))
