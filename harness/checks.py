@@ -181,6 +181,12 @@ def _skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> 
 NO_CALIBRATION = "no calibration: needs ok runs of cupy@cpu (float32, and its members) and the oracle"
 
 
+def envelope(spec: Spec, cal: Spread) -> np.ndarray:
+    """The relative loss tolerance per step between any two float32 runs: factor * e(t) + floor."""
+    rule = spec.checks.long_run
+    return rule.factor * cal.curve + rule.curve_floor
+
+
 def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
     rule = spec.checks.long_run
     names = ["loss_curve_envelope", "final_outputs", *(f"final_{m}" for m in sorted(b.metrics))]
@@ -195,7 +201,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             b.key,
             a.losses,
             b.losses,
-            rule.factor * cal.curve + rule.curve_floor,
+            envelope(spec, cal),
             f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, "
             f"e(t) = float32-vs-float64 distance, max of {cal.runs} runs (the plain run and "
             f"{cal.runs - 1} summing in other orders; final e = {cal.curve[-1]:.3g})",

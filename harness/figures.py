@@ -212,9 +212,13 @@ def divergence(
     vs_oracle: list[tuple[Record, Record]],
     between: list[tuple[Record, Record]],
     sources: Sources,
-    rtol: float,
+    rtol: float | None,
     floor: float,
+    envelope: np.ndarray | None = None,
 ) -> Figure:
+    """The relative loss difference per step, each run against the oracle and between runs,
+    with the lines that judge them: the envelope `factor * e(t) + floor` (every pair's
+    verdict), and the spec's own `loss_curve.rtol` where it states one (the horizon)."""
     fig = Figure(figsize=(12, 4.4), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
     drawn = _curve_panel(left, vs_oracle, sources, floor, "each run against the float64 oracle")
@@ -222,7 +226,11 @@ def divergence(
     if not drawn:
         raise Unavailable("no loss curve could be read from the artifacts")
     for ax in (left, right):
-        ax.axhline(rtol, color="black", linestyle="--", linewidth=1, label=f"tolerance (loss_curve.rtol = {rtol:g})")
+        if envelope is not None:
+            steps, allowed = block_maximum(np.asarray(envelope, dtype=np.float64))
+            ax.plot(steps, allowed, color="black", linewidth=1.4, label="tolerance: the envelope factor * e(t) + floor (the verdict)")
+        if rtol is not None:
+            ax.axhline(rtol, color="black", linestyle="--", linewidth=1, label=f"loss_curve.rtol = {rtol:g} (the horizon)")
         ax.axhline(floor, color="0.6", linestyle=":", linewidth=1, label=f"floor {floor:g} (exactly equal)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
     left.set_ylabel("relative loss difference |a - b| / |b|")

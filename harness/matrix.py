@@ -194,8 +194,16 @@ def build_record(
     )
     artifact = None
     if outcome.losses is not None:
-        artifact = records.artifact_bytes(outcome.losses, outcome.final_params)
+        artifact = records.artifact_bytes(outcome.losses, outcome.final_params, envelope_curve(spec, result.calibration, key))
     return record, artifact
+
+
+def envelope_curve(spec, cal: Calibration | None, key: RunKey) -> np.ndarray | None:
+    """The relative loss tolerance per step that judged a float32 run's curve against any
+    other's: factor * e(t) + curve_floor (checks.envelope_checks); None for a float64 run."""
+    if cal is None or cal.float32 is None or key.dtype != "float32":
+        return None
+    return checks_mod.envelope(spec, cal.float32)
 
 
 def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:

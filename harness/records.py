@@ -358,8 +358,12 @@ def ensure_writable(results_dir: Path) -> None:
         raise RecordError(f"{results_dir}: the results folder cannot be written: {exc.strerror or exc}") from None
 
 
-def artifact_bytes(losses: np.ndarray, params) -> bytes:
+def artifact_bytes(losses: np.ndarray, params, envelope: np.ndarray | None = None) -> bytes:
+    """The .npz beside a record: the full loss curve, the final parameters and, for a float32
+    run, the envelope that judged its curve (the relative tolerance per step)."""
     arrays = {"losses": np.asarray(losses)}
+    if envelope is not None:
+        arrays["envelope"] = np.asarray(envelope, dtype=np.float64)
     for i, (w, b) in enumerate(params or []):
         arrays[f"W{i}"], arrays[f"b{i}"] = w, b
     buf = io.BytesIO()

@@ -724,12 +724,32 @@ def divergence_section(doc: Document, records: list[Record], sources: Sources, f
         doc.figure(
             f"divergence_{name}",
             f"{name}: relative loss difference per training step, each run against the float64 oracle "
-            f"(left) and between runs (right), with the tolerance line. From {provenance(used)}.",
+            f"(left) and between runs (right), with the envelope that judges every pair (solid black) and the "
+            f"spec's horizon rule (dashed). From {provenance(used)}.",
             lambda mine=mine, vs_oracle=vs_oracle, between=between: figures.divergence(
-                mine[0].spec.name, vs_oracle, between, sources, record_spec(mine[0]).checks.loss_curve.rtol, DIFF_FLOOR
+                mine[0].spec.name, vs_oracle, between, sources, horizon_rtol(mine[0]), DIFF_FLOOR, envelope_of(vs_oracle + between, sources)
             ),
             figures.png,
         )
+
+
+def horizon_rtol(record: Record) -> float | None:
+    """The spec's own loss_curve.rtol (its horizon rule), if it states one."""
+    rule = record_spec(record).checks.loss_curve
+    return None if rule is None else rule.rtol
+
+
+def envelope_of(pairs: list[tuple[Record, Record]], sources: Sources) -> np.ndarray | None:
+    """The envelope that judged these curves, as the first float32 run's artifact keeps it
+    (records written before it was kept have none: the figure then shows no envelope)."""
+    for record in (r for pair in pairs for r in pair if r.dtype == "float32"):
+        try:
+            arrays = sources.artifact(record)
+        except Unavailable:
+            continue
+        if "envelope" in arrays:
+            return np.asarray(arrays["envelope"], dtype=np.float64)
+    return None
 
 
 def peaks_panels(records: list[Record]) -> tuple[Record, Record, str]:

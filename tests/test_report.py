@@ -45,6 +45,7 @@ def fake(
     profile: str = "full",
     overrides: dict | None = None,
     n_train: int | None = None,
+    envelope: np.ndarray | None = None,
     **update,
 ) -> Record:
     """Write one fixture record (and its .npz) under results; return it as written."""
@@ -82,7 +83,7 @@ def fake(
         record = record.model_copy(update={"timings": None, "metrics": None, "checks": [], "artifacts": None})
         path = write_record(results, record)
     else:
-        path = write_record(results, record, artifact_bytes(losses, params))
+        path = write_record(results, record, artifact_bytes(losses, params, envelope if envelope is not None else arrays.get("envelope")))
     return read_record(path)
 
 
@@ -264,3 +265,26 @@ def test_the_committed_records_find_their_spec_in_git(tmp_path):
     if template.git.commit is None or report._spec_text_at(template.git.commit, "specs/peaks_mlp.yaml") is None:
         pytest.skip("the commit of the committed records is not in this checkout's history")
     assert report.record_spec(template).model.layers[0].width == 20
+
+
+def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_path):
+    """The verdict on a curve comes from the envelope factor * e(t) + floor, so that is the
+    line drawn (from the float32 records' artifacts), beside the spec's horizon rule."""
+    from harness import figures
+
+    steps = len(committed("peaks_mlp", "torch")[1]["losses"])
+    envelope = np.geomspace(1e-6, 0.3, steps)
+    for framework in ("torch", "jax", "oracle"):
+        fake(tmp_path, "peaks_mlp", framework, envelope=envelope if framework != "oracle" else None)
+    sources, found = report.Sources.scan(tmp_path)
+    by = {r.framework: r for r in found}
+    vs_oracle, between = [(by["torch"], by["oracle"]), (by["jax"], by["oracle"])], [(by["torch"], by["jax"])]
+    np.testing.assert_array_equal(report.envelope_of(vs_oracle + between, sources), envelope)
+    fig = figures.divergence("peaks_mlp", vs_oracle, between, sources, report.horizon_rtol(by["torch"]), report.DIFF_FLOOR, envelope)
+    for ax in fig.axes[:2]:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        drawn = next(line for label, line in lines.items() if label.startswith("tolerance: the envelope"))
+        assert drawn.get_ydata().max() == pytest.approx(0.3) and drawn.get_ydata().min() < 1e-5
+        assert any("loss_curve.rtol" in label for label in lines)  # peaks states a horizon rule too
+    text, out = build(tmp_path)
+    assert "the envelope that judges every pair" in text
