@@ -347,7 +347,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         "x_train": problem.x_train,
         "y_train": problem.y_train,
         "bounds": np.asarray(problem.bounds, dtype=np.int64),
-        "oracle_losses": matrix.oracle_curve(problem),
+        "oracle_losses": matrix.oracle_curve(problem, console),
         "spec_json": np.asarray(loaded.spec.model_dump_json()),
         "spec_sha256": np.asarray(loaded.sha256),
         "profile": np.asarray(loaded.profile),

@@ -225,7 +225,8 @@ def require_gpu(frameworks: list[str]) -> None:
 
 
 def _printers(out: Console, problem: Problem, labels: dict[RunKey, str]):
-    return {key: progress.printer(out, label, problem.total_steps) for key, label in labels.items()}
+    every = problem.spec.logging.print_every
+    return {key: progress.printer(out, label, problem.total_steps, every) for key, label in labels.items()}
 
 
 def _run_child(problem: Problem, labels: dict[RunKey, str], repeats: int) -> dict[RunKey, Outcome]:
@@ -410,9 +411,11 @@ def run_spec(
     return result
 
 
-def oracle_curve(problem: Problem) -> np.ndarray:
-    """The float64 oracle's loss curve, for `harness export`."""
-    outcome = run(problem, ORACLE_KEY)
+def oracle_curve(problem: Problem, out: Console | None = None) -> np.ndarray:
+    """The float64 oracle's loss curve, for `harness export` (its progress on `out`)."""
+    label, every = f"{problem.spec.name} {ORACLE_KEY.label}", problem.spec.logging.print_every
+    shown = None if out is None else progress.printer(out, label, problem.total_steps, every)
+    outcome = run(problem, ORACLE_KEY, progress=shown)
     if outcome.status != "ok":
         raise RuntimeError(f"the oracle run failed: {outcome.reason}")
     return outcome.losses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -16,7 +17,13 @@ def console() -> Console:
     return plain if plain.is_terminal or os.environ.get("COLUMNS") else Console(width=LOG_WIDTH)
 
 
-def printer(out: Console, label: str, total: int):
+# In a log, a line at least this often (seconds), whatever print_every says.
+LOG_SECONDS = 10.0
+
+
+def printer(out: Console, label: str, total: int, every: int):
+    """Progress of one run, called at the end of each chunk of steps: a live bar on a
+    terminal; in a log, a line every `every` steps, and at least every LOG_SECONDS."""
     if out.is_terminal:
         bar = Progress(
             TextColumn("{task.description}"),
@@ -38,7 +45,12 @@ def printer(out: Console, label: str, total: int):
 
         return update
 
+    last = time.monotonic()
+
     def log(step: int, loss: float | None) -> None:
-        out.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
+        nonlocal last
+        if step % every == 0 or step >= total or time.monotonic() - last >= LOG_SECONDS:
+            last = time.monotonic()
+            out.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
 
     return log

@@ -118,13 +118,18 @@ def run_alternating(
     return {key: outcomes[key] for key in keys}
 
 
+PROGRESS_CUTS = 20
+
+
 def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
     """The [start, stop) ranges the training loop runs in. It stops only where the runner
     must look (the parameter snapshots, the progress lines), so a fast mode runs hundreds
     of steps per call; the plan is the same in every mode and every repeat."""
     total = problem.total_steps
     every = problem.spec.logging.print_every
-    cuts = {0, total, 1, problem.spec.checks.params_after_steps.step, *range(every, total, every)}
+    # and every twentieth of the run, so that progress shows however print_every is set
+    twentieth = max(1, total // PROGRESS_CUTS)
+    cuts = {0, total, 1, problem.spec.checks.params_after_steps.step, *range(every, total, every), *range(twentieth, total, twentieth)}
     cuts = sorted(c for c in cuts if 0 <= c <= total)
     return list(zip(cuts, cuts[1:]))
 
@@ -147,7 +152,6 @@ class _Trial:
         adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
         total = problem.total_steps
         snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
-        print_every = problem.spec.logging.print_every
         start = time.perf_counter()
         data = adapter.put(problem, key.device, key.dtype)
         trainer = adapter.build(problem, data, key.device, key.dtype, key.mode)
@@ -166,7 +170,7 @@ class _Trial:
             adapter.train(trainer, first, stop)
             if repeat == 0 and stop in snapshot_steps:
                 outcome.snapshots[stop] = adapter.params(trainer)
-            if self.progress and repeat == 0 and (stop % print_every == 0 or stop == total):
+            if self.progress and repeat == 0:  # the printer decides what to show (progress.printer)
                 self.progress(stop, float(adapter.losses(trainer, stop)[-1]))
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)

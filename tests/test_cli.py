@@ -108,6 +108,7 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
     out = tmp_path / "peaks.npz"
     done = harness("export", "peaks_mlp", "--profile", "quick", "--out", str(out))
     assert done.returncode == 0, done.stderr
+    assert "peaks_mlp oracle@cpu step 100/100" in done.stdout  # the oracle's training shows progress
     with np.load(out) as arrays:
         assert arrays["x_train"].shape == (2500, 2) and arrays["W0"].shape == (2, 20)
         assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"
@@ -212,3 +213,25 @@ def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():
     assert not any(line.startswith(" " * 20) for line in table[3:]), "a cell wrapped:\n" + "\n".join(table)
     for label in ("jax@cpu", "jax@cpu+float64", "cupy@cpu+float64", "oracle@cpu", "cupy@cpu~order8"):
         assert any(f" {label} " in line for line in table), (label, "\n".join(table))
+
+
+def test_a_log_gets_a_progress_line_by_steps_and_at_least_every_ten_seconds(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from harness import progress
+
+    clock = iter([0.0, 3.0, 14.0, 15.0, 40.0, 41.0, 42.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    buffer = io.StringIO()
+    log = progress.printer(Console(file=buffer, width=100), "moons_net torch@cpu", 500, 1000)  # clock 0
+    log(25, 0.9)  # 3 s: nothing
+    log(50, 0.8)  # 14 s: a line (clock 15 is its stamp)
+    log(75, 0.7)  # 40 s: a line
+    log(500, 0.1)  # the last step: a line
+    assert buffer.getvalue().splitlines() == [
+        "  moons_net torch@cpu step 50/500 loss 0.8",
+        "  moons_net torch@cpu step 75/500 loss 0.7",
+        "  moons_net torch@cpu step 500/500 loss 0.1",
+    ]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import hardware
+from harness import hardware, runner
 from harness.errors import HarnessError
 from harness.floor import Rates, floor, step_cost
 from harness.runner import chunk_plan
@@ -91,4 +91,6 @@ def test_chunk_plan_covers_every_step_once_and_stops_where_the_runner_looks(name
     every = problem.spec.logging.print_every
     assert {1, problem.spec.checks.params_after_steps.step} <= stops
     assert set(range(every, total, every)) <= stops
-    assert len(plan) <= 2 + total // every + 1  # nothing else cuts it
+    twentieth = max(1, total // runner.PROGRESS_CUTS)
+    assert set(range(twentieth, total, twentieth)) <= stops  # progress shows, whatever print_every says
+    assert len(plan) <= 3 + total // every + runner.PROGRESS_CUTS  # nothing else cuts it
