@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import store
 from harness.errors import RecordError
 from harness.gitrev import checked_revision
 from harness.records import REFERENCE_DIR, Record, read_record
@@ -47,46 +48,19 @@ class Finding:
     verdict: str  # ok, regression, improved, changed, not compared
 
 
-def cell_key(record: Record) -> tuple:
-    """Everything that makes a record's run what it is, but the host and the code."""
-    return (
-        record.spec.name,
-        record.spec.profile,
-        json.dumps(record.spec.overrides, sort_keys=True),
-        record.data.source,
-        record.data.n_train,
-        record.framework,
-        record.device.kind,
-        record.precision_mode,
-        record.dtype,
-        record.mode,
-    )
-
-
 def run_label(record: Record) -> str:
-    label = f"{record.framework}@{record.device.kind}"
-    if record.precision_mode != "strict":
-        label += f"+{record.precision_mode}"
-    if record.mode != "eager":
-        label += f":{record.mode}"
+    """The run's label, with a sweep point's overrides (its size) where they tell cells apart."""
+    label = store.run_label(record)
     if record.spec.overrides and record.spec.profile != "quick":
         label += f" {json.dumps(record.spec.overrides, sort_keys=True)}"
     return label
 
 
 def load_records(folder: Path) -> dict[tuple, Record]:
-    """The newest record of each cell (cell_key) under folder."""
+    """The newest record of each cell (store.cell_key) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
-    newest: dict[tuple, Record] = {}
-    for path in sorted(folder.rglob("*.json")):
-        if path.name == "schema.json":
-            continue
-        record = read_record(path)
-        key = cell_key(record)
-        if key not in newest or record.created > newest[key].created:
-            newest[key] = record
-    return newest
+    return store.newest(read_record(p) for p in sorted(folder.rglob("*.json")) if p.name != "schema.json")
 
 
 def baseline_folder(baseline: str, workdir: Path) -> Path:

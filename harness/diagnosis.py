@@ -25,10 +25,11 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import TypeAdapter, ValidationError
 
-from harness.checks import MATH, Check
+from harness.checks import MATH, Calibration, Check, check_all
 from harness.errors import SpecError
 from harness.registry import FLOAT64, ORACLE
-from harness.spec import KnownDifference, LibraryDifference, Refused, Spec, SpecLoader
+from harness.spec import KnownDifference, LibraryDifference, Spec
+from harness.yamlsafe import Refused, load_yaml
 
 LIBRARY_FILE = Path(__file__).with_name("known_differences.yaml")
 
@@ -37,7 +38,7 @@ LIBRARY_FILE = Path(__file__).with_name("known_differences.yaml")
 def library_differences(path: Path = LIBRARY_FILE) -> tuple[LibraryDifference, ...]:
     try:
         # The spec's loader: no anchors or aliases, no duplicate keys, bounded depth.
-        doc = yaml.load(path.read_text(), Loader=SpecLoader)  # noqa: S506 (a safe loader)
+        doc = load_yaml(path.read_text())
         entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
     except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
         raise SpecError(f"{path}: not a valid known-differences file: {exc}") from None
@@ -177,3 +178,9 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
     return out
+
+
+def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
+    """Every check of a spec's matrix (checks.check_all), known differences applied, and a
+    diagnosis on every failing or known check."""
+    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal)))

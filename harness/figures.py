@@ -22,19 +22,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from adapters.xp_mlp import forward
 from harness import data, inputs
 from harness.records import Record
-from harness.report import (
-    CURVE_POINTS,
-    NOT_RUN,
-    Sources,
-    Unavailable,
-    bench_pairs,
-    final_params,
-    record_order,
-    record_spec,
-    run_label,
-)
+from harness.rows import CURVE_POINTS, NOT_RUN, bench_pairs
 from harness.spec import LoadedSpec, Spec, SpeedupClaim
 from harness.speed import SpeedRow
+from harness.store import Sources, Unavailable, final_params, record_order, record_spec, run_label
 
 DPI = 100
 PEAKS_FIGURE_POINTS = 40  # the article's coarser grid for the figure

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from harness import calibration, progress, records, workcache
+from harness import calibration, diagnosis, progress, records, workcache
 from harness import checks as checks_mod
 from harness.checks import Calibration, Check
 from harness.errors import HarnessError
@@ -401,7 +401,7 @@ def run_spec(
             outcomes[key] = _one(short, key, 1, label, console, isolate, cell(short, key, 1))
             twins_run.append(key)
     cal = Calibration(cal32, cal64, reference)
-    checks = checks_mod.check_all(problem.spec, outcomes, cal)
+    checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     for key in [*keys, *twins_run]:
         record, artifact = build_record(result, key, run_id, rates)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from rich.console import Console
@@ -12,9 +11,8 @@ LOG_WIDTH = 160  # a log file has no terminal width: keep the table and the line
 
 
 def console() -> Console:
-    """The terminal's width; a log's is LOG_WIDTH unless $COLUMNS says otherwise."""
     plain = Console()
-    return plain if plain.is_terminal or os.environ.get("COLUMNS") else Console(width=LOG_WIDTH)
+    return plain if plain.is_terminal else Console(width=LOG_WIDTH)
 
 
 # In a log, a line at least this often (seconds), whatever print_every says.

@@ -9,7 +9,7 @@ from rich.table import Table
 from harness import checks as checks_mod
 from harness.matrix import SpecResult
 from harness.registry import ORACLE_KEY
-from harness.report import BENCH_HEADER, bench_rows, run_to_run
+from harness.rows import BENCH_HEADER, bench_rows, run_to_run
 
 
 def _fmt(value: float | None, spec: str = ".6g") -> str:

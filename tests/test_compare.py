@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare
+from harness import compare, store
 from harness.errors import RecordError
 from tests.conftest import ROOT
 
@@ -90,7 +90,7 @@ def test_a_cell_is_the_whole_run_key(tmp_path):
         twin.model_copy(update={"precision_mode": "tf32", "dtype": "float32"}),
         twin.model_copy(update={"spec": twin.spec.model_copy(update={"overrides": {"data": {"points_per_axis": 10}}})}),
     ]
-    keys = {compare.cell_key(r) for r in [*cells.values(), *variants]}
+    keys = {store.cell_key(r) for r in [*cells.values(), *variants]}
     assert len(keys) == len(cells) + len(variants)
 
 

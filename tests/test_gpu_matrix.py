@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from harness import checks, matrix, records, registry, runner, speed
+from harness import checks, diagnosis, matrix, records, registry, runner, speed
 from harness.registry import ORACLE_KEY, RunKey
 from tests.conftest import ROOT, quick_problem
 
@@ -46,7 +46,7 @@ def test_a_tf32_run_is_judged_against_the_oracle_only_and_does_not_gate():
     keys = [RunKey("cupy", "cpu"), tf32, ORACLE_KEY]
     outcomes = {k: runner.run(problem, k) for k in keys}
     assert all(o.status == "ok" for o in outcomes.values())
-    found = checks.check_all(problem.spec, outcomes, checks.Calibration(None, None))
+    found = diagnosis.verdicts(problem.spec, outcomes, checks.Calibration(None, None))
     partners = {c.other(tf32) for c in found if c.involves(tf32)}
     assert partners == {ORACLE_KEY}
     assert not any(checks.gating(c) for c in found if c.involves(tf32))

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from tests.conftest import ROOT
+
 FRAMEWORKS = ("torch", "jax", "jaxlib", "cupy", "optax")
 
 PROGRAM = f"""
@@ -35,3 +39,35 @@ def test_the_report_module_imports_no_plotting_library():
     program = "import sys, harness.report, harness.cli; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    """Every `import harness.x` / `from harness import x` / `from adapters...`, at module
+    level or inside a function, is an edge; the graph has no cycle."""
+    import ast
+    import graphlib
+
+    modules = {f"{p.parent.name}.{p.stem}": p for folder in ("harness", "adapters") for p in (ROOT / folder).glob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("harness", "adapters"):
+                if node.module in modules:
+                    edges.add(node.module)
+                edges.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+        graph[name] = edges - {name, f"{name.split('.')[0]}.__init__"}
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_readme_layout_names_every_module():
+    layout = (ROOT / "README.md").read_text().split("## Layout")[1].split("\n## ")[0]
+    for folder in ("harness", "adapters"):
+        for path in (ROOT / folder).glob("*.py"):
+            if not path.name.startswith("__"):
+                assert f"`{path.name}`" in layout, f"{folder}/{path.name} is not in the README's layout"

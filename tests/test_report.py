@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import cli, report
+from harness import cli, report, rows, store
 from harness.records import Device, Record, artifact_bytes, read_record, write_record
 from harness.spec import SPECS_DIR
 from harness.speed import speed_rows
@@ -160,9 +160,9 @@ def test_gpu_records_give_the_expected_speedups(tmp_path):
     assert "| tf32 | 4x |" in jax_rows[1]
     assert "not run" not in torch_row
     assert "the CPU-trained and the GPU-trained net of one framework" in text
-    _, between = report.curve_pairs(report.newest_per_cell([cpu, gpu, jax_cpu, jax_tf32]))
-    labels = {(report.run_label(a), report.run_label(b)) for a, b in between}
-    assert ("torch@cpu", "torch@gpu") in labels and ("jax@cpu", "jax@gpu tf32") in labels
+    _, between = rows.curve_pairs(store.newest_per_cell([cpu, gpu, jax_cpu, jax_tf32]))
+    labels = {(store.run_label(a), store.run_label(b)) for a, b in between}
+    assert ("torch@cpu", "torch@gpu") in labels and ("jax@cpu", "jax@gpu+tf32") in labels
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in figure_paths(text, out))
 
 
@@ -262,9 +262,9 @@ def test_a_spec_that_cannot_be_found_skips_its_figures_with_the_reason(tmp_path)
 
 def test_the_committed_records_find_their_spec_in_git(tmp_path):
     template, _ = committed("peaks_mlp", "torch")
-    if template.git.commit is None or report._spec_text_at(template.git.commit, "specs/peaks_mlp.yaml") is None:
+    if template.git.commit is None or store._spec_text_at(template.git.commit, "specs/peaks_mlp.yaml") is None:
         pytest.skip("the commit of the committed records is not in this checkout's history")
-    assert report.record_spec(template).model.layers[0].width == 20
+    assert store.record_spec(template).model.layers[0].width == 20
 
 
 def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_path):
@@ -276,7 +276,7 @@ def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_pat
     envelope = np.geomspace(1e-6, 0.3, steps)
     for framework in ("torch", "jax", "oracle"):
         fake(tmp_path, "peaks_mlp", framework, envelope=envelope if framework != "oracle" else None)
-    sources, found = report.Sources.scan(tmp_path)
+    sources, found = store.Sources.scan(tmp_path)
     by = {r.framework: r for r in found}
     vs_oracle, between = [(by["torch"], by["oracle"]), (by["jax"], by["oracle"])], [(by["torch"], by["jax"])]
     np.testing.assert_array_equal(report.envelope_of(vs_oracle + between, sources), envelope)
