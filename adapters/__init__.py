@@ -1,4 +1,5 @@
-"""Framework adapters. Each is one module exposing the same few functions:
+"""Framework adapters. Each is one module exposing the same few functions (typed in
+adapters/protocol.py, checked for every adapter in tests/test_adapters.py):
 
 - ``configure(precision)``: called first, before the framework is imported: "strict"
   (full float32 products, deterministic kernels) or "tf32" (TF32 allowed on the GPU).

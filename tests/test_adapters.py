@@ -3,6 +3,8 @@ and the protocol's promises (warm-up changes nothing, unavailable is a reason)."
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,22 @@ def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
     for (w, b), (rw, rb) in zip(adapter.params(trainer), ref_params):
         np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
         np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)
+
+
+@pytest.mark.parametrize("name", sorted(registry.ADAPTERS))
+def test_every_adapter_satisfies_the_protocol(name):
+    """Each registered adapter module has every function of adapters.protocol.Adapter, with
+    the same parameters in the same order and the same defaults (imports no framework)."""
+    import inspect
+
+    from adapters.protocol import Adapter
+
+    module = importlib.import_module(registry.ADAPTERS[name])
+    assert isinstance(module, Adapter)
+    for member, expected in inspect.getmembers(Adapter, inspect.isfunction):
+        if member.startswith("_"):
+            continue
+        wanted = [(p.name, p.default) for p in list(inspect.signature(expected).parameters.values())[1:]]
+        got = [(p.name, p.default) for p in inspect.signature(getattr(module, member)).parameters.values()]
+        assert got == wanted, f"{name}.{member}{inspect.signature(getattr(module, member))}"
+    assert module.NAME == name
