@@ -10,11 +10,7 @@ import gzip
 import hashlib
 import math
 import os
-import shutil
 import struct
-import tempfile
-import urllib.error
-import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,25 +155,20 @@ def default_data_dir() -> Path:
     return Path(cache) / "repro-harness" / "data"
 
 
-def _download(name: str, sha256: str, dest: Path) -> Path:
-    """Fetch `name` from the fixed mirrors into dest, keeping it only if the sha256 matches."""
+def _download(name: str, sha256: str, dest: Path, mirrors: tuple[str, ...] = MNIST_MIRRORS) -> Path:
+    """Fetch `name` from the fixed mirrors into dest with pooch, which keeps it only if its
+    sha256 matches (a mismatch leaves nothing behind)."""
+    import pooch  # imported here: only a download needs it
+
     errors = []
     dest.mkdir(parents=True, exist_ok=True)
-    for mirror in MNIST_MIRRORS:
+    for mirror in mirrors:
         try:
-            with urllib.request.urlopen(mirror + name, timeout=30) as response:  # noqa: S310 (fixed https address)
-                with tempfile.NamedTemporaryFile(dir=dest, delete=False, suffix=".part") as tmp:
-                    shutil.copyfileobj(response, tmp)
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            errors.append(f"{mirror}: {getattr(exc, 'reason', exc)}")
+            got = pooch.retrieve(mirror + name, known_hash=f"sha256:{sha256}", fname=name, path=dest, progressbar=False)
+        except (ValueError, OSError) as exc:  # a hash mismatch; HTTP and network errors (requests' are OSErrors)
+            errors.append(f"{mirror}: {' '.join(str(exc).split())[:300]}")
             continue
-        got = sha256_of(Path(tmp.name))
-        if got != sha256:
-            os.unlink(tmp.name)
-            errors.append(f"{mirror}: checksum mismatch ({got})")
-            continue
-        os.replace(tmp.name, dest / name)
-        return dest / name
+        return Path(got)
     raise DataError(f"cannot download {name}: " + "; ".join(errors))
 
 

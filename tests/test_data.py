@@ -110,3 +110,37 @@ def test_missing_and_tampered_files_are_clear_errors(tmp_path, mnist_dir):
     tampered.write_bytes((mnist_dir / tampered.name).read_bytes()[:-10])
     with pytest.raises(DataError, match="checksum mismatch"):
         data.load_idx(section, "test-set", tmp_path)
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """A local HTTP mirror serving tmp_path/served (the download path, without the network)."""
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield served, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+def test_a_download_is_kept_only_when_its_sha256_matches(tmp_path, mirror):
+    import hashlib
+
+    served, url = mirror
+    payload = b"IDX bytes, say"
+    (served / "file.gz").write_bytes(payload)
+    good = hashlib.sha256(payload).hexdigest()
+    dest = tmp_path / "data"
+    got = data._download("file.gz", good, dest, mirrors=("http://127.0.0.1:9/", url))  # the first mirror is down
+    assert got == dest / "file.gz" and got.read_bytes() == payload
+    with pytest.raises(DataError, match=r"cannot download file.gz: .*127\.0\.0\.1:9/.*; http://127\.0\.0\.1:\d+/: .*hash") as raised:
+        data._download("file.gz", "0" * 64, tmp_path / "other", mirrors=("http://127.0.0.1:9/", url))
+    assert "\n" not in str(raised.value)
+    assert not any((tmp_path / "other").iterdir())  # nothing half-written or unchecked is left
