@@ -8,14 +8,12 @@ process so that no framework's threads or GPU memory stay behind in the harness.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 from harness.errors import HarnessError
 from harness.floor import Rates
+from harness.fresh import ProcessDied, in_fresh_process
 
 CPU_MATMUL_N = 2048
 GPU_MATMUL_N = 8192
@@ -153,12 +151,10 @@ def _measure_here(device: str, precision: str) -> Rates:
 
 def measure(device: str, precision: str = "strict") -> Rates:
     """The rates of this host's `device`, measured in a fresh process."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        try:
-            return pool.submit(_measure_here, device, precision).result()
-        except BrokenProcessPool:
-            raise HarnessError(f"cannot measure the {device}'s rates: the process died") from None
+    try:
+        return in_fresh_process(_measure_here, device, precision)
+    except ProcessDied:
+        raise HarnessError(f"cannot measure the {device}'s rates: the process died") from None
 
 
 def describe(rates: Rates) -> str:

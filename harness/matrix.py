@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from harness import checks as checks_mod
 from harness.checks import Calibration, Check
 from harness.errors import HarnessError
 from harness.floor import Rates, floor
+from harness.fresh import ProcessDied, in_fresh_process
 from harness.inputs import Problem, reordered, truncated
 from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
@@ -213,12 +211,10 @@ def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
 def require_gpu(frameworks: list[str]) -> None:
     """Stop before any run, with one line, when no framework finds a GPU. Asked in a
     throwaway process: a framework that starts on the GPU here would hold its memory."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        try:
-            reasons = pool.submit(_gpu_reasons, frameworks).result()
-        except BrokenProcessPool:
-            raise HarnessError("no usable CUDA GPU: the probe's process died") from None
+    try:
+        reasons = in_fresh_process(_gpu_reasons, frameworks)
+    except ProcessDied:
+        raise HarnessError("no usable CUDA GPU: the probe's process died") from None
     if all(reasons.values()):
         detail = "; ".join(f"{f}: {why}" for f, why in reasons.items())
         raise HarnessError(f"no usable CUDA GPU on this host ({detail})")
@@ -238,13 +234,11 @@ def run_isolated(problem: Problem, labels: dict[RunKey, str], repeats: int) -> d
     """The runs of `labels` (one, or the modes of one framework and device, taking turns) in
     a fresh process: frameworks' thread pools and GPU memory do not meet (torch on 2 cores
     ran 30x slower after JAX had run in the same process)."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        try:
-            return pool.submit(_run_child, problem, labels, repeats).result()
-        except BrokenProcessPool:
-            why = "the run's process died (killed, or out of memory)"
-            return {key: Outcome(key, "failed", f"{key.label}: {why}") for key in labels}
+    try:
+        return in_fresh_process(_run_child, problem, labels, repeats)
+    except ProcessDied:
+        why = "the run's process died (killed, or out of memory)"
+        return {key: Outcome(key, "failed", f"{key.label}: {why}") for key in labels}
 
 
 def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int) -> Path:

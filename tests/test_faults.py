@@ -226,3 +226,48 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here
     assert cell("lent-2", ["NVIDIA H200"]) != here
     records.host_fingerprint.cache_clear()
+
+
+def _exit_at_once() -> None:
+    os._exit(3)
+
+
+def _sleep_writing_pid(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def test_a_fresh_process_returns_its_result_or_says_it_died():
+    from harness.fresh import ProcessDied, in_fresh_process
+
+    assert in_fresh_process(os.getpid) != os.getpid()
+    with pytest.raises(ProcessDied):
+        in_fresh_process(_exit_at_once)
+
+
+def test_a_fresh_process_dies_with_its_parent_even_on_sigkill(tmp_path):
+    """kill -9 of the harness must not leave its run process training on."""
+    pid_file = tmp_path / "child.pid"
+    program = (
+        "from harness.fresh import in_fresh_process; from tests.test_faults import _sleep_writing_pid; "
+        f"in_fresh_process(_sleep_writing_pid, {str(pid_file)!r})"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the fresh process outlived its SIGKILLed parent")
+    finally:
+        parent.kill()
