@@ -348,12 +348,20 @@ def _write_exclusive(path: Path, payload: bytes) -> None:
 
 
 def ensure_writable(results_dir: Path) -> None:
-    """Fail before any run when the results folder cannot be written."""
+    """Fail before any run when the results folder cannot be written, creating nothing: a
+    run that then fails on its data leaves no empty folder behind (write_record makes it)."""
+    existing = results_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        probe = results_dir / f".write-test-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(existing))
+        if existing == results_dir:
+            probe = results_dir / f".write-test-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(existing))
     except OSError as exc:
         raise RecordError(f"{results_dir}: the results folder cannot be written: {exc.strerror or exc}") from None
 

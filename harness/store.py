@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import subprocess
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -141,8 +142,11 @@ class Sources:
             raise Unavailable(f"{path.name}: cannot read: {exc.strerror or exc}") from None
         if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
             raise Unavailable(f"{path.name}: sha256 differs from the record's; artifact not used")
-        with np.load(io.BytesIO(payload)) as npz:
-            return {key: npz[key] for key in npz.files}
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:  # its sha256 matched, yet it is not an .npz
+            raise Unavailable(f"{path.name}: not a readable .npz ({type(exc).__name__}: {exc})") from None
 
     def losses(self, record: Record) -> np.ndarray:
         return np.asarray(self.artifact(record)["losses"], dtype=np.float64)

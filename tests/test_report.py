@@ -248,6 +248,18 @@ def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):
     assert f"{npz.name}: sha256 differs from the record's" in text
 
 
+def test_a_truncated_artifact_whose_sha256_was_updated_is_named_not_a_traceback(tmp_path):
+    record = fake(tmp_path, "peaks_mlp", "torch")
+    fake(tmp_path, "peaks_mlp", "jax")
+    npz = next(tmp_path.rglob(f"*{record.record_id}.npz"))
+    npz.write_bytes(npz.read_bytes()[:200])
+    path = next(tmp_path.rglob(f"*{record.record_id}.json"))
+    updated = record.artifacts.model_copy(update={"sha256": hashlib.sha256(npz.read_bytes()).hexdigest()})
+    path.write_text(record.model_copy(update={"artifacts": updated}).model_dump_json(indent=2))
+    text, _ = build(tmp_path)
+    assert f"{npz.name}: not a readable .npz (BadZipFile" in text
+
+
 def test_a_spec_that_cannot_be_found_skips_its_figures_with_the_reason(tmp_path):
     for framework in ("torch", "jax"):
         template, _ = committed("peaks_mlp", framework)
