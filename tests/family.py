@@ -19,12 +19,12 @@ import numpy as np
 from hypothesis import strategies as st
 from rich.console import Console
 
-from harness import inputs
+from harness import inputs, registry
 from harness.matrix import SpecResult
 from harness.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.spec import LoadedSpec, total_steps, validate_document
 
-REAL = ("torch", "jax", "cupy")
+REAL = tuple(registry.ADAPTERS)
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
 BUGS_FOR_ANY = ("torch_matmul_bfloat16", "torch_loss_scaled")
 

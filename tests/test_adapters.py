@@ -11,7 +11,7 @@ import pytest
 from harness import registry
 from tests.conftest import UNIT_TOLERANCES, first_loss, one_step, quick_problem
 
-FRAMEWORKS = ["torch", "jax", "cupy"]
+FRAMEWORKS = list(registry.ADAPTERS)
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]
 
 

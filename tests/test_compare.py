@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare, store
+from harness import compare, registry, store
 from harness.errors import RecordError
 from tests.conftest import ROOT
 
@@ -121,7 +121,7 @@ def other_host(tmp_path_factory):
         with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
             if name == "bug":
                 register_copy(monkeypatch, "torch", "torch", {"_optimizer": eps_inside_torch_optimizer})
-            keys = matrix.matrix_keys(["torch", "jax", "cupy"], ["cpu"])
+            keys = matrix.matrix_keys(list(registry.ADAPTERS), ["cpu"])
             matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
         _as_another_host(out)
     return folders

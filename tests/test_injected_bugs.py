@@ -34,7 +34,7 @@ from harness.spec import SPECS_DIR, LoadedSpec, load_spec, parse_document, valid
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
-REAL = ("torch", "jax", "cupy")
+REAL = tuple(registry.ADAPTERS)
 TEST_PROFILE = "injected_bugs"
 # moons quick (1,000 points) stopped after 20 steps: the float64 oracle costs ~0.1 s a step.
 MOONS_SHORT = {"training": {"epochs": 20}, "checks": {"params_after_steps": {"step": 10}}}

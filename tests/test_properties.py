@@ -32,7 +32,7 @@ EPS32 = 2.0**-24  # float32 unit roundoff
 ULPS = 32  # the worst seen in about 2,000 random cases (every adapter) was under 5
 LR = 1024.0  # a power of two: lr * g is exact in float32
 RELU_MARGIN = 1e-4  # |z| / magnitude(z) below this and float32 may put z on the other side of the kink
-FRAMEWORKS = ["cupy", "torch", "jax"]
+FRAMEWORKS = list(registry.ADAPTERS)
 HIDDEN_ACTIVATIONS = ["relu", "tanh", "identity"]
 ACTIVATION_GRAD = {
     "relu": lambda z: (z > 0).astype(np.float64),

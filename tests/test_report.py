@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import cli, report, rows, store
+from harness import cli, registry, report, rows, store
 from harness.records import Device, Record, artifact_bytes, read_record, write_record
 from harness.spec import SPECS_DIR
 from harness.speed import speed_rows
@@ -23,7 +23,7 @@ from tests.conftest import ROOT
 pytest.importorskip("matplotlib")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FRAMEWORKS = ("torch", "jax", "cupy", "oracle")
+FRAMEWORKS = (*registry.ADAPTERS, registry.ORACLE)
 
 
 def committed(spec: str, framework: str) -> tuple[Record, dict[str, np.ndarray]]:
