@@ -13,7 +13,10 @@ import re
 import sys
 from collections import defaultdict
 
-RUN = re.compile(r"^(?P<spec>\w+) (?P<label>\S+)(?: \((?P<role>[^)]*(?:\)[^(]*)?)\))? \((?P<dtype>float\d+), (?P<steps>\d+) steps, (?P<repeats>\d+) repeat")
+RUN = re.compile(
+    r"^(?P<spec>\w+) (?P<label>\S+)(?: \((?P<role>[^)]*(?:\)[^(]*)?)\))? "
+    r"\((?P<dtype>float\d+), (?P<steps>\d+) steps, (?P<repeats>\d+) repeat"
+)
 TRAIN = re.compile(r"^\s+train (?P<seconds>[\d.]+) s,")
 
 
@@ -43,7 +46,8 @@ def main(argv: list[str]) -> int:
         done = TRAIN.match(line)
         if done and current:
             seconds = float(done["seconds"]) * int(current["repeats"])
-            runs.append((current["spec"], current["label"], role(current["label"], current["role"]), int(current["steps"]), int(current["repeats"]), seconds))
+            kind = role(current["label"], current["role"])
+            runs.append((current["spec"], current["label"], kind, int(current["steps"]), int(current["repeats"]), seconds))
             current = None
     by_spec, by_role = defaultdict(float), defaultdict(float)
     print("| spec | run | role | steps | repeats | training s |\n|---|---|---|---|---|---|")
@@ -55,7 +59,8 @@ def main(argv: list[str]) -> int:
     print("\n| spec | role | training s | share of all training |\n|---|---|---|---|")
     for (spec, kind), seconds in sorted(by_role.items()):
         print(f"| {spec} | {kind} | {seconds:,.1f} | {seconds / total:.1%} |")
-    print(f"\nTraining, all runs: {total:,.0f} s ({total / 60:.1f} min)" + (f"; the whole job's wall time: {wall:,.0f} s ({wall / 60:.1f} min)" if wall else ""))
+    whole = f"; the whole job's wall time: {wall:,.0f} s ({wall / 60:.1f} min)" if wall else ""
+    print(f"\nTraining, all runs: {total:,.0f} s ({total / 60:.1f} min){whole}")
     return 0
 
 
