@@ -21,10 +21,11 @@ def plain(a: Array) -> Array:
 
 
 def jitter_function(xp, seed: int) -> Jitter:
-    """Each call rounds an array once more, elementwise and at random, to one of the two
-    floats nearest a + a*eps*u (u uniform in [-1, 1], seeded): another honest rounding of
-    every value, as an implementation that computes it by another formula would give. The
-    calibration members (harness.inputs.reordered) run with it over their first steps."""
+    """Each call moves every element of an array, at random, by up to one unit in its last
+    place (a + a*u rounded, u uniform in [-eps, eps], seeded; the sign never changes, zero
+    stays zero): another honest rounding of every value, as an implementation computing it
+    by another formula would give. The calibration members (harness.inputs.reordered) run
+    with it over their first steps."""
     rng = np.random.default_rng(seed)
 
     def jitter(a: Array) -> Array:
