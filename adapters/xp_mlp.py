@@ -21,10 +21,10 @@ def plain(a: Array) -> Array:
 
 
 def jitter_function(xp, seed: int) -> Jitter:
-    """Each call moves every element of an array, at random, by up to one unit in its last
-    place (a + a*u rounded, u uniform in [-eps, eps], seeded; the sign never changes, zero
-    stays zero): another honest rounding of every value, as an implementation computing it
-    by another formula would give. The calibration members (harness.inputs.reordered) run
+    """Each call moves every element of an array, at random, by at most two units in its
+    last place (a + a*u rounded, u uniform in [-eps, eps], seeded; the sign kept, zero
+    kept): another honest rounding of every value, as an implementation computing
+    it by another formula would give. The calibration members (harness.inputs.reordered) run
     with it over their first steps."""
     rng = np.random.default_rng(seed)
 

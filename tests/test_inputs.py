@@ -52,3 +52,19 @@ def test_a_different_seed_changes_the_draws():
     base = spec("peaks_mlp")
     other = base.model_copy(update={"init": base.init.model_copy(update={"seed": 2})})
     assert not np.array_equal(initial_params(base)[0][0], initial_params(other)[0][0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
+    """The calibration members' extra rounding (xp_mlp.jitter_function): seeded, at most two
+    units in the last place, the sign kept, zero kept, and it does move values."""
+    from adapters import xp_mlp
+
+    a = np.random.default_rng(0).normal(0, 10, 100_000).astype(dtype)
+    a[:10] = 0
+    one, two = xp_mlp.jitter_function(np, 7)(a), xp_mlp.jitter_function(np, 7)(a)
+    np.testing.assert_array_equal(one, two)
+    assert one.dtype == a.dtype
+    assert np.all(np.abs(one - a) <= 2 * np.spacing(np.abs(a))) and np.all(np.sign(one) == np.sign(a))
+    assert np.all(one[:10] == 0)
+    assert 0.1 < np.mean(one != a) < 0.9
