@@ -223,7 +223,7 @@ def divergence(
         if rtol is not None:
             ax.axhline(rtol, color="black", linestyle="--", linewidth=1, label=f"loss_curve.rtol = {rtol:g} (the horizon)")
         ax.axhline(floor, color="0.6", linestyle=":", linewidth=1, label=f"floor {floor:g} (exactly equal)")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, fontsize=7, frameon=False)
     left.set_ylabel("relative loss difference |a - b| / |b|")
     if any(len(sources.losses(a)) > CURVE_POINTS for a, _ in vs_oracle + between):
         left.set_xlabel("training step (maximum over blocks of steps)")
