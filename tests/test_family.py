@@ -27,7 +27,6 @@ pytest.importorskip("torch")
 pytest.importorskip("jax")
 
 
-@pytest.mark.slow
 @seed(int(SEED or 0))
 @settings(
     max_examples=EXAMPLES,

@@ -237,9 +237,15 @@ def test_compile_works_where_torch_compile_has_no_recompile_limit_keyword(adapte
 
     config = torch._dynamo.config
     monkeypatch.setattr(torch, "compile", compile_2_11)
-    monkeypatch.setattr(config, "recompile_limit", 8)
     monkeypatch.setattr(adapter, "_COMPILED", {})  # compile afresh, through the 2.11 signature
-    problem = quick_problem("peaks_mlp")
-    trainer = trained(adapter, problem, "fast", 3)
-    assert np.all(np.isfinite(adapter.losses(trainer, 3)))
-    assert config.recompile_limit == adapter.RECOMPILE_LIMIT
+    # Not monkeypatch: its undo would delete the attribute, which hides the setting in
+    # torch's config module for the rest of the process.
+    before = config.recompile_limit
+    config.recompile_limit = 8
+    try:
+        problem = quick_problem("peaks_mlp")
+        trainer = trained(adapter, problem, "fast", 3)
+        assert np.all(np.isfinite(adapter.losses(trainer, 3)))
+        assert config.recompile_limit == adapter.RECOMPILE_LIMIT
+    finally:
+        config.recompile_limit = before

@@ -161,6 +161,7 @@ def test_an_interrupt_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
     first, second = run_cli(tmp_path), run_cli(tmp_path)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
@@ -184,6 +185,7 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
         records.ensure_writable(blocked / "r")
 
 
+@pytest.mark.slow
 def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     """A long matrix split over calls (or resumed after a crash) runs each cell once; the
     records of the second call carry the first call's numbers."""

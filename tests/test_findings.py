@@ -17,6 +17,8 @@ from tests.conftest import quick_problem
 
 STEPS = 40
 
+pytestmark = pytest.mark.slow  # the evidence runs take minutes: `nox -s slow`
+
 
 def float32_bias_corrections(opt, t):
     """1 - beta^t computed as optax does: in float32, with beta rounded to float32."""

