@@ -257,21 +257,22 @@ def host_info() -> Host:
     )
 
 
-@functools.cache
 def host_fingerprint() -> dict[str, Any]:
     """What a run's numbers and timings depend on in the host, without its name: CPU model,
-    flags and cores, BLAS kernels, library versions and the GPUs the driver lists. Two
-    machines of one kind share it (a fresh lent machine reuses a work folder's cells); a
-    machine that would compute other bits does not."""
-    host = host_info()
+    flags and cores, NumPy's BLAS kernels, library versions and the GPUs the driver lists.
+    Two machines of one kind share it (a fresh lent machine reuses a work folder's cells); a
+    machine that would compute other bits does not. Only NumPy's own BLAS counts: the other
+    BLAS libraries loaded change during a process (SciPy's arrives with scikit-learn's moons
+    data), and the frameworks' own are covered by their versions."""
     return {
-        "cpu": [host.cpu_model, host.cpu_flags, host.cores],
-        "blas": host.blas,
+        "cpu": [_cpu_model(), _cpu_flags(), os.cpu_count() or 0],
+        "blas": _blas(lambda path: "numpy" in Path(path).parent.name),
         "libraries": library_versions(),
         "gpus": _gpu_names(),
     }
 
 
+@functools.cache  # a subprocess, asked once: the GPUs do not change under a running process
 def _gpu_names() -> list[str]:
     """The GPUs `nvidia-smi` lists (none where it is missing or fails); imports nothing."""
     smi = shutil.which("nvidia-smi")
@@ -284,13 +285,15 @@ def _gpu_names() -> list[str]:
     return sorted(line.strip() for line in listed.stdout.splitlines() if line.strip()) if listed.returncode == 0 else []
 
 
-def _blas() -> list[str]:
+def _blas(loaded_from=lambda path: True) -> list[str]:
+    """The BLAS libraries loaded in this process (those whose file `loaded_from` accepts),
+    with the kernels each chose for this CPU."""
     from threadpoolctl import threadpool_info
 
     return [
         f"{lib['internal_api']} {lib.get('version') or '?'} {lib.get('architecture') or '?'}"
         for lib in threadpool_info()
-        if lib["user_api"] == "blas"
+        if lib["user_api"] == "blas" and loaded_from(lib.get("filepath") or "")
     ]
 
 

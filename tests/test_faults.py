@@ -219,7 +219,6 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     key = RunKey("torch", "gpu")
 
     def cell(hostname: str, gpus: list[str]) -> Path:
-        records.host_fingerprint.cache_clear()
         monkeypatch.setattr(records.platform, "node", lambda: hostname)
         monkeypatch.setattr(records, "_gpu_names", lambda: gpus)
         return matrix._cell_path(tmp_path, loaded, problem, key, 1)
@@ -227,7 +226,19 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     here = cell("lent-1", ["NVIDIA H100 80GB HBM3"])
     assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here
     assert cell("lent-2", ["NVIDIA H200"]) != here
-    records.host_fingerprint.cache_clear()
+
+
+def test_the_host_fingerprint_holds_while_other_blas_libraries_load():
+    """SciPy's OpenBLAS arrives with scikit-learn (the moons data): the work cells' key must
+    not change with it, or a resumed matrix would run its cells again."""
+    program = (
+        "from harness import records; before = records.host_fingerprint(); import sklearn.datasets; "
+        "print(before == records.host_fingerprint(), len(records.host_info().blas))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    same, loaded = done.stdout.split()
+    assert same == "True" and int(loaded) >= 2  # both BLAS libraries loaded, one fingerprint
 
 
 def _exit_at_once() -> None:
