@@ -256,7 +256,7 @@ def _finish_run(console: Console, results: list, results_dir: Path | None, run_i
     console.print(table.verdict_table(results))
     table.print_failures(console, results)
     if results_dir is not None:
-        speeds = table.speed_table([record for r in results for record in r.records if record.precision_mode != "float64"])
+        speeds = table.speed_table([record for r in results for record in r.records])
         if speeds is not None:
             console.print(speeds)
         console.print(f"{sum(len(r.paths) for r in results)} records written under {results_dir} (run {run_id})")
@@ -289,7 +289,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
     results, results_dir, run_id = _run_matrix(args, console)
     code = _finish_run(console, results, results_dir, run_id)
-    console.print(table.bench_table([record for r in results for record in r.records if record.precision_mode != "float64"]))
+    console.print(table.bench_table([record for r in results for record in r.records]))
     return code
 
 

@@ -65,11 +65,12 @@ def _cell(record: Record, precision_mode: str) -> Cell:
 
 def speed_rows(records: Iterable[Record]) -> list[SpeedRow]:
     """One row per (spec, profile, size, framework, GPU precision, host, mode); the newest
-    record of each side wins. The oracle is not a speed contestant."""
+    record of each side wins. The oracle is not a speed contestant, nor is a float64 twin
+    (its first steps in float64 serve math parity)."""
     cpu: dict[Cell, Record] = {}
     gpu: dict[Cell, Record] = {}
     for record in sorted(records, key=lambda r: r.created):
-        if record.framework == "oracle":
+        if record.framework == "oracle" or record.precision_mode == "float64":
             continue
         if record.device.kind == "gpu":
             gpu[_cell(record, record.precision_mode)] = record

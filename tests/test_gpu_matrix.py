@@ -112,8 +112,9 @@ def test_speedups_pair_cpu_and_gpu_of_one_framework_with_and_without_transfers(c
     gpu = _copy_as(torch_cpu, "gpu", per_step=0.0002, transfer=0.5)
     tf32 = _copy_as(torch_cpu, "gpu", per_step=0.0001, transfer=0.5, precision="tf32")
     oracle = next(r for r in committed_cpu_records if r.framework == "oracle")
-    rows = {r.cell.precision_mode: r for r in speed.speed_rows([cpu, gpu, tf32, oracle])}
-    assert set(rows) == {"strict", "tf32"}  # the oracle is no contestant
+    twin = _copy_as(torch_cpu, "gpu", per_step=0.0003, transfer=0.5, precision="float64")
+    rows = {r.cell.precision_mode: r for r in speed.speed_rows([cpu, gpu, tf32, oracle, twin])}
+    assert set(rows) == {"strict", "tf32"}  # neither the oracle nor a float64 twin is a contestant
     steps = torch_cpu.timings.total_steps
     assert rows["strict"].speedup == pytest.approx(20.0)
     assert rows["strict"].speedup_with_transfers == pytest.approx((0.01 + 0.004 * steps) / (0.5 + 0.0002 * steps))
