@@ -86,7 +86,7 @@ class Trainer:
     opt_state: dict | None = None
     activations: list[str] = field(default_factory=list)
     fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
-    jitter: Any = None  # a calibration member's extra rounding (xp_mlp.jitter_function), or None
+    jitter: Any = xp_mlp.plain  # a calibration member's extra rounding (xp_mlp.jitter_function)
 
 
 def put(problem, device: str, dtype: str) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     xp = trainer.xp
     spec = trainer.problem.spec
     x, y = trainer.problem.batch(trainer.data, step)
-    jitter = trainer.jitter if trainer.jitter is not None and step < trainer.problem.jitter_steps else xp_mlp.plain
+    jitter = trainer.jitter if step < trainer.problem.jitter_steps else xp_mlp.plain
     loss, grads = xp_mlp.loss_and_grads(
         xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train), jitter
     )
@@ -168,6 +168,5 @@ def params(trainer: Trainer):
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
-    jitter = trainer.jitter if trainer.jitter is not None else xp_mlp.plain
-    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations, jitter)
+    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations, trainer.jitter)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)

@@ -60,7 +60,7 @@ def load_records(folder: Path) -> dict[tuple, Record]:
     """The newest record of each cell (store.cell_key) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
-    return store.newest(read_record(p) for p in sorted(folder.rglob("*.json")) if p.name != "schema.json")
+    return store.newest(read_record(p) for p in store.record_paths(folder))
 
 
 def baseline_folder(baseline: str, workdir: Path) -> Path:
@@ -163,8 +163,8 @@ def compare_pair(base: Record, new: Record) -> list[Finding]:
             findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 
     if base.metrics and new.metrics:
+        same = not differs and _bitwise_same(base, new)
         if not differs:
-            same = _bitwise_same(base, new)
             findings.append(
                 finding(
                     "bitwise identity (same host fingerprint)",
@@ -175,7 +175,7 @@ def compare_pair(base: Record, new: Record) -> list[Finding]:
             )
         else:
             findings.append(finding("host fingerprint", "", "; ".join(differs), "changed: judged by the calibrated rule"))
-        if differs or not _bitwise_same(base, new):
+        if not same:
             findings.extend(_metric_findings(base, new, finding))
     return [*findings, *_time_findings(base, new, differs, finding)]
 

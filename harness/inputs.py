@@ -40,8 +40,8 @@ class Problem:
     # is plain unit order[j]. Empty for a problem in the plain order.
     unit_orders: tuple[np.ndarray, ...] = ()
     # A calibration member's other roundings (see reordered): over its first `jitter_steps`
-    # steps, the array-module code rounds every intermediate array once more, at random
-    # (seeded), to one of the two nearest floats. None: the plain arithmetic.
+    # steps, the array-module code moves every intermediate array at random (seeded) by at
+    # most two ulps (xp_mlp.jitter_function). None: the plain arithmetic.
     jitter_seed: int | None = None
 
     @property

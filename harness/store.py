@@ -93,15 +93,21 @@ def record_order(record: Record) -> tuple:
     )
 
 
+def record_paths(folder: Path) -> list[Path]:
+    """The record files under folder: every .json but the schema and what hides in a dot
+    folder (a report's staging folder, say)."""
+    return [
+        path
+        for path in sorted(folder.rglob("*.json"))
+        if path.name != "schema.json" and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    ]
+
+
 def load_records(results_dir: Path) -> dict[str, Record]:
     """Every record under results_dir, by path (relative to it); a folder without any is an error."""
     if not results_dir.is_dir():
         raise HarnessError(f"{results_dir}: no such results folder")
-    found = {}
-    for path in sorted(results_dir.rglob("*.json")):
-        if path.name == "schema.json" or any(part.startswith(".") for part in path.relative_to(results_dir).parts):
-            continue
-        found[path.relative_to(results_dir).as_posix()] = read_record(path)
+    found = {path.relative_to(results_dir).as_posix(): read_record(path) for path in record_paths(results_dir)}
     if not found:
         raise HarnessError(f"{results_dir}: no records (*.json) to report on; run `python -m harness run` first")
     return found

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from harness import inputs, registry
+from harness.calibration import tensors
 from harness.matrix import SpecResult
 from harness.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.spec import LoadedSpec, total_steps, validate_document
@@ -168,7 +169,7 @@ def _same_bits(result: SpecResult, a: RunKey, b: RunKey) -> bool:
     if not np.array_equal(one.losses, two.losses) or set(one.snapshots) != set(two.snapshots):
         return False
     pairs = [(one.final_params, two.final_params), *((one.snapshots[s], two.snapshots[s]) for s in one.snapshots)]
-    return all(np.array_equal(x, y) for p, q in pairs for layer_p, layer_q in zip(p, q) for x, y in zip(layer_p, layer_q))
+    return all(np.array_equal(x, y) for p, q in pairs for x, y in zip(tensors(p), tensors(q)))
 
 
 def summarize(path: Path) -> dict:
