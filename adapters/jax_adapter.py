@@ -15,33 +15,31 @@ from typing import Any
 import numpy as np
 
 from adapters import xp_mlp
+from adapters.protocol import State
 
 NAME = "jax"
-_PRECISION = "strict"
 # XLA reads this when its backend starts: no atomics-based (run-to-run varying) GPU kernels.
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 FAST_MODE = "jit of a lax.fori_loop over many steps (static trip count: a scan), params, optimizer state and loss log donated, compiled ahead of time"
 
 
-def configure(precision: str) -> None:
-    global _PRECISION
-    _PRECISION = precision
-
-
-def _jax():
-    # Before JAX's first import, whichever call comes first (`unavailable` does, before
-    # `configure`): XLA reads its flags once, when its backend starts.
+def _jax(precision: str | None = None):
+    """jax, with XLA's deterministic flag set before its first import (XLA reads its flags
+    once, when its backend starts), and, given a run's precision, its matmul precision and
+    x64 mode set for that run."""
     flags = os.environ.get("XLA_FLAGS", "")
     if DETERMINISTIC_FLAG not in flags.split():
         os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
     import jax
 
+    if precision is None:
+        return jax
     # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision,
     # or for TF32 by name when that variant is the point.
-    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if _PRECISION == "tf32" else "highest")
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if precision == "tf32" else "highest")
     # The float64 twin needs x64; every other run must not have it, or optax's float32
     # arithmetic (its bias corrections) would silently become float64.
-    jax.config.update("jax_enable_x64", _PRECISION == "float64")
+    jax.config.update("jax_enable_x64", precision == "float64")
     return jax
 
 
@@ -49,9 +47,10 @@ def _platform(device: str) -> str:
     return "gpu" if device == "gpu" else "cpu"
 
 
-def unavailable(device: str) -> str | None:
+def unavailable(key) -> str | None:
+    device = key.device
     try:
-        jax = _jax()
+        jax = _jax(key.precision)
         import optax  # noqa: F401
     except ImportError as exc:
         return f"jax or optax is not installed ({exc})"
@@ -62,12 +61,12 @@ def unavailable(device: str) -> str | None:
     return None
 
 
-def describe(device: str, mode: str = "eager") -> dict[str, Any]:
-    jax = _jax()
+def describe(key) -> dict[str, Any]:
+    jax = _jax(key.precision)
     import jaxlib
     import optax
 
-    dev = jax.devices(_platform(device))[0]
+    dev = jax.devices(_platform(key.device))[0]
     return {
         "library": "jax",
         "version": f"{jax.__version__} (jaxlib {jaxlib.__version__}, optax {optax.__version__})",
@@ -78,7 +77,7 @@ def describe(device: str, mode: str = "eager") -> dict[str, Any]:
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         },
         "threads": os.cpu_count(),
-        **({"fast_mode": FAST_MODE} if mode == "fast" else {}),
+        **({"fast_mode": FAST_MODE} if key.mode == "fast" else {}),
     }
 
 
@@ -98,15 +97,10 @@ class Trainer:
     compiled: dict = field(default_factory=dict)  # fast mode: (steps, batch size) -> executable
 
 
-def put(problem, device: str, dtype: str) -> dict[str, Any]:
-    jax = _jax()
-    dev = jax.devices(_platform(device))[0]
-    arrays = {"x": problem.x_train.astype(dtype), "y": problem.y_train.astype(np.int32)}
-    if problem.spec.loss.kind == "mse":
-        arrays["y"] = problem.y_train.astype(dtype)
-    if problem.batch_order is not None:
-        arrays["order"] = problem.batch_order.astype(np.int32)
-    return jax.device_put(arrays, dev)
+def put(problem, key) -> dict[str, Any]:
+    jax = _jax(key.precision)
+    dev = jax.devices(_platform(key.device))[0]
+    return jax.device_put(problem.host_arrays(key.dtype, np.int32), dev)
 
 
 def cross_entropy(logits, labels):
@@ -201,8 +195,9 @@ def _functions(problem):
     return tx, step, jax.jit(forward), run_of_steps
 
 
-def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "eager") -> Trainer:
-    jax = _jax()
+def build(problem, data: dict[str, Any], key) -> Trainer:
+    device, dtype, mode = key.device, key.dtype, key.mode
+    jax = _jax(key.precision)
     dev = jax.devices(_platform(device))[0]
     tx, train_step, predict_fn, run_of_steps = _functions(problem)
     params = jax.device_put([(w.astype(dtype), b.astype(dtype)) for w, b in problem.initial_params], dev)
@@ -221,18 +216,6 @@ def _call_step(trainer: Trainer, params, opt_state, log, t: int):
     return trainer.train_step(params, opt_state, log, t, trainer.data, epoch, start, size=stop - start)
 
 
-def _runs(problem, start: int, stop: int) -> list[tuple[int, int, int]]:
-    """Steps start .. stop-1 as (first step, steps, batch size) runs of one batch size."""
-    runs: list[tuple[int, int, int]] = []
-    for t in range(start, stop):
-        size = problem.batch_size(t)
-        if runs and runs[-1][2] == size:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1, size)
-        else:
-            runs.append((t, 1, size))
-    return runs
-
-
 def warm_up(trainer: Trainer, plan=()) -> None:
     """Compile what training will call, without running it on the trainer's state: eager,
     the step once for every batch size the schedule uses (the step is a pure function,
@@ -240,7 +223,7 @@ def warm_up(trainer: Trainer, plan=()) -> None:
     jax = _jax()
     if trainer.mode == "fast":
         for start, stop in plan:
-            for first, length, size in _runs(trainer.problem, start, stop):
+            for first, length, size in trainer.problem.runs_of_one_size(start, stop):
                 if (length, size) not in trainer.compiled:
                     args = (trainer.params, trainer.opt_state, trainer.loss_log, np.int32(first), trainer.data)
                     trainer.compiled[length, size] = trainer.run_of_steps(length, size).lower(*args).compile()
@@ -256,7 +239,7 @@ def warm_up(trainer: Trainer, plan=()) -> None:
 
 def train(trainer: Trainer, start: int, stop: int) -> None:
     if trainer.mode == "fast":
-        for first, length, size in _runs(trainer.problem, start, stop):
+        for first, length, size in trainer.problem.runs_of_one_size(start, stop):
             loop = trainer.compiled.get((length, size))
             if loop is None:  # a range the warm-up was not told of: compiled here, and timed
                 loop = trainer.compiled[length, size] = trainer.run_of_steps(length, size)
@@ -265,21 +248,16 @@ def train(trainer: Trainer, start: int, stop: int) -> None:
             )
         return
     for t in range(start, stop):
-        trainer.params, trainer.opt_state, trainer.loss_log = _call_step(
-            trainer, trainer.params, trainer.opt_state, trainer.loss_log, t
-        )
+        trainer.params, trainer.opt_state, trainer.loss_log = _call_step(trainer, trainer.params, trainer.opt_state, trainer.loss_log, t)
 
 
 def synchronize(trainer: Trainer) -> None:
     _jax().block_until_ready((trainer.params, trainer.opt_state, trainer.loss_log))
 
 
-def losses(trainer: Trainer, upto: int) -> np.ndarray:
-    return np.asarray(trainer.loss_log, dtype=np.float64)[:upto]
-
-
-def params(trainer: Trainer):
-    return [(np.asarray(w).copy(), np.asarray(b).copy()) for w, b in trainer.params]
+def state(trainer: Trainer, upto: int) -> State:
+    params = [(np.asarray(w).copy(), np.asarray(b).copy()) for w, b in trainer.params]
+    return State(np.asarray(trainer.loss_log, dtype=np.float64)[:upto], params)
 
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:

@@ -1,30 +1,42 @@
 """The adapter protocol, typed: what the runner calls on each framework's module
 (adapters/__init__.py says what each function must do). `tests/test_adapters.py` checks
-every registered adapter against it, name by name and parameter by parameter."""
+every registered adapter against it, name by name and parameter by parameter.
+
+Every function that sets a run up takes the run's `RunKey`: its device, dtype, precision
+("strict", "tf32", "float64") and mode come from there, never from a module global."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from harness.inputs import Problem
+    from harness.registry import RunKey
+
 Params = list[tuple[np.ndarray, np.ndarray]]
+
+
+class State(NamedTuple):
+    """A trainer's results so far, as float64 NumPy arrays (parameters in their own dtype)."""
+
+    losses: np.ndarray  # the first `upto` logged losses
+    params: Params  # (W, b) per layer, W stored (fan_in, fan_out)
 
 
 @runtime_checkable
 class Adapter(Protocol):
     NAME: str
 
-    def configure(self, precision: str) -> None: ...
+    def unavailable(self, key: RunKey) -> str | None: ...
 
-    def unavailable(self, device: str) -> str | None: ...
+    def describe(self, key: RunKey) -> dict[str, Any]: ...
 
-    def describe(self, device: str, mode: str = "eager") -> dict[str, Any]: ...
+    def put(self, problem: Problem, key: RunKey) -> Any: ...
 
-    def put(self, problem: Any, device: str, dtype: str) -> Any: ...
-
-    def build(self, problem: Any, data: Any, device: str, dtype: str, mode: str = "eager") -> Any: ...
+    def build(self, problem: Problem, data: Any, key: RunKey) -> Any: ...
 
     def warm_up(self, trainer: Any, plan: Sequence[tuple[int, int]] = ()) -> None: ...
 
@@ -32,8 +44,14 @@ class Adapter(Protocol):
 
     def synchronize(self, trainer: Any) -> None: ...
 
-    def losses(self, trainer: Any, upto: int) -> np.ndarray: ...
-
-    def params(self, trainer: Any) -> Params: ...
+    def state(self, trainer: Any, upto: int) -> State: ...
 
     def predict(self, trainer: Any, x: np.ndarray) -> np.ndarray: ...
+
+
+class MeasuresRates(Protocol):
+    """Optional: an adapter that can time its device's float32 product rate, memory
+    bandwidth and (GPU) the cost of one kernel in a CUDA graph, for the floor
+    (harness/hardware.py). Keys: "matmul" (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
+
+    def rates(self, device: str, precision: str) -> dict[str, float]: ...

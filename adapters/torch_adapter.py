@@ -19,15 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from adapters import xp_mlp
+from adapters import timing, xp_mlp
+from adapters.protocol import State
 
 NAME = "torch"
-_PRECISION = "strict"
-
-
-def configure(precision: str) -> None:
-    global _PRECISION
-    _PRECISION = precision
 
 
 def _torch():
@@ -42,19 +37,20 @@ def _device(device: str) -> str:
     return "cuda" if device == "gpu" else "cpu"
 
 
-def unavailable(device: str) -> str | None:
+def unavailable(key) -> str | None:
     try:
         torch = _torch()
     except ImportError as exc:
         return f"torch is not installed ({exc})"
-    if device == "gpu" and not torch.cuda.is_available():
+    if key.device == "gpu" and not torch.cuda.is_available():
         return "torch finds no usable CUDA device"
     return None
 
 
-def _configure(torch) -> None:
-    """Deterministic kernels, and full float32 products unless TF32 was asked for."""
-    tf32 = _PRECISION == "tf32"
+def _configure(torch, precision: str) -> None:
+    """Deterministic kernels, and full float32 products unless TF32 was asked for (the
+    flags are the process's: set again by every build, for the run it builds)."""
+    tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -70,11 +66,11 @@ FAST_MODE = {
 }
 
 
-def describe(device: str, mode: str = "eager") -> dict[str, Any]:
+def describe(key) -> dict[str, Any]:
     torch = _torch()
-    _configure(torch)
-    name = torch.cuda.get_device_name() if device == "gpu" else platform.processor() or platform.machine()
-    fast = {"fast_mode": FAST_MODE[device]} if mode == "fast" else {}
+    _configure(torch, key.precision)
+    name = torch.cuda.get_device_name() if key.device == "gpu" else platform.processor() or platform.machine()
+    fast = {"fast_mode": FAST_MODE[key.device]} if key.mode == "fast" else {}
     return {
         "library": "torch",
         "version": torch.__version__,
@@ -119,15 +115,10 @@ class _Fast:
     next_step: int = 0  # the step the counters point at (host side: no sync to know it)
 
 
-def put(problem, device: str, dtype: str) -> dict[str, Any]:
+def put(problem, key) -> dict[str, Any]:
     torch = _torch()
-    dev = _device(device)
-    arrays = {"x": problem.x_train.astype(dtype), "y": problem.y_train}
-    if problem.spec.loss.kind == "mse":
-        arrays["y"] = problem.y_train.astype(dtype)
-    if problem.batch_order is not None:
-        arrays["order"] = problem.batch_order
-    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in arrays.items()}
+    dev = _device(key.device)
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in problem.host_arrays(key.dtype).items()}
 
 
 def _model(torch, spec, params, dev, dtype):
@@ -152,9 +143,10 @@ def _optimizer(torch, spec, model, **impl):
     return torch.optim.SGD(model.parameters(), lr=opt.lr, **impl)
 
 
-def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "eager") -> Trainer:
+def build(problem, data: dict[str, Any], key) -> Trainer:
+    device, dtype, mode = key.device, key.dtype, key.mode
     torch = _torch()
-    _configure(torch)
+    _configure(torch, key.precision)
     torch_dtype = getattr(torch, dtype)
     model = _model(torch, problem.spec, problem.initial_params, _device(device), torch_dtype)
     log = torch.zeros(problem.total_steps, dtype=torch_dtype, device=_device(device))
@@ -335,18 +327,8 @@ def _capture(torch, trainer: Trainer, sizes) -> None:
         fast.graphs[size] = graph
 
 
-def _plan_sizes(trainer: Trainer, plan) -> dict[int, int]:
-    """Batch size -> the first step of that size among the plan's steps (all steps if no plan)."""
-    problem = trainer.problem
-    first: dict[int, int] = {}
-    for start, stop in list(plan) or [(0, problem.total_steps)]:
-        for t in range(start, min(stop, start + len(problem.bounds))):  # one epoch holds every size
-            first.setdefault(problem.batch_size(t), t)
-    return first
-
-
 def _warm_up_fast(torch, trainer: Trainer, plan) -> None:
-    sizes = _plan_sizes(trainer, plan)
+    sizes = trainer.problem.first_step_of_each_size(plan)
     if trainer.device == "gpu":
         _capture(torch, trainer, sizes)
     else:
@@ -411,13 +393,10 @@ def synchronize(trainer: Trainer) -> None:
         _torch().cuda.synchronize()
 
 
-def losses(trainer: Trainer, upto: int) -> np.ndarray:
-    return trainer.loss_log[:upto].cpu().double().numpy()
-
-
-def params(trainer: Trainer):
+def state(trainer: Trainer, upto: int) -> State:
     linears = [m for m in trainer.model if isinstance(m, _torch().nn.Linear)]
-    return [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in linears]
+    params = [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in linears]
+    return State(trainer.loss_log[:upto].cpu().double().numpy(), params)
 
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
@@ -425,3 +404,38 @@ def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         inputs = torch.from_numpy(np.ascontiguousarray(x)).to(device=_device(trainer.device), dtype=trainer.dtype)
         return trainer.model(inputs).cpu().double().numpy()
+
+
+def rates(device: str, precision: str) -> dict[str, float]:
+    """torch's float32 product rate and copy bandwidth; on the GPU, also one kernel's cost
+    inside a CUDA graph."""
+    torch = _torch()
+    if device == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device")
+    dev = _device(device)
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    sync = torch.cuda.synchronize if device == "gpu" else lambda: None
+    n = timing.matmul_n(device)
+    a = torch.rand(n, n, device=dev)
+    out = torch.empty_like(a)
+    matmul = 2 * n**3 / timing.best_seconds(lambda: torch.mm(a, a, out=out), sync)
+    src = torch.ones(timing.copy_bytes(device) // 4, device=dev)
+    dst = torch.empty_like(src)
+    found = {"matmul": matmul, "bandwidth": 2 * src.numel() * 4 / timing.best_seconds(lambda: dst.copy_(src), sync)}
+    if device == "gpu":
+        found["launch"] = _graph_kernel_seconds(torch)
+    return found
+
+
+def _graph_kernel_seconds(torch) -> float:
+    x = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.add_(1)  # warm the kernel before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(timing.GRAPH_KERNELS):
+            x.add_(1)
+    return timing.best_seconds(graph.replay, torch.cuda.synchronize) / timing.GRAPH_KERNELS

@@ -50,22 +50,29 @@ def _kernels(cupy, loss_kind: str) -> dict[str, Any]:
     if loss_kind == "mse":
         # diff = out - y; total = sum(diff * diff); d_out = (2 * diff) / denom
         k["mse"] = ek(
-            "T o, T y, T denom", "T sq, T d",
+            "T o, T y, T denom",
+            "T sq, T d",
             "T diff = o - y; sq = diff * diff; d = (T(2) * diff) / denom;",
-            "fast_mse", options=_FMAD_OFF,
+            "fast_mse",
+            options=_FMAD_OFF,
         )
     else:
         # log_softmax: shifted = logits - max; logp = shifted - log(sum(exp(shifted)))
         k["shift"] = ek(
-            "T logits, T mx", "T shifted, T e", "shifted = logits - mx; e = exp(shifted);",
-            "fast_shift", options=_FMAD_OFF,
+            "T logits, T mx",
+            "T shifted, T e",
+            "shifted = logits - mx; e = exp(shifted);",
+            "fast_shift",
+            options=_FMAD_OFF,
         )
         # d_out = exp(logp); d_out[rows, targets] -= 1; d_out / denom; picked = logp[rows, targets]
         k["ce"] = ek(
-            "T shifted, T s, raw I t, int64 ncls, T denom", "T d, raw T picked",
+            "T shifted, T s, raw I t, int64 ncls, T denom",
+            "T d, raw T picked",
             "T lp = shifted - log(s); T e = exp(lp); long long r = i / ncls;"
             " if (i - r * ncls == (long long)t[r]) { picked[r] = lp; e = e - T(1); } d = e / denom;",
-            "fast_ce", options=_FMAD_OFF,
+            "fast_ce",
+            options=_FMAD_OFF,
         )
     k["sgd"] = ek("T g, T lr", "T p", "p = p - lr * g;", "fast_sgd", options=_FMAD_OFF)
     k["sgd_l2"] = ek("T g, T lr, T s2", "T p", "T gg = g + s2 * p; p = p - lr * gg;", "fast_sgd_l2", options=_FMAD_OFF)
@@ -78,23 +85,25 @@ def _kernels(cupy, loss_kind: str) -> dict[str, Any]:
     )
     args = "raw T c1t, raw T c2t, raw int64 step, T lr, T b1, T omb1, T b2, T omb2, T eps"
     k["adam"] = ek(f"T g0, {args}", "T p, T m, T v", f"T g = g0; {adam}", "fast_adam", options=_FMAD_OFF)
-    k["adam_l2"] = ek(
-        f"T g0, {args}, T s2", "T p, T m, T v", f"T g = g0 + s2 * p; {adam}", "fast_adam_l2", options=_FMAD_OFF
-    )
+    k["adam_l2"] = ek(f"T g0, {args}, T s2", "T p, T m, T v", f"T g = g0 + s2 * p; {adam}", "fast_adam_l2", options=_FMAD_OFF)
     # the minibatch rows: order[offsets[step] + row]
     k["gather"] = ek(
-        "raw S src, raw int64 order, raw int64 offsets, raw int64 step, int64 cols", "S dst",
+        "raw S src, raw int64 order, raw int64 offsets, raw int64 step, int64 cols",
+        "S dst",
         "long long r = order[offsets[step[0]] + i / cols]; dst = src[r * cols + i % cols];",
-        "fast_gather", options=_FMAD_OFF,
+        "fast_gather",
+        options=_FMAD_OFF,
     )
     # loss = (-)total / denom (+ scale * (parts[0] + parts[1] + ...)); log[step] = loss; step += 1
     k["finish"] = ek(
-        "raw T total, raw T parts, int32 nparts, bool negate, T denom, T scale", "raw T log, raw int64 step",
+        "raw T total, raw T parts, int32 nparts, bool negate, T denom, T scale",
+        "raw T log, raw int64 step",
         "T loss = negate ? -total[0] : total[0]; loss = loss / denom;"
         " if (nparts > 0) { T acc = parts[0]; for (int j = 1; j < nparts; ++j) acc = acc + parts[j];"
         " loss = loss + scale * acc; }"
         " log[step[0]] = loss; step[0] = step[0] + 1;",
-        "fast_finish", options=_FMAD_OFF,
+        "fast_finish",
+        options=_FMAD_OFF,
     )
     return k
 
@@ -166,9 +175,7 @@ class FastMLP:
         self.gathered = problem.batch_order is not None
         self.sizes = [problem.batch_size(t) for t in range(total)]
         self.spaces = {
-            n: _Workspace(
-                xp, n, self.widths, self.activations, self.dtype, data["x"], data["y"], self.gathered, self.loss.kind, self.on_gpu
-            )
+            n: _Workspace(xp, n, self.widths, self.activations, self.dtype, data["x"], data["y"], self.gathered, self.loss.kind, self.on_gpu)
             for n in sorted(set(self.sizes))
         }
         if self.on_gpu:
@@ -335,8 +342,15 @@ class FastMLP:
         nparts = len(self.params) if self.scale else 0
         if self.on_gpu:
             self.k["finish"](
-                ws.total1, self.parts, np.int32(nparts), ce, self.dtype.type(denom), self.dtype.type(self.scale),
-                self.loss_log, self.step, size=1,
+                ws.total1,
+                self.parts,
+                np.int32(nparts),
+                ce,
+                self.dtype.type(denom),
+                self.dtype.type(self.scale),
+                self.loss_log,
+                self.step,
+                size=1,
             )
             return
         total = ws.total
@@ -384,12 +398,11 @@ class FastMLP:
             return
         import cupy
 
-        steps = [t for start, stop in (plan or [(0, self.problem.total_steps)]) for t in range(start, stop)]
-        sizes = sorted({self.sizes[t] for t in steps})
-        if not sizes:
+        first_of = self.problem.first_step_of_each_size(plan)
+        if not first_of:
             return
+        sizes = list(first_of)
         initial = [a.copy() for a in self.state()]
-        first_of = {n: min(t for t in steps if self.sizes[t] == n) for n in sizes}
         self.stream.wait_event(cupy.cuda.get_current_stream().record())
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             for n in sizes:  # compile, and let the pool, cuBLAS and CUB allocate what they need

@@ -178,7 +178,7 @@ def _skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> 
     return [Check(n, a, b, "skipped", rule, reason=reason) for n in names]
 
 
-NO_CALIBRATION = "no calibration: needs ok runs of cupy@cpu (float32, and its members) and the oracle"
+NO_CALIBRATION = "no calibration: needs ok runs of numpy@cpu (float32, and its members) and the oracle"
 
 
 def envelope(spec: Spec, cal: Spread) -> np.ndarray:
@@ -246,12 +246,16 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
     c = spec.checks
     factor = c.long_run.factor
     names = tensor_names(next(iter(b.snapshots.values()), None) or b.final_params or [])
-    overrides = {} if prefix else {
-        "initial_outputs": c.initial_outputs,
-        "initial_loss": c.initial_loss,
-        "params_after_step_1": c.params_after_first_step,
-        f"params_after_step_{c.params_after_steps.step}": c.params_after_steps.override,
-    }
+    overrides = (
+        {}
+        if prefix
+        else {
+            "initial_outputs": c.initial_outputs,
+            "initial_loss": c.initial_loss,
+            "params_after_step_1": c.params_after_first_step,
+            f"params_after_step_{c.params_after_steps.step}": c.params_after_steps.override,
+        }
+    )
     quantities = [
         ("initial_outputs", [a.initial_outputs], [b.initial_outputs], lambda s: [s.initial_outputs], 0),
         ("initial_loss", [a.losses[:1]], [b.losses[:1]], lambda s: [s.initial_loss], 0),
@@ -299,9 +303,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
         return _skipped(names, twin.key, ORACLE_KEY, "math parity", reason)
     factor = spec.checks.long_run.factor
     eps = EPS["float64"]
-    checks = [
-        dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)
-    ]
+    checks = [dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
     checks.append(
         curve_check(
             f"{MATH}loss_curve",

@@ -19,7 +19,7 @@ from harness import progress, records, resources
 from harness import spec as spec_mod
 from harness.atomic import atomic_write, ensure_replaceable
 from harness.errors import HarnessError
-from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, STRICT
+from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, ONLY_ON, STRICT, runs_on
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -32,7 +32,7 @@ def _csv(allowed: tuple[str, ...], what: str):
         unknown = [t for t in items if t not in allowed]
         if unknown or not items:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}")
-        return list(dict.fromkeys(items))  # each once: cupy,cupy is cupy
+        return list(dict.fromkeys(items))  # each once: jax,jax is jax
 
     return parse
 
@@ -114,9 +114,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--frameworks",
             type=_csv(tuple(ADAPTERS), "framework"),
-            default=list(ADAPTERS),
+            default=None,
             metavar="LIST",
-            help=f"comma-separated, of {', '.join(ADAPTERS)} (default: all). The float64 oracle, its "
+            help=f"comma-separated, of {', '.join(ADAPTERS)} (default: all; numpy runs on the CPU only, cupy on "
+            "the GPU only: the same array-module code). The float64 oracle, its "
             "reordered calibration members and the float64 twins of the frameworks chosen always run "
             "too: every verdict is judged against them",
         )
@@ -131,8 +132,7 @@ def _parser() -> argparse.ArgumentParser:
             "--results",
             type=Path,
             default=records.RUNS_DIR,
-            help=f"records folder (default: {records.RUNS_DIR}/, git-ignored; the committed reference records are in "
-            f"{records.REFERENCE_DIR}/)",
+            help=f"records folder (default: {records.RUNS_DIR}/, git-ignored; the committed reference records are in {records.REFERENCE_DIR}/)",
         )
 
     run = sub.add_parser("run", help="run specs through adapters and devices, check, write records")
@@ -146,9 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     limit_options(run)
     data_options(run)
 
-    bench = sub.add_parser(
-        "bench", help="eager and fast modes side by side: time per step, fast/eager and measured/floor; records as usual"
-    )
+    bench = sub.add_parser("bench", help="eager and fast modes side by side: time per step, fast/eager and measured/floor; records as usual")
     bench.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
     matrix_options(bench)
     bench.add_argument("--no-records", action="store_true", help="print the tables, write nothing")
@@ -220,6 +218,14 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
 
     if args.repeats is not None and args.repeats < 1:
         raise HarnessError("--repeats: must be at least 1")
+    chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
+    for framework in chosen:  # by name: of all (the default), each runs where it can
+        if not any(runs_on(framework, device) for device in args.devices):
+            only = ONLY_ON[framework][0]
+            raise HarnessError(
+                f"--frameworks {framework}: {framework} runs on the {only} only (numpy and cupy are the same "
+                f"array-module code on the CPU and the GPU); add {only} to --devices"
+            )
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         records.ensure_writable(results_dir)
@@ -316,9 +322,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         problem = inputs.build_problem(loaded, args.data_dir, limits=_limits(args))
         key = loaded.spec.sweep.key
         console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
-        results.append(
-            matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir, rates)
-        )
+        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir, rates))
     return _finish_run(console, results, results_dir, run_id)
 
 

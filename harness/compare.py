@@ -27,7 +27,7 @@ from pathlib import Path
 from harness import store
 from harness.errors import RecordError
 from harness.gitrev import checked_revision
-from harness.records import REFERENCE_DIR, Record, read_record
+from harness.records import REFERENCE_DIR, Record
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
 # this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
@@ -60,7 +60,7 @@ def load_records(folder: Path) -> dict[tuple, Record]:
     """The newest record of each cell (store.cell_key) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
-    return store.newest(read_record(p) for p in store.record_paths(folder))
+    return store.newest(store.read(p) for p in store.record_paths(folder))
 
 
 def baseline_folder(baseline: str, workdir: Path) -> Path:
@@ -156,9 +156,7 @@ def compare_pair(base: Record, new: Record) -> list[Finding]:
         old_verdict = "-" if old is None else old.verdict
         err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
         if check.verdict == "fail":
-            findings.append(
-                finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression")
-            )
+            findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
         elif old is not None and old.verdict == "fail":
             findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 

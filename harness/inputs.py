@@ -68,6 +68,35 @@ class Problem:
         _, start, stop = self.batch_slice(step)
         return stop - start
 
+    def host_arrays(self, dtype: str, index_dtype: type = np.int64) -> dict[str, np.ndarray]:
+        """What an adapter puts on its device: "x" in the run's dtype; "y", targets in that
+        dtype (mse) or class labels as `index_dtype`; "order", the batch order, if any."""
+        arrays = {"x": self.x_train.astype(dtype)}
+        arrays["y"] = self.y_train.astype(dtype if self.spec.loss.kind == "mse" else index_dtype)
+        if self.batch_order is not None:
+            arrays["order"] = self.batch_order.astype(index_dtype)
+        return arrays
+
+    def first_step_of_each_size(self, plan=()) -> dict[int, int]:
+        """Batch size -> the first step of that size among the plan's [start, stop) ranges
+        (every step, without a plan): what a warm-up compiles or captures once per size."""
+        first: dict[int, int] = {}
+        for start, stop in list(plan) or [(0, self.total_steps)]:
+            for t in range(start, min(stop, start + len(self.bounds))):  # one epoch holds every size
+                first.setdefault(self.batch_size(t), t)
+        return dict(sorted(first.items()))
+
+    def runs_of_one_size(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """Steps start .. stop-1 as (first step, steps, batch size) runs of one batch size."""
+        runs: list[tuple[int, int, int]] = []
+        for t in range(start, stop):
+            size = self.batch_size(t)
+            if runs and runs[-1][2] == size:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, size)
+            else:
+                runs.append((t, 1, size))
+        return runs
+
     def batch(self, data: dict, step: int):
         """A step's (x, y), indexed out of arrays an adapter put on its device: data["x"],
         data["y"] and, when there is a batch order, data["order"]. Any array library."""
@@ -175,10 +204,7 @@ def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: 
     source = source or section.source
     split = data.load_idx(section, source, data_dir or data.default_data_dir(), download)
     if split.x_train.shape[1] != spec.model.input_width:
-        raise DataError(
-            f"model.input_width: {spec.model.input_width}, but the {source} images have "
-            f"{split.x_train.shape[1]} pixels"
-        )
+        raise DataError(f"model.input_width: {spec.model.input_width}, but the {source} images have {split.x_train.shape[1]} pixels")
     n_classes = spec.model.layers[-1].width
     if split.y_train.max(initial=0) >= n_classes:
         raise DataError(f"model.layers: {n_classes} outputs, but the labels go up to {split.y_train.max()}")

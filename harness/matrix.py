@@ -18,7 +18,7 @@ from harness.errors import HarnessError
 from harness.floor import Rates, floor
 from harness.fresh import ProcessDied, in_fresh_process
 from harness.inputs import Problem, reordered, truncated
-from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey
+from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey, runs_on
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
 from harness.spec import LoadedSpec
 
@@ -36,17 +36,25 @@ class SpecResult:
     records: list[records.Record] = field(default_factory=list)  # one per run, written or not
     calibration: Calibration | None = None
     members64: list[Outcome] = field(default_factory=list)  # the oracle's reordered runs, first steps
+    member_records: list[records.Record] = field(default_factory=list)  # the members', never written
+
+    @property
+    def title(self) -> str:
+        """The spec's name, and a sweep point's size."""
+        loaded = self.loaded
+        if loaded.spec.sweep is not None and loaded.profile == loaded.spec.sweep.profile:
+            return f"{loaded.name} n={len(self.problem.x_train)}"
+        return loaded.name
 
 
-def matrix_keys(
-    frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)
-) -> list[RunKey]:
-    """The chosen cells in each mode (and with `tf32`, each framework again on the GPU with
-    TF32 allowed), plus the calibration run (cupy@cpu) and the oracle, which the checks
-    need, both eager; the oracle runs last, as it is the slowest."""
-    keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks]
+def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
+    """The chosen cells in each mode, each framework on the devices it runs on (and with
+    `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
+    (numpy@cpu) and the oracle, which the checks need, both eager; the oracle runs last, as
+    it is the slowest."""
+    keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
-        keys += [RunKey(f, "gpu", precision="tf32", mode=m) for m in modes for f in frameworks]
+        keys += [RunKey(f, "gpu", precision="tf32", mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
     if CALIBRATION_KEY not in keys:
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
@@ -59,9 +67,9 @@ def implementation(key: RunKey, describe: dict) -> str:
     if key.precision == FLOAT64:
         return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps)"
     fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
-    if key.adapter == "cupy" and key.device == "cpu":
+    if key.adapter == "numpy":
         calibrates = "; calibrates the envelope" if key == CALIBRATION_KEY else ""
-        return f"array-module MLP on NumPy, float32 (CuPy adapter, CPU path{calibrates}){fast}"
+        return f"array-module MLP on NumPy, float32 (the CuPy code's CPU path{calibrates}){fast}"
     return f"{describe.get('library', key.adapter)} adapter{fast}"
 
 
@@ -104,11 +112,22 @@ def calibration_record(spec, cal: Calibration | None) -> records.CalibrationReco
     )
 
 
+# what a check's record copies from the check as it is (checks.Check)
+CHECK_FIELDS = ("name", "verdict", "tolerance", "max_abs_error", "max_rel_error", "first_failure_step", "horizon_steps", "reason", "tensor", "diagnosis")
+
+
 def build_record(
-    result: SpecResult, key: RunKey, run_id: str, rates: dict[tuple[str, str], Rates] | None = None
+    result: SpecResult,
+    key: RunKey,
+    run_id: str,
+    rates: dict[tuple[str, str], Rates] | None = None,
+    outcome: Outcome | None = None,
 ) -> tuple[records.Record, bytes | None]:
-    """The record of one run; `rates` maps (device, precision) to that device's measured rates."""
-    loaded, problem, outcome = result.loaded, result.problem, result.outcomes[key]
+    """The record of one run (`outcome`, else the result's outcome of `key`): the one place
+    records are made, from the spec, the problem, the outcome and the checks. `rates` maps
+    (device, precision) to that device's measured rates."""
+    loaded, problem = result.loaded, result.problem
+    outcome = result.outcomes[key] if outcome is None else outcome
     spec = loaded.spec
     metrics = None
     if outcome.losses is not None and outcome.status == "ok":
@@ -126,18 +145,9 @@ def build_record(
         timings = records.Timings(cpu_threads=outcome.describe.get("threads"), **outcome.timings)
     checks = [
         records.CheckRecord(
-            name=c.name,
+            **{name: getattr(c, name) for name in CHECK_FIELDS},
             against=c.other(key).label,
-            verdict=c.verdict,
-            tolerance=c.tolerance,
-            max_abs_error=c.max_abs_error,
-            max_rel_error=c.max_rel_error,
-            first_failure_step=c.first_failure_step,
-            horizon_steps=c.horizon_steps,
-            reason=c.reason,
             ratio=None if c.ratio is None or c.ratio == float("inf") else c.ratio,
-            tensor=c.tensor,
-            diagnosis=c.diagnosis,
         )
         for c in result.checks
         if c.involves(key)
@@ -165,6 +175,7 @@ def build_record(
         precision_mode=key.precision,
         precision=outcome.describe.get("math_mode", {}),
         mode=key.mode,
+        variant=key.variant,
         host=records.host_info(),
         libraries=records.library_versions(),
         git=records.git_info(),
@@ -205,7 +216,7 @@ def envelope_curve(spec, cal: Calibration | None, key: RunKey) -> np.ndarray | N
 
 
 def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
-    return {f: prepared_adapter(RunKey(f, "gpu"))[1] for f in frameworks}
+    return {f: prepared_adapter(RunKey(f, "gpu"))[1] for f in frameworks if runs_on(f, "gpu")}
 
 
 def require_gpu(frameworks: list[str]) -> None:
@@ -215,6 +226,8 @@ def require_gpu(frameworks: list[str]) -> None:
         reasons = in_fresh_process(_gpu_reasons, frameworks)
     except ProcessDied:
         raise HarnessError("no usable CUDA GPU: the probe's process died") from None
+    if not reasons:
+        raise HarnessError(f"--require-gpu: none of {', '.join(frameworks)} runs on the GPU")
     if all(reasons.values()):
         detail = "; ".join(f"{f}: {why}" for f, why in reasons.items())
         raise HarnessError(f"no usable CUDA GPU on this host ({detail})")
@@ -263,9 +276,7 @@ def _cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey
     return work_dir / loaded.name / f"{name}-{digest}.json"
 
 
-def _one(
-    problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool, cell: Path | None = None
-) -> Outcome:
+def _one(problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool, cell: Path | None = None) -> Outcome:
     return _group(problem, {key: label}, repeats, console, isolate, {key: cell})[key]
 
 
@@ -402,6 +413,8 @@ def run_spec(
         result.records.append(record)
         if results_dir is not None:
             result.paths.append(records.write_record(results_dir, record, artifact))
+    # the members, for the terminal's table: they calibrate the checks and are not written
+    result.member_records = [build_record(result, m.key, run_id, outcome=m)[0] for m in [*members32, *members64]]
     return result
 
 

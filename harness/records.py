@@ -189,6 +189,9 @@ class Record(Frozen):
     # eager: the article-style code, one framework call per step; fast: the framework's
     # compiled mode (many steps per call, fused kernels, CUDA graphs)
     mode: Literal["eager", "fast"] = "eager"
+    # a calibration member's variant (`order3`: its sums in another order); members are shown
+    # in the terminal's table, not written
+    variant: str = ""
     host: Host
     libraries: dict[str, str]
     git: Git

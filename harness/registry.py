@@ -13,11 +13,18 @@ from types import ModuleType
 ADAPTERS: dict[str, str] = {
     "torch": "adapters.torch_adapter",
     "jax": "adapters.jax_adapter",
-    "cupy": "adapters.cupy_adapter",
+    # the array-module MLP (adapters/xp_mlp.py), named for the library it runs on
+    "numpy": "adapters.xp_adapter",
+    "cupy": "adapters.xp_adapter",
 }
-ORACLE = "oracle"
-CALIBRATION = "cupy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
 DEVICES = ("cpu", "gpu")
+# The devices each framework runs on (all, where not listed): NumPy is the array-module
+# code on the CPU, CuPy the same code on the GPU.
+ONLY_ON: dict[str, tuple[str, ...]] = {"numpy": ("cpu",), "cupy": ("gpu",)}
+ORACLE = "oracle"  # the reference: the array-module code on NumPy in float64
+CALIBRATION = "numpy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
+# Records written before NumPy had its own name say `cupy` for the array-module code on the CPU.
+RENAMED = {("cupy", "cpu"): "numpy"}
 STRICT = "strict"
 # float64: the run's float64 twin (math parity: the same spec in float64, judged against the
 # oracle over its first steps; a difference there is different math, not rounding)
@@ -42,7 +49,7 @@ class RunKey:
 
     @property
     def adapter(self) -> str:
-        return "cupy" if self.framework == ORACLE else self.framework
+        return "numpy" if self.framework == ORACLE else self.framework
 
     @property
     def dtype(self) -> str:
@@ -65,6 +72,28 @@ class RunKey:
 
 ORACLE_KEY = RunKey(ORACLE, "cpu")
 CALIBRATION_KEY = RunKey(CALIBRATION, "cpu")
+
+
+def runs_on(framework: str, device: str) -> bool:
+    return device in ONLY_ON.get(framework, DEVICES)
+
+
+def code_name(framework: str) -> str:
+    """The name of the code a framework runs, which a speedup pairs across devices: NumPy on
+    the CPU and CuPy on the GPU run the same array-module code, `numpy/cupy`."""
+    return "numpy/cupy" if framework in ONLY_ON else framework
+
+
+def current_name(framework: str, device: str) -> str:
+    """A framework's name now, for one read from an older record."""
+    return RENAMED.get((framework, device), framework)
+
+
+def current_label(label: str) -> str:
+    """A run label (`cupy@cpu~order3`) with its framework's current name (`numpy@cpu~order3`)."""
+    framework, at, rest = label.partition("@")
+    device = rest[:3]
+    return current_name(framework, device) + at + rest if at else label
 
 
 def load(adapter: str) -> ModuleType:

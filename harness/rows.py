@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from harness.records import Record
+from harness.records import CheckRecord, Record
 from harness.registry import ORACLE
 from harness.speed import SpeedRow
 from harness.store import Unavailable, current_spec, record_order, record_spec, run_label
@@ -21,7 +21,6 @@ BENCH_HEADER = [
     *("spec", "profile", "points", "framework", "device", "host", "eager ms/step", "fast ms/step", "fast/eager"),
     *("floor ms/step", "bound", "eager / floor", "fast / floor", "fast mode's checks"),
 ]
-
 
 
 def fmt(value: float | None, spec: str = ".4g") -> str:
@@ -40,10 +39,7 @@ def provenance(records: Iterable[Record]) -> str:
     hosts = sorted({r.host.hostname for r in records})
     commits = sorted({(r.git.commit or "unknown")[:10] + ("+dirty" if r.git.dirty else "") for r in records})
     runs = sorted({r.run_id for r in records})
-    return (
-        f"{len(records)} record{'s' * (len(records) != 1)}; host {', '.join(hosts)}; "
-        f"commit {', '.join(commits)}; run {', '.join(runs)}"
-    )
+    return f"{len(records)} record{'s' * (len(records) != 1)}; host {', '.join(hosts)}; commit {', '.join(commits)}; run {', '.join(runs)}"
 
 
 def oracle_check(record: Record, name: str):
@@ -151,25 +147,36 @@ def verdict_table(records: list[Record]) -> str:
     return md_table(header, verdict_rows(records, with_host))
 
 
+def problem_checks(records: Iterable[Record]) -> list[tuple[Record, CheckRecord]]:
+    """Each failing or known check once (both runs of a pair carry it), with the first
+    record that carries it."""
+    found, seen = [], set()
+    for r in records:
+        for c in r.checks:
+            pair = (r.spec.name, r.host.hostname, c.name, c.tensor, frozenset((run_label(r), c.against)))
+            if c.verdict in ("fail", "known") and pair not in seen:
+                seen.add(pair)
+                found.append((r, c))
+    return found
+
+
+def gating(record: Record, check: CheckRecord) -> bool:
+    """Whether a failing check fails the run: not where a TF32 run is one side of it
+    (measured, not gated: checks.gating)."""
+    return record.precision_mode != "tf32" and "+tf32" not in check.against
+
+
 def problems_list(records: list[Record]) -> list[str]:
     """One line per run that did not finish, and per failing or known check."""
     lines = []
     for r in records:
         if r.status != "ok":
             lines.append(f"- **{r.status.upper()}** {r.spec.name} {run_label(r)}: {r.reason or 'no reason recorded'}")
-    seen = set()
-    for r in records:
-        for c in r.checks:
-            pair = (r.spec.name, r.host.hostname, c.name, frozenset((run_label(r), c.against)))
-            if c.verdict in ("fail", "known") and pair not in seen:
-                seen.add(pair)
-                where = "" if c.first_failure_step is None else f", first at step {c.first_failure_step}"
-                measured = f"max rel {fmt(c.max_rel_error, '.3g')}{where}; " if c.max_rel_error is not None else ""
-                reason = f"; diagnosis: {c.diagnosis}" if c.diagnosis else ""
-                lines.append(
-                    f"- **{c.verdict.upper()}** {r.spec.name} {run_label(r)} vs {c.against}: {c.name}: "
-                    f"{measured}tolerance {c.tolerance}{reason}"
-                )
+    for r, c in problem_checks(records):
+        where = "" if c.first_failure_step is None else f", first at step {c.first_failure_step}"
+        measured = f"max rel {fmt(c.max_rel_error, '.3g')}{where}; " if c.max_rel_error is not None else ""
+        reason = f"; diagnosis: {c.diagnosis}" if c.diagnosis else ""
+        lines.append(f"- **{c.verdict.upper()}** {r.spec.name} {run_label(r)} vs {c.against}: {c.name}: {measured}tolerance {c.tolerance}{reason}")
     return lines
 
 
@@ -363,4 +370,3 @@ def sweep_agreement_table(records: list[Record]) -> str:
             ]
         )
     return md_table(["points", "run", "loss-curve horizon vs oracle", "checks pass / fail / known / skip", "failing checks"], rows)
-

@@ -67,13 +67,14 @@ def _median_and_spread(values: list[float]) -> tuple[float, float]:
 
 
 def prepared_adapter(key: RunKey):
-    """The adapter of `key`, configured for its precision, and why it cannot run there (or None)."""
+    """The adapter of `key`, and why it cannot run there (or None)."""
+    if not registry.runs_on(key.adapter, key.device):
+        return None, f"{key.adapter} runs on the {' and '.join(registry.ONLY_ON[key.adapter])} only"
     try:
         adapter = registry.load(key.adapter)
     except ImportError as exc:
         return None, f"adapter {key.adapter} cannot be imported: {exc}"
-    adapter.configure(key.precision)
-    return adapter, adapter.unavailable(key.device)
+    return adapter, adapter.unavailable(key)
 
 
 def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
@@ -81,9 +82,7 @@ def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | No
     return run_alternating(problem, [key], repeats, {key: progress} if progress else None)[key]
 
 
-def run_alternating(
-    problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None
-) -> dict[RunKey, Outcome]:
+def run_alternating(problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None) -> dict[RunKey, Outcome]:
     """Train `problem` with each key `repeats` times, the keys taking turns repeat by repeat
     (eager, fast, eager, fast, ...): a drift in the machine's speed during the run falls on
     every key alike, so their time ratio holds where back-to-back repeats would not."""
@@ -142,7 +141,7 @@ class _Trial:
 
     def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None):
         self.adapter, self.problem, self.key, self.progress = adapter, problem, key, progress
-        self.outcome = Outcome(key, "ok", describe=adapter.describe(key.device, key.mode))
+        self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
         self.plan = chunk_plan(problem)
         self.transfer: list[float] = []
         self.warmup: list[float] = []
@@ -153,8 +152,8 @@ class _Trial:
         total = problem.total_steps
         snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
         start = time.perf_counter()
-        data = adapter.put(problem, key.device, key.dtype)
-        trainer = adapter.build(problem, data, key.device, key.dtype, key.mode)
+        data = adapter.put(problem, key)
+        trainer = adapter.build(problem, data, key)
         adapter.synchronize(trainer)
         self.transfer.append(time.perf_counter() - start)
 
@@ -169,18 +168,18 @@ class _Trial:
         for first, stop in self.plan:
             adapter.train(trainer, first, stop)
             if repeat == 0 and stop in snapshot_steps:
-                outcome.snapshots[stop] = adapter.params(trainer)
+                outcome.snapshots[stop] = adapter.state(trainer, stop).params
             if self.progress and repeat == 0:  # the printer decides what to show (progress.printer)
-                self.progress(stop, float(adapter.losses(trainer, stop)[-1]))
+                self.progress(stop, float(adapter.state(trainer, stop).losses[-1]))
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
 
-        curve = adapter.losses(trainer, total)
+        curve, params = adapter.state(trainer, total)
         if repeat == 0:
-            outcome.losses = curve
+            outcome.losses, outcome.final_params = curve, params
             _finish(adapter, trainer, problem, outcome)
         else:
-            _compare_repeat(outcome, curve, adapter.params(trainer))
+            _compare_repeat(outcome, curve, params)
 
     def finish(self) -> Outcome:
         self.outcome.timings = _timings(self.problem, self.transfer, self.warmup, self.train)
@@ -205,8 +204,7 @@ def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None
 
 
 def _finish(adapter, trainer, problem: Problem, outcome: Outcome) -> None:
-    """Final parameters, outputs and metrics of a trained run, or its divergence."""
-    outcome.final_params = adapter.params(trainer)
+    """Final outputs and metrics of a trained run, or its divergence."""
     bad = _first_non_finite(outcome.losses, outcome.final_params)
     if bad is not None:
         outcome.status, outcome.failed_at_step = "failed", bad

@@ -1,5 +1,6 @@
-"""GPU-over-CPU speedups from records: the same spec, profile, data size and framework on
-the same host, CPU time over GPU time, with and without the host-to-device transfer.
+"""GPU-over-CPU speedups from records: the same spec, profile, data size and framework
+(the array-module code: NumPy on the CPU, CuPy on the GPU) on the same host, CPU time
+over GPU time, with and without the host-to-device transfer.
 
 Compile and warm-up time is excluded from both sides (each record keeps it apart). A TF32
 GPU run is set against the strict CPU run of its framework. Where one side has no record,
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from harness.records import Record
+from harness.registry import code_name
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def _cell(record: Record, precision_mode: str) -> Cell:
         record.spec.name,
         record.spec.profile,
         record.data.n_train,
-        record.framework,
+        code_name(record.framework),
         precision_mode,
         record.host.hostname,
         record.mode,

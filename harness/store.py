@@ -24,14 +24,23 @@ from harness import spec as spec_mod
 from harness.errors import HarnessError, SpecError
 from harness.gitrev import checked_revision
 from harness.records import PROJECT_ROOT, Record, read_record
-from harness.registry import ORACLE, RunKey
+from harness.registry import ORACLE, RunKey, current_label, current_name
 
-FRAMEWORK_PREFERENCE = ("torch", "jax", "cupy")
+FRAMEWORK_PREFERENCE = ("torch", "jax", "numpy", "cupy")
+
+
+def read(path: Path) -> Record:
+    """One record, validated against the schema, under its framework's current name: a
+    record written before NumPy had its own name says `cupy` for NumPy on the CPU."""
+    record = read_record(path)
+    name = current_name(record.framework, record.device.kind)
+    checks = [c.model_copy(update={"against": current_label(c.against)}) for c in record.checks]
+    return record.model_copy(update={"framework": name, "checks": checks})
 
 
 def run_key(record: Record) -> RunKey:
     """The matrix cell a record was written for."""
-    return RunKey(record.framework, record.device.kind, precision=record.precision_mode, mode=record.mode)
+    return RunKey(record.framework, record.device.kind, record.variant, record.precision_mode, record.mode)
 
 
 def run_label(record: Record) -> str:
@@ -107,7 +116,7 @@ def load_records(results_dir: Path) -> dict[str, Record]:
     """Every record under results_dir, by path (relative to it); a folder without any is an error."""
     if not results_dir.is_dir():
         raise HarnessError(f"{results_dir}: no such results folder")
-    found = {path.relative_to(results_dir).as_posix(): read_record(path) for path in record_paths(results_dir)}
+    found = {path.relative_to(results_dir).as_posix(): read(path) for path in record_paths(results_dir)}
     if not found:
         raise HarnessError(f"{results_dir}: no records (*.json) to report on; run `python -m harness run` first")
     return found
@@ -223,4 +232,3 @@ def current_spec(name: str, specs_dir: Path = spec_mod.SPECS_DIR) -> spec_mod.Sp
         return spec_mod.load_spec(path).spec
     except SpecError:
         return None
-

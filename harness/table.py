@@ -1,15 +1,26 @@
-"""The verdict table printed at the end of a run."""
+"""The terminal's tables at the end of a run: the records just made (written or not),
+rendered with the report's row builders (harness/rows.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness import checks as checks_mod
-from harness.matrix import SpecResult
-from harness.registry import ORACLE_KEY
-from harness.rows import BENCH_HEADER, bench_rows, run_to_run
+from harness.records import Record
+from harness.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, problem_checks, run_to_run
+from harness.store import run_label
+
+
+class Shown(Protocol):
+    """One spec's part of a run (matrix.SpecResult): its title and its records."""
+
+    title: str
+    records: list[Record]  # one per run
+    member_records: list[Record]  # the calibration members', never written
 
 
 def _fmt(value: float | None, spec: str = ".6g") -> str:
@@ -26,9 +37,53 @@ def _counts(passed: int, failed: int, known: int, skipped: int) -> str:
 # is what tells it apart); the time per step and run-to-run stay; each failing check's
 # details follow the table, one line each, and every number is in the record.
 COLUMNS = ("run", "status", "final loss", "acc.", "horizon", "checks", "repeats", "ms/step")
+HORIZON_CHECKS = ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
 
 
-def verdict_table(results: list[SpecResult]) -> Table:
+def _value(record: Record, *names: str) -> float | None:
+    values = record.metrics.values if record.metrics else {}
+    return next((values[n] for n in names if n in values), None)
+
+
+def _ms(record: Record) -> str:
+    return _fmt(record.timings.per_step_s * 1e3 if record.timings else None, ".3f")
+
+
+def _run_row(record: Record) -> tuple[list[str], str | None]:
+    failed = sum(c.verdict == "fail" for c in record.checks)
+    counts = _counts(*(sum(c.verdict == v for c in record.checks) for v in ("pass", "fail", "known", "skipped")))
+    horizon = next(
+        (
+            c.horizon_steps
+            for name in HORIZON_CHECKS
+            for c in record.checks
+            if c.name == name and c.against == ORACLE_LABEL and c.horizon_steps is not None
+        ),
+        None,
+    )
+    total = record.timings.total_steps if record.timings else None
+    status = record.status if record.status != "ok" or not failed else "ok, FAIL"
+    style = "red" if failed or record.status == "failed" else "yellow" if record.status == "skipped" else None
+    cells = [
+        run_label(record),
+        status,
+        _fmt(_value(record, "train_loss"), ".5g"),
+        _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f"),
+        "-" if horizon is None else f"{horizon}/{total}",
+        counts,
+        run_to_run(record),
+        _ms(record),
+    ]
+    return cells, style
+
+
+def _member_row(record: Record) -> list[str]:
+    status = "member" if record.status == "ok" else record.status
+    acc = _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f")
+    return [run_label(record), status, _fmt(_value(record, "train_loss"), ".5g"), acc, "-", "calibrates", "-", _ms(record)]
+
+
+def verdict_table(results: Sequence[Shown]) -> Table:
     table = Table(title="Verdicts", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for column in COLUMNS:
         table.add_column(
@@ -38,95 +93,50 @@ def verdict_table(results: list[SpecResult]) -> Table:
             overflow="fold",
         )
     for result in results:
-        name = result.loaded.name
-        if result.loaded.spec.sweep is not None and result.loaded.profile == result.loaded.spec.sweep.profile:
-            name = f"{name} n={len(result.problem.x_train)}"
-        table.add_row(name, style="bold")  # the spec, above its runs
-        for key, outcome in result.outcomes.items():
-            mine = [c for c in result.checks if c.involves(key)]
-            failed = sum(c.verdict == "fail" for c in mine)
-            counts = _counts(*(sum(c.verdict == v for c in mine) for v in ("pass", "fail", "known", "skipped")))
-            horizon = next(
-                (
-                    c.horizon_steps
-                    for check_name in ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
-                    for c in mine
-                    if c.name == check_name and c.other(key) == ORACLE_KEY and c.horizon_steps is not None
-                ),
-                None,
-            )
-            acc = outcome.metrics.get("val_accuracy", outcome.metrics.get("train_accuracy"))
-            status = outcome.status if outcome.status != "ok" or not failed else "ok, FAIL"
-            style = "red" if failed or outcome.status == "failed" else "yellow" if outcome.status == "skipped" else None
-            table.add_row(
-                key.label,
-                status,
-                _fmt(outcome.metrics.get("train_loss"), ".5g"),
-                _fmt(acc, ".4f"),
-                "-" if horizon is None else f"{horizon}/{len(outcome.losses)}",
-                counts,
-                run_to_run(outcome),
-                _fmt(outcome.timings["per_step_s"] * 1e3 if outcome.timings else None, ".3f"),
-                style=style,
-            )
-        for member in result.members:
-            table.add_row(
-                member.key.label,
-                "member" if member.status == "ok" else member.status,
-                _fmt(member.metrics.get("train_loss"), ".5g"),
-                _fmt(member.metrics.get("val_accuracy", member.metrics.get("train_accuracy")), ".4f"),
-                "-",
-                "calibrates",
-                "-",
-                _fmt(member.timings["per_step_s"] * 1e3 if member.timings else None, ".3f"),
-                style="dim",
-            )
+        table.add_row(result.title, style="bold")  # the spec, above its runs
+        for record in result.records:
+            cells, style = _run_row(record)
+            table.add_row(*cells, style=style)
+        for record in result.member_records:
+            table.add_row(*_member_row(record), style="dim")
     return table
 
 
-def failure_line(spec_name: str, c: checks_mod.Check) -> str:
+def failure_line(record: Record, c) -> str:
     """One line per failing or known check: FAIL (or KNOWN), the pair, the check, the measured
     error against its tolerance, and last the diagnosis."""
-    label = c.verdict.upper() if checks_mod.gating(c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
+    label = c.verdict.upper() if gating(record, c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
     measured = ""
     if c.max_abs_error is not None:
         measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
     if c.ratio is not None:
         measured += f", {c.ratio:.3g}x its tolerance"
     tolerance = f" [{c.tolerance}]" if c.verdict == "fail" else ""
-    return f"{label} {spec_name} {c.a.label} vs {c.b.label}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
+    return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
 
 
-def print_failures(console: Console, results: list[SpecResult]) -> None:
+def _print(console: Console, line: str, style: str | None = None) -> None:
+    console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
+
+
+def print_failures(console: Console, results: Sequence[Shown]) -> None:
     reasons: dict[str, str] = {}
     for result in results:
-        for c in result.checks:
-            if c.verdict in ("fail", "known"):
-                console.print(
-                    failure_line(result.loaded.name, c),
-                    style="red" if c.verdict == "fail" else "yellow",
-                    highlight=False,
-                    soft_wrap=True,
-                    markup=False,
-                )
-                if c.verdict == "known" and c.reason:
-                    reasons.setdefault(c.diagnosis.split(";")[0], c.reason)
-        for outcome in [*result.outcomes.values(), *result.members, *result.members64]:
-            key = outcome.key
-            if outcome.status != "ok":
-                console.print(
-                    f"{outcome.status.upper()} {result.loaded.name} {key.label}: {outcome.reason}",
-                    highlight=False,
-                    soft_wrap=True,
-                    markup=False,
-                )
+        for record, c in problem_checks(result.records):
+            _print(console, failure_line(record, c), "red" if c.verdict == "fail" else "yellow")
+            if c.verdict == "known" and c.reason:
+                reasons.setdefault((c.diagnosis or "").split(";")[0], c.reason)
+        for record in [*result.records, *result.member_records]:
+            if record.status != "ok":
+                _print(console, f"{record.status.upper()} {record.spec.name} {run_label(record)}: {record.reason}")
     for what, reason in reasons.items():  # each known difference explained once
-        console.print(f"{what}: {reason}", style="dim", highlight=False, soft_wrap=True, markup=False)
+        _print(console, f"{what}: {reason}", "dim")
 
 
-def failed(results: list[SpecResult]) -> bool:
-    return any(c.verdict == "fail" and checks_mod.gating(c) for r in results for c in r.checks) or any(
-        o.status == "failed" for r in results for o in [*r.outcomes.values(), *r.members, *r.members64]
+def failed(results: Sequence[Shown]) -> bool:
+    """Whether the run fails: a gating check failed, or a run (or member) failed."""
+    return any(c.verdict == "fail" and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
+        r.status == "failed" for result in results for r in [*result.records, *result.member_records]
     )
 
 

@@ -18,6 +18,7 @@ if DETERMINISTIC_FLAG not in os.environ.get("XLA_FLAGS", "").split():
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DETERMINISTIC_FLAG}".strip()
 
 from harness import data, inputs, registry  # noqa: E402
+from harness.registry import RunKey  # noqa: E402
 from harness.spec import SPECS_DIR, Close, load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,18 +67,34 @@ def problem_or_skip(name: str) -> inputs.Problem:
     return quick_problem(name)
 
 
+CPU_FRAMEWORKS = [f for f in registry.ADAPTERS if registry.runs_on(f, "cpu")]
+GPU_FRAMEWORKS = [f for f in registry.ADAPTERS if registry.runs_on(f, "gpu")]
+
+
+def key_for(adapter, device: str = "cpu", dtype: str = "float32", mode: str = "eager") -> RunKey:
+    """The run key an adapter module is called with, for one device, dtype and mode."""
+    framework = adapter.NAME if adapter.NAME != "xp" else ("numpy" if device == "cpu" else "cupy")
+    return RunKey(framework, device, precision="float64" if dtype == "float64" else "strict", mode=mode)
+
+
+def trainer_of(adapter, problem, device: str = "cpu", dtype: str = "float32", mode: str = "eager"):
+    """A built trainer: the problem's data put on the device, the initial state, nothing run."""
+    key = key_for(adapter, device, dtype, mode)
+    return adapter.build(problem, adapter.put(problem, key), key)
+
+
 def first_loss(adapter, trainer) -> float:
     adapter.train(trainer, 0, 1)
-    return adapter.losses(trainer, 1)[0]
+    return adapter.state(trainer, 1).losses[0]
 
 
 def one_step(adapter, problem, dtype):
     """Probe outputs before, the first loss, and the parameters after one step on the CPU."""
-    trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
+    trainer = trainer_of(adapter, problem, "cpu", dtype)
     adapter.warm_up(trainer)
     outputs = adapter.predict(trainer, problem.probe)
     loss = first_loss(adapter, trainer)
-    return outputs, loss, adapter.params(trainer)
+    return outputs, loss, adapter.state(trainer, 1).params
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +105,7 @@ def oracle_step():
     def get(name):
         if name not in cache:
             problem = problem_or_skip(name)
-            cache[name] = (problem, one_step(registry.load("cupy"), problem, "float64"))
+            cache[name] = (problem, one_step(registry.load("numpy"), problem, "float64"))
         return cache[name]
 
     return get

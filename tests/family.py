@@ -25,7 +25,7 @@ from harness.matrix import SpecResult
 from harness.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.spec import LoadedSpec, total_steps, validate_document
 
-REAL = tuple(registry.ADAPTERS)
+REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
 BUGS_FOR_ANY = ("torch_matmul_bfloat16", "torch_loss_scaled")
 
@@ -102,7 +102,7 @@ def bugs_for(doc: dict) -> list[str]:
     if doc["loss"]["reduction"] == "mean":
         bugs.append("torch_loss_sum")
     if doc["optimizer"]["kind"] == "adam":
-        bugs.append("cupy_eps_inside")
+        bugs.append("numpy_eps_inside")
     return bugs
 
 

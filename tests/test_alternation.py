@@ -10,8 +10,8 @@ from harness import matrix, runner
 from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from tests.conftest import quick_problem
 
-EAGER = CALIBRATION_KEY  # cupy@cpu
-FAST = RunKey("cupy", "cpu", mode="fast")
+EAGER = CALIBRATION_KEY  # numpy@cpu
+FAST = RunKey("numpy", "cpu", mode="fast")
 
 
 def test_keys_differing_only_in_mode_are_grouped_in_order():

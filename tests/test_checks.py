@@ -126,8 +126,9 @@ def test_a_diverging_run_is_failed_with_its_step():
 
 def test_an_isolated_run_gives_the_same_bits():
     problem = quick_problem("moons_net")
-    short = type(problem)(**{**problem.__dict__, "spec": problem.spec.model_copy(
-        update={"training": problem.spec.training.model_copy(update={"epochs": 5})})})
+    short = type(problem)(
+        **{**problem.__dict__, "spec": problem.spec.model_copy(update={"training": problem.spec.training.model_copy(update={"epochs": 5})})}
+    )
     here = runner.run(short, CALIBRATION_KEY)
     there = matrix.run_isolated(short, {CALIBRATION_KEY: "isolated"}, 1)[CALIBRATION_KEY]
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
@@ -148,10 +149,10 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 3}), "checks": checks_section})
     short = type(problem)(**{**problem.__dict__, "spec": spec})
-    keys = matrix.matrix_keys(["absent", "cupy"], ["cpu", "gpu"])
+    keys = matrix.matrix_keys(["absent", "numpy", "cupy"], ["cpu", "gpu"])
     result = matrix.run_spec(loaded, short, keys, None, Console(file=io.StringIO()))
     statuses = {k.label: o.status for k, o in result.outcomes.items()}
     assert statuses["absent@cpu"] == "skipped" and "cannot be imported" in result.outcomes[RunKey("absent", "cpu")].reason
-    assert statuses["cupy@cpu"] == statuses["oracle@cpu"] == "ok"
+    assert statuses["numpy@cpu"] == statuses["oracle@cpu"] == "ok"
     assert statuses["cupy@gpu"] in ("ok", "skipped")
     assert not any(c.involves(RunKey("absent", "cpu")) for c in result.checks)

@@ -19,16 +19,16 @@ def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 
 def test_run_writes_records_and_exits_zero(tmp_path):
-    done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--results", str(tmp_path))
+    done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
-    assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # cupy, the oracle, cupy's float64 twin
+    assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # numpy, the oracle, numpy's float64 twin
     from harness.records import read_record
 
     written = list(map(read_record, (tmp_path / "moons_net").glob("*.json")))
     assert [r.floor for r in written if r.precision_mode == "float64"] == [None]  # the floor is float32's
     floors = {r.framework: r.floor for r in written if r.precision_mode != "float64"}
-    assert floors["oracle"] is None and floors["cupy"].measured_over_floor > 0  # `run` measures the floor too
+    assert floors["oracle"] is None and floors["numpy"].measured_over_floor > 0  # `run` measures the floor too
 
 
 def test_a_failing_check_exits_one(tmp_path):
@@ -36,9 +36,9 @@ def test_a_failing_check_exits_one(tmp_path):
     doc["checks"]["initial_loss"] = {"rtol": 0.0, "atol": 0.0}  # float32 cannot equal float64 exactly
     spec = tmp_path / "strict_moons.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "cupy", "--no-records", "--no-floor")
+    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "numpy", "--no-records", "--no-floor")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAIL moons_net cupy@cpu vs oracle@cpu: initial_loss" in done.stdout
+    assert "FAIL moons_net numpy@cpu vs oracle@cpu: initial_loss" in done.stdout
 
 
 def test_bad_input_exits_two_and_writes_nothing(tmp_path):
@@ -54,6 +54,18 @@ def test_bad_input_exits_two_and_writes_nothing(tmp_path):
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr
     assert not results.exists()
+
+
+def test_a_framework_on_no_device_it_runs_on_is_bad_input(tmp_path):
+    """cupy is the array-module code on the GPU: asked for on the CPU alone, one line says
+    where it runs and what the CPU's name for that code is; nothing runs."""
+    done = harness("run", "peaks_mlp", "--frameworks", "cupy", "--devices", "cpu", "--results", str(tmp_path / "r"))
+    assert done.returncode == 2 and not (tmp_path / "r").exists()
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "error: --frameworks cupy: cupy runs on the gpu only (numpy and cupy are the same array-module code on the "
+        "CPU and the GPU); add gpu to --devices"
+    ]
 
 
 def test_missing_mnist_files_exit_two(tmp_path):
@@ -152,8 +164,9 @@ def test_damaged_data_file_exits_two(tmp_path, mnist_dir, damage):
     target = tmp_path / "t10k-labels-idx1-ubyte.gz"
     raw = target.read_bytes()
     target.write_bytes(raw[:-100] if damage == "truncated" else b"\x00\x00\x07\x01" + raw[4:])
-    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "test-set",
-                   "--results", str(tmp_path / "results"))
+    done = harness(
+        "run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "test-set", "--results", str(tmp_path / "results")
+    )
     assert done.returncode == 2 and f"{target}: checksum mismatch" in done.stderr
     assert not list((tmp_path / "results").rglob("*.json"))
 
@@ -165,13 +178,13 @@ def test_bench_writes_both_modes_with_their_floor_and_the_report_shows_them(tmp_
     from harness.records import read_record
 
     results = tmp_path / "records"
-    done = harness("bench", "peaks_mlp", "--profile", "quick", "--frameworks", "cupy", "--repeats", "2", "--results", str(results))
+    done = harness("bench", "peaks_mlp", "--profile", "quick", "--frameworks", "numpy", "--repeats", "2", "--results", str(results))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "floor: cpu rates" in done.stdout and "fast/eager" in done.stdout
     written = [r for r in map(read_record, (results / "peaks_mlp").glob("*.json")) if r.precision_mode != "float64"]
     by_mode = {(r.framework, r.mode): r for r in written}
-    assert set(by_mode) == {("cupy", "eager"), ("cupy", "fast"), ("oracle", "eager")}
-    fast, eager, oracle = by_mode["cupy", "fast"], by_mode["cupy", "eager"], by_mode["oracle", "eager"]
+    assert set(by_mode) == {("numpy", "eager"), ("numpy", "fast"), ("oracle", "eager")}
+    fast, eager, oracle = by_mode["numpy", "fast"], by_mode["numpy", "eager"], by_mode["oracle", "eager"]
     assert oracle.floor is None  # float64: the floor counts float32 bytes and rates
     for record in (eager, fast):
         assert record.floor.bound in ("arithmetic", "bandwidth") and record.floor.launch_s == 0
@@ -185,7 +198,7 @@ def test_bench_writes_both_modes_with_their_floor_and_the_report_shows_them(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     text = out.read_text()
     section = text[text.index("## Fast modes and the hardware floor") :]
-    row = next(line for line in section.splitlines() if line.startswith("| peaks_mlp | quick | 2,500 | cupy |"))
+    row = next(line for line in section.splitlines() if line.startswith("| peaks_mlp | quick | 2,500 | numpy |"))
     ratio = eager.timings.per_step_s / fast.timings.per_step_s
     assert f"{ratio:.3g}x" in row and f"{fast.floor.measured_over_floor:.3g}" in row
     assert (out.parent / "figures" / "measured_over_floor.png").stat().st_size > 1000
@@ -200,7 +213,7 @@ def test_bench_refuses_an_unknown_mode(tmp_path):
 def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():
     """The verdict table's natural width fits a 100-column terminal, no cell wrapped."""
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "peaks_mlp", "--profile", "quick", "--frameworks", "cupy,jax", "--no-records", "--no-floor"],
+        [sys.executable, "-m", "harness", "run", "peaks_mlp", "--profile", "quick", "--frameworks", "numpy,jax", "--no-records", "--no-floor"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -213,7 +226,7 @@ def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():
     table = lines[: next(i for i, line in enumerate(lines) if i > 2 and not line.strip())]
     assert max(len(line.rstrip()) for line in table) <= 100, "\n".join(table)
     assert not any(line.startswith(" " * 20) for line in table[3:]), "a cell wrapped:\n" + "\n".join(table)
-    for label in ("jax@cpu", "jax@cpu+float64", "cupy@cpu+float64", "oracle@cpu", "cupy@cpu~order8"):
+    for label in ("jax@cpu", "jax@cpu+float64", "numpy@cpu+float64", "oracle@cpu", "numpy@cpu~order8"):
         assert any(f" {label} " in line for line in table), (label, "\n".join(table))
 
 

@@ -11,10 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from adapters import cupy_adapter
+from adapters import xp_adapter
 from harness import runner
 from harness.registry import RunKey
-from tests.conftest import problem_or_skip, quick_problem
+from tests.conftest import key_for, problem_or_skip, quick_problem, trainer_of
 
 # moons' quick profile is 500 steps of a 1000-unit layer: the eager float32 run alone takes
 # 10-30 s on a shared 2-core host, so the bitwise test runs its first 60 steps.
@@ -24,9 +24,7 @@ MOONS_STEPS = 60
 def shortened(problem, steps: int):
     spec = problem.spec
     training = spec.training.model_copy(update={"epochs": steps})
-    checks = spec.checks.model_copy(
-        update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": min(10, steps)})}
-    )
+    checks = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": min(10, steps)})})
     return dataclasses.replace(problem, spec=spec.model_copy(update={"training": training, "checks": checks}))
 
 
@@ -38,15 +36,15 @@ def problem_for(name: str):
 def trained(problem, device: str, dtype: str, mode: str, upto: int | None = None):
     """Train as the runner does (warm_up with the plan, then train range by range)."""
     plan = runner.chunk_plan(problem)
-    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, device, dtype), device, dtype, mode)
-    cupy_adapter.warm_up(trainer, plan)
+    trainer = trainer_of(xp_adapter, problem, device, dtype, mode)
+    xp_adapter.warm_up(trainer, plan)
     steps = problem.total_steps if upto is None else upto
     for start, stop in plan:
         if start >= steps:
             break
-        cupy_adapter.train(trainer, start, min(stop, steps))
-    cupy_adapter.synchronize(trainer)
-    return cupy_adapter.losses(trainer, steps), cupy_adapter.params(trainer)
+        xp_adapter.train(trainer, start, min(stop, steps))
+    xp_adapter.synchronize(trainer)
+    return xp_adapter.state(trainer, steps).losses, xp_adapter.state(trainer, 0).params
 
 
 def assert_bitwise(a, b):
@@ -70,7 +68,7 @@ def test_fast_mode_is_bitwise_the_eager_mode_on_numpy(spec_name, dtype):
 def test_adam_bias_corrections_round_like_python_floats():
     """The device tables (float64, then cast) hold what xp_mlp's Python floats become."""
     problem = quick_problem("peaks_mlp")
-    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    trainer = trainer_of(xp_adapter, problem, "cpu", "float32", "fast")
     opt = problem.spec.optimizer
     for t in (1, 2, 50, problem.total_steps):
         c1, c2 = 1 - opt.beta1**t, 1 - opt.beta2**t
@@ -85,16 +83,16 @@ def _snapshot(trainer):
 @pytest.mark.parametrize("spec_name", ["peaks_mlp", "mnist_mlp"])
 def test_warm_up_changes_nothing(spec_name):
     problem = problem_for(spec_name)
-    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
+    trainer = trainer_of(xp_adapter, problem, "cpu", "float32", "fast")
     before = _snapshot(trainer)
-    cupy_adapter.warm_up(trainer, runner.chunk_plan(problem))
-    cupy_adapter.warm_up(trainer)
+    xp_adapter.warm_up(trainer, runner.chunk_plan(problem))
+    xp_adapter.warm_up(trainer)
     for after, was in zip(_snapshot(trainer), before):
         assert np.array_equal(after, was)
-    cupy_adapter.train(trainer, 0, 3)
-    cold = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", "fast")
-    cupy_adapter.train(cold, 0, 3)
-    assert np.array_equal(cupy_adapter.losses(trainer, 3), cupy_adapter.losses(cold, 3))
+    xp_adapter.train(trainer, 0, 3)
+    cold = trainer_of(xp_adapter, problem, "cpu", "float32", "fast")
+    xp_adapter.train(cold, 0, 3)
+    assert np.array_equal(xp_adapter.state(trainer, 3).losses, xp_adapter.state(cold, 3).losses)
 
 
 def _pointers(trainer):
@@ -107,16 +105,16 @@ def test_train_keeps_its_buffers_and_allocates_no_arrays(spec_name):
     problem = problem_for(spec_name)
     trainers = {}
     for mode in ("eager", "fast"):
-        trainers[mode] = cupy_adapter.build(problem, cupy_adapter.put(problem, "cpu", "float32"), "cpu", "float32", mode)
-        cupy_adapter.warm_up(trainers[mode], [(0, 1), (1, 4)])
-        cupy_adapter.train(trainers[mode], 0, 1)
+        trainers[mode] = trainer_of(xp_adapter, problem, "cpu", "float32", mode)
+        xp_adapter.warm_up(trainers[mode], [(0, 1), (1, 4)])
+        xp_adapter.train(trainers[mode], 0, 1)
     fast = trainers["fast"]
     pointers, weights = _pointers(fast), [np.array(w) for w, _ in fast.params]
     peaks = {}
     for mode, trainer in trainers.items():
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
-        cupy_adapter.train(trainer, 1, 4)
+        xp_adapter.train(trainer, 1, 4)
         peaks[mode] = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
     assert _pointers(fast) == pointers, "train replaced a preallocated array"
@@ -130,14 +128,14 @@ def test_train_keeps_its_buffers_and_allocates_no_arrays(spec_name):
 
 
 def test_describe_names_the_fast_mode():
-    assert "fast_mode" not in cupy_adapter.describe("cpu", "eager")
-    line = cupy_adapter.describe("cpu", "fast")["fast_mode"]
+    assert "fast_mode" not in xp_adapter.describe(key_for(xp_adapter, "cpu", mode="eager"))
+    line = xp_adapter.describe(key_for(xp_adapter, "cpu", mode="fast"))["fast_mode"]
     assert line and "\n" not in line
 
 
 def test_the_runner_runs_the_fast_mode():
     problem = shortened(quick_problem("peaks_mlp"), 30)
-    outcomes = {mode: runner.run(problem, RunKey("cupy", "cpu", mode=mode)) for mode in ("eager", "fast")}
+    outcomes = {mode: runner.run(problem, RunKey("numpy", "cpu", mode=mode)) for mode in ("eager", "fast")}
     assert all(o.status == "ok" for o in outcomes.values()), [o.reason for o in outcomes.values()]
     assert "fast_mode" in outcomes["fast"].describe
     assert np.array_equal(outcomes["fast"].losses, outcomes["eager"].losses)
@@ -147,7 +145,7 @@ def test_the_runner_runs_the_fast_mode():
 
 
 def gpu_or_skip():
-    reason = cupy_adapter.unavailable("gpu")
+    reason = xp_adapter.unavailable(key_for(xp_adapter, "gpu"))
     if reason:
         pytest.skip(reason)
 
@@ -168,6 +166,6 @@ def test_gpu_fast_mode_repeats_bitwise_and_replays_graphs():
     first = trained(problem, "gpu", "float32", "fast")
     assert np.isfinite(first[0]).all() and first[0][-1] < first[0][0]
     assert_bitwise(trained(problem, "gpu", "float32", "fast"), first)
-    trainer = cupy_adapter.build(problem, cupy_adapter.put(problem, "gpu", "float32"), "gpu", "float32", "fast")
-    cupy_adapter.warm_up(trainer, runner.chunk_plan(problem))
+    trainer = trainer_of(xp_adapter, problem, "gpu", "float32", "fast")
+    xp_adapter.warm_up(trainer, runner.chunk_plan(problem))
     assert all(ws.graph is not None for ws in trainer.fast.spaces.values())

@@ -128,7 +128,7 @@ def test_deep_nesting_anywhere_gives_a_spec_error(depth, opener, index):
 
 def run_cli(results: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "cupy", "--no-floor", "--results", str(results)],
+        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--no-floor", "--results", str(results)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -166,7 +166,7 @@ def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
     first, second = run_cli(tmp_path), run_cli(tmp_path)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
     written = sorted(tmp_path.rglob("*.json"))
-    assert len(written) == 6 and len({p.name for p in written}) == 6  # 3 records (cupy, oracle, cupy's twin) each
+    assert len(written) == 6 and len({p.name for p in written}) == 6  # 3 records (numpy, oracle, numpy's twin) each
     for path in written:
         records.read_record(path)
 
@@ -191,20 +191,20 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     records of the second call carry the first call's numbers."""
     work = tmp_path / "work"
     base = [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--no-floor", "--work-dir", str(work)]
-    first = subprocess.run([*base, "--frameworks", "cupy", "--no-records"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    first = subprocess.run([*base, "--frameworks", "numpy", "--no-records"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "finished earlier" not in first.stdout
     second = subprocess.run(
-        [*base, "--frameworks", "cupy,torch", "--results", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [*base, "--frameworks", "numpy,torch", "--results", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     assert second.returncode == 0, second.stdout + second.stderr
     reused = [line for line in second.stdout.splitlines() if "finished earlier" in line]
-    # cupy@cpu, the oracle, the calibration member, the oracle's first steps, its 3 float64
-    # members and cupy's float64 twin; torch and its twin run
+    # numpy@cpu, the oracle, the calibration member, the oracle's first steps, its 3 float64
+    # members and numpy's float64 twin; torch and its twin run
     assert len(reused) == 8
     assert "moons_net torch@cpu (float32" in second.stdout
     written = {r.framework: r for r in map(records.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
-    assert set(written) == {"cupy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
+    assert set(written) == {"numpy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
 
 
 def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path, monkeypatch):

@@ -37,10 +37,10 @@ def test_optax_float32_bias_correction_explains_the_jax_drift_on_peaks(monkeypat
     problem = quick_problem("peaks_mlp")
     jax_curve = early_curve(problem, RunKey("jax", "cpu"))
     oracle = early_curve(problem, ORACLE_KEY)
-    reference32 = early_curve(problem, RunKey("cupy", "cpu"))
+    reference32 = early_curve(problem, RunKey("numpy", "cpu"))
     like_optax_adam = functools.partial(xp_mlp.adam_update, corrections=float32_bias_corrections)
     monkeypatch.setattr(xp_mlp, "adam_update", like_optax_adam)
-    like_optax = early_curve(problem, RunKey("cupy", "cpu"))
+    like_optax = early_curve(problem, RunKey("numpy", "cpu"))
 
     def rel(a, b):
         return float(np.max(np.abs(a - b) / np.abs(b)))
@@ -110,9 +110,7 @@ class Judge:
     def __init__(self, problem):
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        members = [
-            calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in matrix.calibration_members(problem)
-        ]
+        members = [calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in matrix.calibration_members(problem)]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
         self.calibration = calibration.measure(self.oracle, [self.reference, *members], "float32")
 
@@ -223,6 +221,4 @@ def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, poin
     like_optax = failing(runner.run(problem, CALIBRATION_KEY))
     assert set(jax_fails) <= set(like_optax)
     if "params_after_step" in jax_fails:  # by about as much
-        assert like_optax["params_after_step"].max_abs_error == pytest.approx(
-            jax_fails["params_after_step"].max_abs_error, rel=0.25
-        )
+        assert like_optax["params_after_step"].max_abs_error == pytest.approx(jax_fails["params_after_step"].max_abs_error, rel=0.25)

@@ -14,18 +14,14 @@ import sys
 import numpy as np
 import pytest
 
-from harness import checks, diagnosis, matrix, records, registry, runner, speed
+from harness import checks, diagnosis, matrix, records, registry, runner, speed, store
 from harness.registry import ORACLE_KEY, RunKey
-from tests.conftest import ROOT, quick_problem
-
-FRAMEWORKS = list(registry.ADAPTERS)
+from tests.conftest import GPU_FRAMEWORKS, ROOT, key_for, quick_problem
 
 
 def short(problem, epochs: int, k: int = 2):
     spec = problem.spec
-    checks_section = spec.checks.model_copy(
-        update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": k})}
-    )
+    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": k})})
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": epochs}), "checks": checks_section})
     return dataclasses.replace(problem, spec=spec)
 
@@ -42,8 +38,8 @@ def test_a_tf32_run_is_judged_against_the_oracle_only_and_does_not_gate():
     precision mode enters the checks only against the oracle, and its failures are
     reported but do not fail the run."""
     problem = short(quick_problem("peaks_mlp"), epochs=5)
-    tf32 = RunKey("cupy", "cpu", precision="tf32")
-    keys = [RunKey("cupy", "cpu"), tf32, ORACLE_KEY]
+    tf32 = RunKey("numpy", "cpu", precision="tf32")
+    keys = [RunKey("numpy", "cpu"), tf32, ORACLE_KEY]
     outcomes = {k: runner.run(problem, k) for k in keys}
     assert all(o.status == "ok" for o in outcomes.values())
     found = diagnosis.verdicts(problem.spec, outcomes, checks.Calibration(None, None))
@@ -88,9 +84,7 @@ def test_repeats_that_differ_only_in_parameters_are_caught():
 
 
 def _copy_as(record: records.Record, device: str, per_step: float, transfer: float, precision: str = "strict"):
-    timings = record.timings.model_copy(
-        update={"per_step_s": per_step, "train_s": per_step * record.timings.total_steps, "transfer_s": transfer}
-    )
+    timings = record.timings.model_copy(update={"per_step_s": per_step, "train_s": per_step * record.timings.total_steps, "transfer_s": transfer})
     return record.model_copy(
         update={
             "device": records.Device(kind=device, name="test GPU" if device == "gpu" else "test CPU"),
@@ -103,7 +97,7 @@ def _copy_as(record: records.Record, device: str, per_step: float, transfer: flo
 
 @pytest.fixture(scope="module")
 def committed_cpu_records() -> list[records.Record]:
-    return [records.read_record(p) for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json"))]
+    return [store.read(p) for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json"))]
 
 
 def test_speedups_pair_cpu_and_gpu_of_one_framework_with_and_without_transfers(committed_cpu_records):
@@ -123,7 +117,7 @@ def test_speedups_pair_cpu_and_gpu_of_one_framework_with_and_without_transfers(c
 
 def test_a_side_without_records_has_no_speedup_but_keeps_its_row(committed_cpu_records):
     rows = speed.speed_rows(committed_cpu_records)
-    assert {r.cell.framework for r in rows} == {"torch", "jax", "cupy"}
+    assert {r.cell.framework for r in rows} == {"torch", "jax", "numpy/cupy"}
     assert all(r.gpu is None and r.speedup is None and r.cpu is not None for r in rows)
 
 
@@ -157,7 +151,7 @@ def test_sweep_writes_ordinary_records_with_the_point_in_the_overrides(tmp_path)
     done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "torch", "--repeats", "1", "--no-floor", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     written = [records.read_record(p) for p in (tmp_path / "peaks_mlp").glob("*.json")]
-    assert {r.framework for r in written} == {"torch", "cupy", "oracle"}
+    assert {r.framework for r in written} == {"torch", "numpy", "oracle"}
     for record in written:
         assert record.spec.profile == "sweep" and record.data.n_train == 100
         assert record.spec.overrides == {"training": {"epochs": 100}, "data": {"points_per_axis": 10}}
@@ -174,15 +168,14 @@ def test_sweep_of_a_spec_without_one_is_bad_input():
 
 def gpu_adapter(framework: str):
     adapter = registry.load(framework)  # the module only: frameworks load on use
-    adapter.configure("strict")
-    reason = adapter.unavailable("gpu")
+    reason = adapter.unavailable(key_for(adapter, "gpu"))
     if reason:
         pytest.skip(reason)
     return adapter
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", GPU_FRAMEWORKS)
 def test_gpu_repeats_are_bitwise_identical(framework):
     """Deterministic modes on: two runs of the same seeded problem on one GPU give the same bits."""
     gpu_adapter(framework)
@@ -192,7 +185,7 @@ def test_gpu_repeats_are_bitwise_identical(framework):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", GPU_FRAMEWORKS)
 def test_gpu_strict_mode_agrees_with_the_oracle_over_the_horizon(framework):
     gpu_adapter(framework)
     problem = short(quick_problem("peaks_mlp"), epochs=20)
@@ -203,13 +196,14 @@ def test_gpu_strict_mode_agrees_with_the_oracle_over_the_horizon(framework):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", GPU_FRAMEWORKS)
 def test_the_precision_mode_is_what_the_record_says(framework):
     """Each mode in a fresh process, as the matrix runs it: the math mode the adapter reports."""
     gpu_adapter(framework)
     code = (
-        "import json, sys; from harness import registry; a = registry.load(sys.argv[1]); a.configure(sys.argv[2]);"
-        "print(json.dumps(a.describe('gpu')['math_mode'], default=str))"
+        "import json, sys; from harness import registry; a = registry.load(sys.argv[1]);"
+        "key = registry.RunKey(sys.argv[1], 'gpu', precision=sys.argv[2]);"
+        "print(json.dumps(a.describe(key)['math_mode'], default=str))"
     )
     modes = {}
     for precision in ("strict", "tf32"):

@@ -41,11 +41,10 @@ def test_the_report_module_imports_no_plotting_library():
     assert done.stdout.strip() == "False"
 
 
-def test_no_import_cycle_among_the_projects_modules():
+def import_graph() -> dict[str, set[str]]:
     """Every `import harness.x` / `from harness import x` / `from adapters...`, at module
-    level or inside a function, is an edge; the graph has no cycle."""
+    level or inside a function (or under TYPE_CHECKING), as an edge between modules."""
     import ast
-    import graphlib
 
     modules = {f"{p.parent.name}.{p.stem}": p for folder in ("harness", "adapters") for p in (ROOT / folder).glob("*.py")}
     graph = {}
@@ -59,10 +58,34 @@ def test_no_import_cycle_among_the_projects_modules():
             elif isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in modules)
         graph[name] = edges - {name, f"{name.split('.')[0]}.__init__"}
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    import graphlib
+
     try:
-        list(graphlib.TopologicalSorter(graph).static_order())
+        list(graphlib.TopologicalSorter(import_graph()).static_order())
     except graphlib.CycleError as exc:
         pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_terminal_tables_render_records_not_the_matrix():
+    """harness.table renders records (with the report's row builders): it reaches neither
+    the matrix nor the runner, directly or through another module."""
+    graph = import_graph()
+    assert "harness.rows" in graph["harness.table"]
+    assert not {"harness.matrix", "harness.runner"} & reachable(graph, "harness.table")
+    assert "harness.matrix" in reachable(graph, "harness.cli")  # the check can see an import
 
 
 def test_the_readme_layout_names_every_module():

@@ -27,12 +27,12 @@ from adapters import xp_mlp
 from harness import registry
 from harness.inputs import Problem
 from harness.spec import Spec
+from tests.conftest import CPU_FRAMEWORKS, key_for, trainer_of
 
 EPS32 = 2.0**-24  # float32 unit roundoff
 ULPS = 32  # the worst seen in about 2,000 random cases (every adapter) was under 5
 LR = 1024.0  # a power of two: lr * g is exact in float32
 RELU_MARGIN = 1e-4  # |z| / magnitude(z) below this and float32 may put z on the other side of the kink
-FRAMEWORKS = list(registry.ADAPTERS)
 HIDDEN_ACTIVATIONS = ["relu", "tanh", "identity"]
 ACTIVATION_GRAD = {
     "relu": lambda z: (z > 0).astype(np.float64),
@@ -200,10 +200,10 @@ def relu_margin(problem: Problem) -> float:
 
 def outputs_and_gradients(adapter, problem: Problem, dtype: str):
     """Forward outputs on the training set, then one SGD step read back as a gradient."""
-    trainer = adapter.build(problem, adapter.put(problem, "cpu", dtype), "cpu", dtype)
+    trainer = trainer_of(adapter, problem, "cpu", dtype)
     outputs = adapter.predict(trainer, problem.x_train)
     adapter.train(trainer, 0, 1)
-    after = adapter.params(trainer)
+    after = adapter.state(trainer, 0).params
     grads = [((w0 - w1) / LR, (b0 - b1) / LR) for (w0, b0), (w1, b1) in zip(params64(problem), after)]
     return outputs, grads
 
@@ -235,7 +235,7 @@ def adapter_or_skip(name: str):
         pytest.importorskip("jax")
         pytest.importorskip("optax")
     adapter = registry.load(name)
-    reason = adapter.unavailable("cpu")
+    reason = adapter.unavailable(key_for(adapter, "cpu"))
     if reason:
         pytest.skip(reason)
     return adapter
@@ -244,7 +244,7 @@ def adapter_or_skip(name: str):
 # --- the tests ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
+@pytest.fixture(scope="module", params=CPU_FRAMEWORKS)
 def adapter(request):
     return adapter_or_skip(request.param)
 
@@ -253,7 +253,7 @@ def adapter(request):
 @given(problem=problems())
 def test_outputs_and_gradients_match_the_oracle(adapter, problem):
     assume(relu_margin(problem) > RELU_MARGIN)
-    ref_outputs, ref_grads = outputs_and_gradients(registry.load("cupy"), problem, "float64")
+    ref_outputs, ref_grads = outputs_and_gradients(registry.load("numpy"), problem, "float64")
     outputs, grads = outputs_and_gradients(adapter, problem, "float32")
     bad = mismatches(problem, outputs, grads, ref_outputs, ref_grads)
     assert not bad, f"{adapter.NAME} float32 vs the float64 oracle: " + "; ".join(bad)
@@ -263,7 +263,7 @@ def test_outputs_and_gradients_match_the_oracle(adapter, problem):
 @given(problem=problems())
 def test_magnitudes_bound_the_exact_values(problem):
     """The tolerance is only meaningful if the magnitude is at least the value itself."""
-    ref_outputs, ref_grads = outputs_and_gradients(registry.load("cupy"), problem, "float64")
+    ref_outputs, ref_grads = outputs_and_gradients(registry.load("numpy"), problem, "float64")
     m_out, m_grads = magnitudes(problem)
     assert np.all(np.abs(ref_outputs) <= m_out * (1 + 1e-9))
     for pair, m_pair in zip(ref_grads, m_grads):
@@ -289,8 +289,8 @@ def test_the_tolerance_rejects_a_slightly_wrong_gradient(relative_error):
     """A check that cannot fail is a defect: float32 passes, and the same float32 result with
     one gradient entry off by `relative_error` does not."""
     problem = fixed_problem()
-    ref_outputs, ref_grads = outputs_and_gradients(registry.load("cupy"), problem, "float64")
-    outputs, grads = outputs_and_gradients(registry.load("cupy"), problem, "float32")
+    ref_outputs, ref_grads = outputs_and_gradients(registry.load("numpy"), problem, "float64")
+    outputs, grads = outputs_and_gradients(registry.load("numpy"), problem, "float32")
     assert not mismatches(problem, outputs, grads, ref_outputs, ref_grads)
     for layer in range(len(grads)):
         for part in range(2):

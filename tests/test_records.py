@@ -26,7 +26,7 @@ def moons_result(tmp_path_factory):
     loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
     problem = quick_problem("moons_net")
     out = tmp_path_factory.mktemp("results")
-    keys = matrix.matrix_keys(["cupy"], ["cpu"])
+    keys = matrix.matrix_keys(["numpy"], ["cpu"])
     result = matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
     return result, out
 
@@ -39,7 +39,7 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
     jsonschema = pytest.importorskip("jsonschema")
     result, out = moons_result
     schema = json.loads((ROOT / "results" / "schema.json").read_text())
-    assert len(result.paths) == 3  # cupy@cpu, the oracle, and cupy@cpu's float64 twin
+    assert len(result.paths) == 3  # numpy@cpu, the oracle, and numpy@cpu's float64 twin
     for path in result.paths:
         doc = json.loads(path.read_text())
         jsonschema.validate(doc, schema)
@@ -50,7 +50,7 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
         else:
             assert doc["timings"]["repeats"] == 2 and doc["repeats_bitwise_identical"] is True
         assert doc["host"]["cores"] >= 1 and doc["libraries"]["numpy"] == np.__version__
-        assert doc["checks"] and {c["against"] for c in doc["checks"]} <= {"cupy@cpu", "oracle@cpu", "cupy@cpu+float64"}
+        assert doc["checks"] and {c["against"] for c in doc["checks"]} <= {"numpy@cpu", "oracle@cpu", "numpy@cpu+float64"}
         npz = path.with_name(doc["artifacts"]["file"])
         assert hashlib.sha256(npz.read_bytes()).hexdigest() == doc["artifacts"]["sha256"]
         with np.load(npz) as arrays:
@@ -75,7 +75,7 @@ def test_records_are_never_overwritten(moons_result, tmp_path):
 
 def test_a_failed_write_leaves_nothing(moons_result, tmp_path, monkeypatch):
     result, _ = moons_result
-    record, _ = matrix.build_record(result, RunKey("cupy", "cpu"), "run2")
+    record, _ = matrix.build_record(result, RunKey("numpy", "cpu"), "run2")
 
     def broken_link(src, dst):
         raise OSError(28, "No space left on device")
@@ -115,3 +115,23 @@ def test_a_record_names_the_blas_kernels_numpy_runs_on():
     assert "openblas" in blas()
     for core in ("Haswell", "Sandybridge"):
         assert f" {core}'" in blas(OPENBLAS_CORETYPE=core)
+
+
+def test_records_from_before_numpy_had_its_name_are_read_as_numpy(tmp_path):
+    """The committed records of 2026-11-23 say `cupy` for NumPy on the CPU; the store reads
+    them as `numpy`, their checks' other side too, and a CuPy GPU record stays `cupy`."""
+    from harness import store
+
+    path = next(p for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json")) if json.loads(p.read_text())["framework"] == "cupy")
+    raw, read = records.read_record(path), store.read(path)
+    assert raw.framework == "cupy" and raw.device.kind == "cpu"
+    assert read.framework == "numpy" and store.run_label(read) == "numpy@cpu"
+    assert [c.against for c in read.checks] == [c.against.replace("cupy@cpu", "numpy@cpu") for c in raw.checks]
+    torch = next(
+        store.read(p) for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json")) if json.loads(p.read_text())["framework"] == "torch"
+    )
+    assert "numpy@cpu" in {c.against for c in torch.checks} and "cupy@cpu" not in {c.against for c in torch.checks}
+    gpu = raw.model_copy(update={"device": raw.device.model_copy(update={"kind": "gpu"})})
+    gpu_path = tmp_path / "gpu.json"
+    gpu_path.write_text(gpu.model_dump_json())
+    assert store.read(gpu_path).framework == "cupy"

@@ -167,11 +167,11 @@ def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None
 @pytest.mark.parametrize("digest_matches", [False, True], ids=["pickles-everywhere", "pickle-npz-with-its-digest"])
 def test_a_planted_pickle_in_the_work_folder_is_never_loaded(tmp_path, capsys, digest_matches):
     spec, work, marker = tiny_moons(tmp_path), tmp_path / "work", tmp_path / "executed"
-    run = ("run", spec, "--frameworks", "cupy", "--no-records", "--no-floor", "--in-process", "--work-dir", work)
+    run = ("run", spec, "--frameworks", "numpy", "--no-records", "--no-floor", "--in-process", "--work-dir", work)
     assert harness(capsys, *run)[0] == 0
     cells = sorted(work.rglob("*.json"))
-    # cupy, the oracle, the calibration member; the oracle's first steps, its 3 float64
-    # members and cupy's float64 twin (math parity)
+    # numpy, the oracle, the calibration member; the oracle's first steps, its 3 float64
+    # members and numpy's float64 twin (math parity)
     assert len(cells) == 8
     pickle.loads(pickle.dumps(Planted(tmp_path / "control")))
     assert (tmp_path / "control").exists()  # the planted payload does run when unpickled
@@ -411,8 +411,8 @@ def test_a_file_name_too_long_exits_two(tmp_path, capsys):
 
 def test_a_framework_named_twice_runs_once(tmp_path, capsys):
     spec = tiny_moons(tmp_path)
-    code, out, _ = harness(capsys, "run", spec, "--frameworks", "cupy,cupy", "--no-records", "--no-floor", "--in-process")
-    assert code == 0 and out.count("moons_net cupy@cpu (float32") == 1
+    code, out, _ = harness(capsys, "run", spec, "--frameworks", "numpy,numpy", "--no-records", "--no-floor", "--in-process")
+    assert code == 0 and out.count("moons_net numpy@cpu (float32") == 1
 
 
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):

@@ -1,5 +1,6 @@
-"""The CuPy adapter: the array-module MLP (adapters.xp_mlp) bound to CuPy on the GPU and to
-NumPy on the CPU. In float64 on the CPU it is the reference oracle."""
+"""The array-module adapter: the MLP of adapters.xp_mlp, bound to NumPy on the CPU (the
+framework `numpy`) and to CuPy on the GPU (`cupy`). In float64 on NumPy it is the reference
+oracle."""
 
 from __future__ import annotations
 
@@ -10,29 +11,28 @@ from typing import Any
 
 import numpy as np
 
-from adapters import xp_fast, xp_mlp
+from adapters import timing, xp_fast, xp_mlp
+from adapters.protocol import State
 
-NAME = "cupy"
-
-
-def configure(precision: str) -> None:
-    """CuPy reads CUPY_TF32 when it creates its cuBLAS handle: set before the first product."""
-    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
+NAME = "xp"
 
 
-def _xp(device: str):
-    if device == "cpu":
+def _xp(key):
+    if key.device == "cpu":
         return np
+    # CuPy reads CUPY_TF32 when it creates its cuBLAS handle: set before the first product
+    # (each run has a process of its own).
+    os.environ["CUPY_TF32"] = "1" if key.precision == "tf32" else "0"
     import cupy
 
     return cupy
 
 
-def unavailable(device: str) -> str | None:
-    if device == "cpu":
+def unavailable(key) -> str | None:
+    if key.device == "cpu":
         return None
     try:
-        import cupy
+        cupy = _xp(key)
     except ImportError as exc:
         return f"cupy is not installed ({exc})"
     try:
@@ -43,10 +43,10 @@ def unavailable(device: str) -> str | None:
     return None
 
 
-def describe(device: str, mode: str = "eager") -> dict[str, Any]:
-    info = _describe(device)
-    if mode == "fast":
-        info["fast_mode"] = xp_fast.describe(device)
+def describe(key) -> dict[str, Any]:
+    info = _describe(key.device)
+    if key.mode == "fast":
+        info["fast_mode"] = xp_fast.describe(key.device)
     return info
 
 
@@ -89,18 +89,13 @@ class Trainer:
     jitter: Any = xp_mlp.plain  # a calibration member's extra rounding (xp_mlp.jitter_function)
 
 
-def put(problem, device: str, dtype: str) -> dict[str, Any]:
-    xp = _xp(device)
-    arrays = {"x": problem.x_train.astype(dtype), "y": problem.y_train}
-    if problem.spec.loss.kind == "mse":
-        arrays["y"] = problem.y_train.astype(dtype)
-    if problem.batch_order is not None:
-        arrays["order"] = problem.batch_order
-    return {k: xp.asarray(v) for k, v in arrays.items()}
+def put(problem, key) -> dict[str, Any]:
+    xp = _xp(key)
+    return {k: xp.asarray(v) for k, v in problem.host_arrays(key.dtype).items()}
 
 
-def build(problem, data: dict[str, Any], device: str, dtype: str, mode: str = "eager") -> Trainer:
-    xp = _xp(device)
+def build(problem, data: dict[str, Any], key) -> Trainer:
+    xp, device, dtype, mode = _xp(key), key.device, key.dtype, key.mode
     params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
     trainer = Trainer(problem, device, dtype, xp, data, params, xp.zeros(problem.total_steps, dtype=dtype))
     trainer.activations = [layer.activation for layer in problem.spec.model.layers]
@@ -129,9 +124,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     spec = trainer.problem.spec
     x, y = trainer.problem.batch(trainer.data, step)
     jitter = trainer.jitter if step < trainer.problem.jitter_steps else xp_mlp.plain
-    loss, grads = xp_mlp.loss_and_grads(
-        xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train), jitter
-    )
+    loss, grads = xp_mlp.loss_and_grads(xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train), jitter)
     if spec.optimizer.kind == "adam":
         params, opt_state = xp_mlp.adam_update(xp, params, grads, opt_state, spec.optimizer, jitter=jitter)
     else:
@@ -154,19 +147,61 @@ def synchronize(trainer: Trainer) -> None:
         trainer.xp.cuda.get_current_stream().synchronize()
 
 
-def losses(trainer: Trainer, upto: int) -> np.ndarray:
-    return np.asarray(_to_numpy(trainer, trainer.loss_log[:upto]), dtype=np.float64)
+def state(trainer: Trainer, upto: int) -> State:
+    losses = np.asarray(_to_numpy(trainer, trainer.loss_log[:upto]), dtype=np.float64)
+    return State(losses, [(np.array(_to_numpy(trainer, w)), np.array(_to_numpy(trainer, b))) for w, b in trainer.params])
 
 
 def _to_numpy(trainer: Trainer, a):
     return a if trainer.device == "cpu" else trainer.xp.asnumpy(a)
 
 
-def params(trainer: Trainer):
-    return [(np.array(_to_numpy(trainer, w)), np.array(_to_numpy(trainer, b))) for w, b in trainer.params]
-
-
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
     outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations, trainer.jitter)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)
+
+
+def rates(device: str, precision: str) -> dict[str, float]:
+    """NumPy's rates on the CPU, CuPy's on the GPU (with a CUDA graph's per-kernel cost)."""
+    if device == "cpu":
+        return _numpy_rates()
+    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
+    import cupy
+
+    if not cupy.is_available():
+        raise RuntimeError("no CUDA device")
+    return _cupy_rates(cupy)
+
+
+def _numpy_rates() -> dict[str, float]:
+    n = timing.CPU_MATMUL_N
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    out = np.empty_like(a)
+    matmul = 2 * n**3 / timing.best_seconds(lambda: np.matmul(a, a, out=out))
+    src = np.ones(timing.CPU_COPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    copy = 2 * src.nbytes / timing.best_seconds(lambda: np.copyto(dst, src))
+    return {"matmul": matmul, "bandwidth": copy}
+
+
+def _cupy_rates(cupy) -> dict[str, float]:
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        sync = stream.synchronize
+        n = timing.GPU_MATMUL_N
+        a = cupy.random.random((n, n), dtype=cupy.float32)
+        out = cupy.empty_like(a)
+        matmul = 2 * n**3 / timing.best_seconds(lambda: cupy.matmul(a, a, out=out), sync)
+        src = cupy.ones(timing.GPU_COPY_BYTES // 4, dtype=cupy.float32)
+        dst = cupy.empty_like(src)
+        copy = 2 * src.nbytes / timing.best_seconds(lambda: cupy.copyto(dst, src), sync)
+        x = cupy.zeros(1, dtype=cupy.float32)
+        x += 1  # compile the kernel before capture
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(timing.GRAPH_KERNELS):
+            x += 1
+        graph = stream.end_capture()
+        launch = timing.best_seconds(lambda: graph.launch(stream), sync) / timing.GRAPH_KERNELS
+    return {"matmul": matmul, "bandwidth": copy, "launch": launch}
