@@ -113,7 +113,18 @@ def calibration_record(spec, cal: Calibration | None) -> records.CalibrationReco
 
 
 # what a check's record copies from the check as it is (checks.Check)
-CHECK_FIELDS = ("name", "verdict", "tolerance", "max_abs_error", "max_rel_error", "first_failure_step", "horizon_steps", "reason", "tensor", "diagnosis")
+CHECK_FIELDS = (
+    "name",
+    "verdict",
+    "tolerance",
+    "max_abs_error",
+    "max_rel_error",
+    "first_failure_step",
+    "horizon_steps",
+    "reason",
+    "tensor",
+    "diagnosis",
+)
 
 
 def build_record(
