@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import store
+from harness import records, store
 from harness.errors import RecordError
 from harness.gitrev import checked_revision
 from harness.records import REFERENCE_DIR, Record
@@ -78,17 +78,20 @@ def baseline_folder(baseline: str, workdir: Path) -> Path:
 
 
 def fingerprint_differences(a: Record, b: Record) -> list[str]:
-    """What differs between the two records' host fingerprints (empty: the same)."""
+    """What differs between the two records' host fingerprints (records.fingerprint; empty:
+    the same), part by part; for libraries, which."""
+    old, new = records.fingerprint(a.host, a.libraries), records.fingerprint(b.host, b.libraries)
     differs = []
-    if a.host.cpu_model != b.host.cpu_model or a.host.cores != b.host.cores:
-        differs.append(f"CPU ({b.host.cpu_model} vs {a.host.cpu_model})")
-    if a.host.cpu_flags != b.host.cpu_flags:
-        differs.append("CPU flags")
-    if a.host.blas != b.host.blas:
-        differs.append("BLAS kernels")
-    if a.libraries != b.libraries:
-        changed = sorted(k for k in set(a.libraries) | set(b.libraries) if a.libraries.get(k) != b.libraries.get(k))
-        differs.append(f"library versions ({', '.join(changed)})")
+    for part in old:
+        if old[part] == new[part]:
+            continue
+        if part == "CPU":
+            differs.append(f"CPU ({b.host.cpu_model} vs {a.host.cpu_model})")
+        elif part == "library versions":
+            changed = sorted(k for k in set(a.libraries) | set(b.libraries) if a.libraries.get(k) != b.libraries.get(k))
+            differs.append(f"library versions ({', '.join(changed)})")
+        else:
+            differs.append(part)
     return differs
 
 

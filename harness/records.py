@@ -260,19 +260,35 @@ def host_info() -> Host:
     )
 
 
-def host_fingerprint() -> dict[str, Any]:
-    """What a run's numbers and timings depend on in the host, without its name: CPU model,
-    flags and cores, NumPy's BLAS kernels, library versions and the GPUs the driver lists.
-    Two machines of one kind share it (a fresh lent machine reuses a work folder's cells); a
-    machine that would compute other bits does not. Only NumPy's own BLAS counts: the other
-    BLAS libraries loaded change during a process (SciPy's arrives with scikit-learn's moons
-    data), and the frameworks' own are covered by their versions."""
+def fingerprint(host: Host, libraries: dict[str, str]) -> dict[str, Any]:
+    """What a run's numbers and timings depend on in a host, without its name, part by part:
+    CPU model and cores, CPU flags, BLAS kernels, library versions. The one definition that
+    compare (two records: same bits expected?) and the work folder (this host: may a cell
+    be reused?) share."""
     return {
-        "cpu": [_cpu_model(), _cpu_flags(), os.cpu_count() or 0],
-        "blas": _blas(lambda path: "numpy" in Path(path).parent.name),
-        "libraries": library_versions(),
-        "gpus": _gpu_names(),
+        "CPU": [host.cpu_model, host.cores],
+        "CPU flags": host.cpu_flags,
+        "BLAS kernels": host.blas,
+        "library versions": libraries,
     }
+
+
+def host_fingerprint() -> dict[str, Any]:
+    """This host's fingerprint, and the GPUs the driver lists. Two machines of one kind
+    share it (a fresh lent machine reuses a work folder's cells); a machine that would
+    compute other bits does not. Only NumPy's own BLAS counts: the other BLAS libraries
+    loaded change during a process (SciPy's arrives with scikit-learn's moons data), and
+    the frameworks' own are covered by their versions."""
+    host = Host(
+        hostname="",
+        cpu_model=_cpu_model(),
+        cpu_flags=_cpu_flags(),
+        cores=os.cpu_count() or 0,
+        os="",
+        python="",
+        blas=_blas(lambda path: "numpy" in Path(path).parent.name),
+    )
+    return {**fingerprint(host, library_versions()), "GPUs": _gpu_names()}
 
 
 @functools.cache  # a subprocess, asked once: the GPUs do not change under a running process
