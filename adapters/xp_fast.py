@@ -6,7 +6,7 @@ way CuPy's best users write it, against one array module `xp` (NumPy or CuPy).
   them (`out=`, in-place updates). A step allocates no arrays.
 - The floating-point operations are xp_mlp's, in xp_mlp's order, with xp_mlp's scalars
   (Python floats cast to the dtype, as NumPy 2 and CuPy cast weak scalars). On NumPy the
-  fast mode is therefore bitwise identical to the eager one (tests/test_fast_cupy.py).
+  fast mode is therefore bitwise identical to the eager one (tests/test_fast_xp.py).
 - On the GPU (`xp is not numpy`), the element-wise chains are fused kernels compiled with
   `--fmad=false` (each rounds like the ufunc sequence it replaces: no contraction into
   FMAs), products are cuBLAS (`xp.matmul(out=)`), reductions are CuPy's (as in eager), and

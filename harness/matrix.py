@@ -12,13 +12,13 @@ import numpy as np
 from rich.console import Console
 
 from harness import calibration, diagnosis, progress, records, workcache
-from harness import checks as checks_mod
 from harness.checks import Calibration, Check
 from harness.errors import HarnessError
-from harness.floor import Rates, floor
+from harness.floor import Rates
 from harness.fresh import ProcessDied, in_fresh_process
 from harness.inputs import Problem, reordered, truncated
-from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey, runs_on
+from harness.recording import build_record
+from harness.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, RunKey, runs_on
 from harness.runner import Outcome, prepared_adapter, run, run_alternating
 from harness.spec import LoadedSpec
 
@@ -59,171 +59,6 @@ def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, m
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
     return keys
-
-
-def implementation(key: RunKey, describe: dict) -> str:
-    if key.framework == ORACLE:
-        return "array-module MLP on NumPy, float64 (reference oracle)"
-    if key.precision == FLOAT64:
-        return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps)"
-    fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
-    if key.adapter == "numpy":
-        calibrates = "; calibrates the envelope" if key == CALIBRATION_KEY else ""
-        return f"array-module MLP on NumPy, float32 (the CuPy code's CPU path{calibrates}){fast}"
-    return f"{describe.get('library', key.adapter)} adapter{fast}"
-
-
-def floor_record(problem: Problem, outcome: Outcome, rates: Rates | None) -> records.FloorRecord | None:
-    """The step's floor on the run's device; none for the float64 oracle (the floor counts
-    float32 bytes and rates) or where the device's rates were not measured."""
-    if rates is None or outcome.key.dtype != "float32":
-        return None
-    f = floor(problem, rates)
-    measured = outcome.timings.get("per_step_s") if outcome.status == "ok" and outcome.timings else None
-    return records.FloorRecord(
-        flops_per_step=f.cost.flops,
-        bytes_per_step=f.cost.bytes,
-        unfused_bytes_per_step=f.cost.unfused_bytes,
-        launches_per_step=f.cost.launches,
-        matmul_flops_per_s=rates.matmul_flops_per_s,
-        bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
-        launch_latency_s=rates.launch_latency_s,
-        rates_measured_with=rates.measured_with,
-        compute_s=f.compute_s,
-        memory_s=f.memory_s,
-        launch_s=f.launch_s,
-        floor_s=f.floor_s,
-        bound=f.bound,
-        measured_over_floor=None if measured is None else measured / f.floor_s,
-    )
-
-
-def calibration_record(spec, cal: Calibration | None) -> records.CalibrationRecord | None:
-    if cal is None or cal.float32 is None:
-        return None
-    return records.CalibrationRecord(
-        factor=spec.checks.long_run.factor,
-        float32_runs=cal.float32.runs,
-        float32_final_curve=float(cal.float32.curve[-1]),
-        float32_final_outputs=cal.float32.final_outputs_max,
-        metric_floor=spec.checks.long_run.metric_floor,
-        float64_runs=None if cal.float64 is None else cal.float64.runs,
-        twin_steps=None if cal.twin_reference is None or cal.twin_reference.losses is None else len(cal.twin_reference.losses),
-    )
-
-
-# what a check's record copies from the check as it is (checks.Check)
-CHECK_FIELDS = (
-    "name",
-    "verdict",
-    "tolerance",
-    "max_abs_error",
-    "max_rel_error",
-    "first_failure_step",
-    "horizon_steps",
-    "reason",
-    "tensor",
-    "diagnosis",
-)
-
-
-def build_record(
-    result: SpecResult,
-    key: RunKey,
-    run_id: str,
-    rates: dict[tuple[str, str], Rates] | None = None,
-    outcome: Outcome | None = None,
-) -> tuple[records.Record, bytes | None]:
-    """The record of one run (`outcome`, else the result's outcome of `key`): the one place
-    records are made, from the spec, the problem, the outcome and the checks. `rates` maps
-    (device, precision) to that device's measured rates."""
-    loaded, problem = result.loaded, result.problem
-    outcome = result.outcomes[key] if outcome is None else outcome
-    spec = loaded.spec
-    metrics = None
-    if outcome.losses is not None and outcome.status == "ok":
-        every = spec.logging.loss_every
-        steps = list(range(0, len(outcome.losses), every))
-        if steps[-1] != len(outcome.losses) - 1:
-            steps.append(len(outcome.losses) - 1)
-        metrics = records.Metrics(
-            loss_curve=records.Curve(steps=steps, values=[float(outcome.losses[s]) for s in steps]),
-            final_loss=outcome.metrics["train_loss"],
-            values=outcome.metrics,
-        )
-    timings = None
-    if outcome.timings:
-        timings = records.Timings(cpu_threads=outcome.describe.get("threads"), **outcome.timings)
-    checks = [
-        records.CheckRecord(
-            **{name: getattr(c, name) for name in CHECK_FIELDS},
-            against=c.other(key).label,
-            ratio=None if c.ratio is None or c.ratio == float("inf") else c.ratio,
-        )
-        for c in result.checks
-        if c.involves(key)
-    ]
-    data = spec.data
-    record = records.Record(
-        schema_version=records.SCHEMA_VERSION,
-        record_id=records.new_id(),
-        run_id=run_id,
-        created=records.now(),
-        status=outcome.status,
-        reason=outcome.reason,
-        spec=records.SpecRef(
-            name=spec.name,
-            path=str(loaded.path),
-            sha256=loaded.sha256,
-            profile=loaded.profile,
-            overrides=loaded.overrides,
-        ),
-        framework=key.framework,
-        implementation=implementation(key, outcome.describe),
-        library_version=outcome.describe.get("version"),
-        device=records.Device(kind=key.device, name=outcome.describe.get("device_name")),
-        dtype=key.dtype,
-        precision_mode=key.precision,
-        precision=outcome.describe.get("math_mode", {}),
-        mode=key.mode,
-        variant=key.variant,
-        host=records.host_info(),
-        libraries=records.library_versions(),
-        git=records.git_info(),
-        seeds=records.Seeds(
-            data=getattr(data, "seed", getattr(data, "split_seed", None)),
-            init=spec.init.seed,
-            shuffle=spec.training.shuffle_seed,
-        ),
-        data=records.DataUsed(
-            source=problem.data_source,
-            files=[records.DataFile(name=f.name, sha256=f.sha256) for f in problem.data_files],
-            n_train=len(problem.x_train),
-            n_validation=0 if problem.x_val is None else len(problem.x_val),
-        ),
-        timings=timings,
-        metrics=metrics,
-        checks=checks,
-        repeats_bitwise_identical=outcome.repeats_bitwise_identical,
-        repeats_max_abs_diff=outcome.repeats_max_abs_diff,
-        repeats_first_diff_step=outcome.repeats_first_diff_step,
-        failed_at_step=outcome.failed_at_step,
-        artifacts=None,
-        floor=floor_record(problem, outcome, (rates or {}).get((key.device, key.precision))),
-        calibration=calibration_record(spec, result.calibration),
-    )
-    artifact = None
-    if outcome.losses is not None:
-        artifact = records.artifact_bytes(outcome.losses, outcome.final_params, envelope_curve(spec, result.calibration, key))
-    return record, artifact
-
-
-def envelope_curve(spec, cal: Calibration | None, key: RunKey) -> np.ndarray | None:
-    """The relative loss tolerance per step that judged a float32 run's curve against any
-    other's: factor * e(t) + curve_floor (checks.envelope_checks); None for a float64 run."""
-    if cal is None or cal.float32 is None or key.dtype != "float32":
-        return None
-    return checks_mod.envelope(spec, cal.float32)
 
 
 def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
@@ -420,12 +255,12 @@ def run_spec(
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     for key in [*keys, *twins_run]:
-        record, artifact = build_record(result, key, run_id, rates)
+        record, artifact = build_record(loaded, problem, outcomes[key], checks, cal, run_id, rates)
         result.records.append(record)
         if results_dir is not None:
             result.paths.append(records.write_record(results_dir, record, artifact))
     # the members, for the terminal's table: they calibrate the checks and are not written
-    result.member_records = [build_record(result, m.key, run_id, outcome=m)[0] for m in [*members32, *members64]]
+    result.member_records = [build_record(loaded, problem, m, [], cal, run_id)[0] for m in [*members32, *members64]]
     return result
 
 

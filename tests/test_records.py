@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from harness import matrix, records
+from harness import matrix, recording, records
 from harness.errors import RecordError
 from harness.registry import ORACLE_KEY, RunKey
 from tests.conftest import ROOT, quick_problem
@@ -59,6 +59,10 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
 
+def record_of(result: matrix.SpecResult, key: RunKey, run_id: str):
+    return recording.build_record(result.loaded, result.problem, result.outcomes[key], result.checks, result.calibration, run_id)
+
+
 def test_oracle_record_is_labelled_float64(moons_result):
     result, _ = moons_result
     oracle = [json.loads(p.read_text()) for p in result.paths if "_oracle_" in p.name][0]
@@ -67,7 +71,7 @@ def test_oracle_record_is_labelled_float64(moons_result):
 
 def test_records_are_never_overwritten(moons_result, tmp_path):
     result, _ = moons_result
-    record, artifact = matrix.build_record(result, ORACLE_KEY, "run1")
+    record, artifact = record_of(result, ORACLE_KEY, "run1")
     records.write_record(tmp_path, record, artifact)
     with pytest.raises(RecordError, match="never overwritten"):
         records.write_record(tmp_path, record, artifact)
@@ -75,7 +79,7 @@ def test_records_are_never_overwritten(moons_result, tmp_path):
 
 def test_a_failed_write_leaves_nothing(moons_result, tmp_path, monkeypatch):
     result, _ = moons_result
-    record, _ = matrix.build_record(result, RunKey("numpy", "cpu"), "run2")
+    record, _ = record_of(result, RunKey("numpy", "cpu"), "run2")
 
     def broken_link(src, dst):
         raise OSError(28, "No space left on device")

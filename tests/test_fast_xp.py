@@ -1,4 +1,4 @@
-"""The CuPy adapter's fast mode (adapters/xp_fast.py): on NumPy bitwise identical to the
+"""The array-module adapter's fast mode (adapters/xp_fast.py): on NumPy bitwise identical to the
 eager array-module MLP, allocation-free per step, and warm_up leaves the state alone; on
 the GPU (tests marked `gpu`, skipped with the reason where there is none) it agrees with the
 eager CuPy run and repeats bitwise."""
