@@ -18,11 +18,13 @@ NAME = "xp"
 
 
 def _xp(key):
-    if key.device == "cpu":
-        return np
-    # CuPy reads CUPY_TF32 when it creates its cuBLAS handle: set before the first product
-    # (each run has a process of its own).
-    os.environ["CUPY_TF32"] = "1" if key.precision == "tf32" else "0"
+    return np if key.device == "cpu" else _cupy(key.precision)
+
+
+def _cupy(precision: str):
+    """cupy, with TF32 allowed or not: CuPy reads CUPY_TF32 when it creates its cuBLAS
+    handle, so it is set before the first product (each run has a process of its own)."""
+    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
     import cupy
 
     return cupy
@@ -166,9 +168,7 @@ def rates(device: str, precision: str) -> dict[str, float]:
     """NumPy's rates on the CPU, CuPy's on the GPU (with a CUDA graph's per-kernel cost)."""
     if device == "cpu":
         return _numpy_rates()
-    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
-    import cupy
-
+    cupy = _cupy(precision)
     if not cupy.is_available():
         raise RuntimeError("no CUDA device")
     return _cupy_rates(cupy)

@@ -7,6 +7,7 @@ harness` never imports torch, jax or cupy; a test proves it in a subprocess.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -92,7 +93,7 @@ def current_name(framework: str, device: str) -> str:
 def current_label(label: str) -> str:
     """A run label (`cupy@cpu~order3`) with its framework's current name (`numpy@cpu~order3`)."""
     framework, at, rest = label.partition("@")
-    device = rest[:3]
+    device = re.match(r"[a-z]*", rest).group()  # what follows: +precision, :mode, ~variant
     return current_name(framework, device) + at + rest if at else label
 
 

@@ -167,10 +167,12 @@ class _Trial:
         start = time.perf_counter()
         for first, stop in self.plan:
             adapter.train(trainer, first, stop)
-            if repeat == 0 and stop in snapshot_steps:
-                outcome.snapshots[stop] = adapter.state(trainer, stop).params
-            if self.progress and repeat == 0:  # the printer decides what to show (progress.printer)
-                self.progress(stop, float(adapter.state(trainer, stop).losses[-1]))
+            if repeat == 0 and (self.progress or stop in snapshot_steps):
+                now = adapter.state(trainer, stop)  # read back once for both
+                if stop in snapshot_steps:
+                    outcome.snapshots[stop] = now.params
+                if self.progress:  # the printer decides what to show (progress.printer)
+                    self.progress(stop, float(now.losses[-1]))
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
 
