@@ -1,6 +1,6 @@
 """Framework adapters. Each is one module exposing the same few functions (typed in
 adapters/protocol.py, checked for every adapter in tests/test_adapters.py). Each function
-that sets a run up takes its `RunKey` (harness/registry.py): device, dtype, precision
+that sets a run up takes its `RunKey` (harness/core/registry.py): device, dtype, precision
 ("strict": full float32 products, deterministic kernels; "tf32": TF32 allowed on the GPU;
 "float64": the float64 twin) and mode.
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from adapters import xp_mlp
 from adapters.protocol import State
+from harness.reference import xp_mlp
 
 NAME = "jax"
 # XLA reads this when its backend starts: no atomics-based (run-to-run varying) GPU kernels.

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from harness.inputs import Problem
-    from harness.registry import RunKey
+    from harness.core.registry import RunKey
+    from harness.inputs.problem import Problem
 
 Params = list[tuple[np.ndarray, np.ndarray]]
 
@@ -52,6 +52,6 @@ class Adapter(Protocol):
 class MeasuresRates(Protocol):
     """Optional: an adapter that can time its device's float32 product rate, memory
     bandwidth and (GPU) the cost of one kernel in a CUDA graph, for the floor
-    (harness/hardware.py). Keys: "matmul" (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
+    (harness/run/hardware.py). Keys: "matmul" (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
 
     def rates(self, device: str, precision: str) -> dict[str, float]: ...

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from adapters import timing, xp_mlp
+from adapters import timing
 from adapters.protocol import State
+from harness.reference import xp_mlp
 
 NAME = "torch"
 

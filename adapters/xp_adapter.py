@@ -1,4 +1,4 @@
-"""The array-module adapter: the MLP of adapters.xp_mlp, bound to NumPy on the CPU (the
+"""The array-module adapter: the MLP of harness.reference.xp_mlp, bound to NumPy on the CPU (the
 framework `numpy`) and to CuPy on the GPU (`cupy`). In float64 on NumPy it is the reference
 oracle."""
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from adapters import timing, xp_fast, xp_mlp
+from adapters import timing, xp_fast
 from adapters.protocol import State
+from harness.reference import xp_mlp
 
 NAME = "xp"
 

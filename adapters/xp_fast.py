@@ -1,4 +1,4 @@
-"""The fast mode of the array-module MLP (adapters.xp_mlp): the same training, written the
+"""The fast mode of the array-module MLP (harness.reference.xp_mlp): the same training, written the
 way CuPy's best users write it, against one array module `xp` (NumPy or CuPy).
 
 - Every array a step touches (activations, pre-activations, gradients, optimizer
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import xp_mlp
+from harness.reference import xp_mlp
 
 # --------------------------------------------------------------------------- GPU kernels
 

@@ -15,11 +15,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness import progress, records, resources
-from harness import spec as spec_mod
-from harness.atomic import atomic_write, ensure_replaceable
-from harness.errors import HarnessError
-from harness.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, ONLY_ON, STRICT, runs_on
+from harness.core.atomic import atomic_write, ensure_replaceable
+from harness.core.errors import HarnessError
+from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, RUNS_DIR
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, ONLY_ON, STRICT, runs_on
+from harness.inputs import resources
+from harness.records import schema, write
+from harness.run import progress
+from harness.spec import model as spec_mod
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -131,8 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--results",
             type=Path,
-            default=records.RUNS_DIR,
-            help=f"records folder (default: {records.RUNS_DIR}/, git-ignored; the committed reference records are in {records.REFERENCE_DIR}/)",
+            default=RUNS_DIR,
+            help=f"records folder (default: {RUNS_DIR}/, git-ignored; the committed reference records are in {REFERENCE_DIR}/)",
         )
 
     run = sub.add_parser("run", help="run specs through adapters and devices, check, write records")
@@ -180,17 +183,17 @@ def _parser() -> argparse.ArgumentParser:
     data_options(export)
 
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
-    comp.add_argument("new", type=Path, nargs="?", default=records.RUNS_DIR, help=f"folder of new records (default: {records.RUNS_DIR})")
+    comp.add_argument("new", type=Path, nargs="?", default=RUNS_DIR, help=f"folder of new records (default: {RUNS_DIR})")
     comp.add_argument(
-        "--baseline", required=True, help=f"folder of baseline records, or git:REV for {records.REFERENCE_DIR}/ at REV (a sha or a ref)"
+        "--baseline", required=True, help=f"folder of baseline records, or git:REV for {REFERENCE_DIR}/ at REV (a sha or a ref)"
     )
 
     rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
     rep.add_argument(
         "--results",
         type=Path,
-        default=records.REFERENCE_DIR,
-        help=f"records folder (default: {records.REFERENCE_DIR}, the committed reference records; {records.RUNS_DIR} for your own)",
+        default=REFERENCE_DIR,
+        help=f"records folder (default: {REFERENCE_DIR}, the committed reference records; {RUNS_DIR} for your own)",
     )
     rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
     rep.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="profile of the main tables (default: full)")
@@ -214,7 +217,7 @@ def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
 def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
     folder, the GPU when it is required; then the matrix's keys."""
-    from harness import matrix
+    from harness.run import execute, plan
 
     if args.repeats is not None and args.repeats < 1:
         raise HarnessError("--repeats: must be at least 1")
@@ -228,19 +231,19 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
             )
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
-        records.ensure_writable(results_dir)
+        write.ensure_writable(results_dir)
     if args.require_gpu:
         if "gpu" not in args.devices:
             raise HarnessError("--require-gpu: add gpu to --devices")
-        matrix.require_gpu(args.frameworks)
-    return results_dir, matrix.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
+        execute.require_gpu(args.frameworks)
+    return results_dir, plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
 
 
 def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
     """Each device's rates (per precision on the GPU), measured once, after every input was
     found good and before any run; a device that cannot be measured is said so, and its
     records carry no floor."""
-    from harness import hardware
+    from harness.run import hardware
 
     rates = {}
     if args.no_floor:
@@ -257,7 +260,7 @@ def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
 
 
 def _finish_run(console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
-    from harness import table
+    from harness.report import table
 
     console.print(table.verdict_table(results))
     table.print_failures(console, results)
@@ -270,13 +273,14 @@ def _finish_run(console: Console, results: list, results_dir: Path | None, run_i
 
 
 def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str]:
-    from harness import inputs, matrix
+    from harness import matrix
+    from harness.inputs import problem as inputs
 
     loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args)
     problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, _limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
-    run_id = records.new_id()
+    run_id = write.new_id()
     isolate = not getattr(args, "in_process", False)
     results = [
         matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate, args.work_dir, rates)
@@ -291,7 +295,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from harness import table
+    from harness.report import table
 
     results, results_dir, run_id = _run_matrix(args, console)
     code = _finish_run(console, results, results_dir, run_id)
@@ -300,7 +304,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from harness import inputs, matrix
+    from harness import matrix
+    from harness.inputs import problem as inputs
 
     points = []  # (the spec at one point of its sweep, the swept value); all valid before anything runs
     for path in _spec_paths(args.specs, args.specs_dir):
@@ -316,7 +321,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             points.append((point, value))
     results_dir, keys = _prepare(args)
     rates = _rates(args, keys, console)
-    run_id = records.new_id()
+    run_id = write.new_id()
     results = []
     for i, (loaded, value) in enumerate(points, 1):
         problem = inputs.build_problem(loaded, args.data_dir, limits=_limits(args))
@@ -341,7 +346,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     import numpy as np
 
-    from harness import inputs, matrix
+    from harness import matrix
+    from harness.inputs import problem as inputs
 
     loaded = spec_mod.load_spec(spec_mod.resolve_spec(args.spec, args.specs_dir), args.profile)
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
@@ -370,7 +376,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from harness import compare
+    from harness.gate import compare
 
     findings = compare.compare(args.new, args.baseline)
     table = Table(title=f"{args.new} against {args.baseline}")
@@ -389,7 +395,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from harness import report
+    from harness.report import document as report
 
     out, doc = report.report(args.results, args.out, args.profile)
     console.print(f"wrote {out} and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
@@ -399,7 +405,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     targets = {
         spec_mod.SPECS_DIR / "schema.json": spec_mod.json_schema(),
-        records.PROJECT_ROOT / "results" / "schema.json": records.json_schema(),
+        PROJECT_ROOT / REFERENCE_DIR / "schema.json": schema.json_schema(),
     }
     stale = []
     for path, text in targets.items():

@@ -19,11 +19,12 @@ import numpy as np
 from hypothesis import strategies as st
 from rich.console import Console
 
-from harness import inputs, registry
-from harness.calibration import tensors
+from harness.core import registry
+from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
+from harness.inputs import problem as inputs
 from harness.matrix import SpecResult
-from harness.registry import FLOAT64, ORACLE_KEY, RunKey
-from harness.spec import LoadedSpec, total_steps, validate_document
+from harness.spec.model import LoadedSpec, total_steps, validate_document
+from harness.verdict.calibration import tensors
 
 REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
@@ -71,7 +72,7 @@ def spec_documents(draw) -> dict:
         "shuffle_seed": draw(st.integers(0, 99)),
         "last_batch": draw(st.sampled_from(["keep", "drop"])),
     }
-    from harness.spec import TrainingSection
+    from harness.spec.model import TrainingSection
 
     per_epoch = total_steps(TrainingSection.model_validate(training), n)
     steps = draw(st.integers(20, 60))

@@ -8,7 +8,7 @@ import importlib
 import numpy as np
 import pytest
 
-from harness import registry
+from harness.core import registry
 from tests.conftest import CPU_FRAMEWORKS, GPU_FRAMEWORKS, UNIT_TOLERANCES, first_loss, key_for, one_step, quick_problem, trainer_of
 
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]

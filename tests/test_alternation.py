@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 
-from harness import matrix, runner
-from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.run import execute, plan, runner
 from tests.conftest import quick_problem
 
 EAGER = CALIBRATION_KEY  # numpy@cpu
@@ -18,8 +18,8 @@ def test_keys_differing_only_in_mode_are_grouped_in_order():
     torch_eager, torch_fast = RunKey("torch", "cpu"), RunKey("torch", "cpu", mode="fast")
     gpu = RunKey("torch", "gpu")
     keys = [torch_eager, EAGER, gpu, torch_fast, FAST, ORACLE_KEY]  # EAGER is the calibration run
-    assert matrix.alternation_groups(keys) == [[torch_eager, torch_fast], [EAGER, FAST], [gpu], [ORACLE_KEY]]
-    assert matrix.alternation_groups(matrix.matrix_keys(["jax"], ["cpu"])) == [[RunKey("jax", "cpu")], [EAGER], [ORACLE_KEY]]
+    assert plan.alternation_groups(keys) == [[torch_eager, torch_fast], [EAGER, FAST], [gpu], [ORACLE_KEY]]
+    assert plan.alternation_groups(plan.matrix_keys(["jax"], ["cpu"])) == [[RunKey("jax", "cpu")], [EAGER], [ORACLE_KEY]]
 
 
 def test_repeats_take_turns_and_train_as_if_alone(monkeypatch):
@@ -63,6 +63,6 @@ def test_a_mode_that_fails_leaves_the_other_running(monkeypatch):
 def test_the_matrix_runs_a_group_in_one_isolated_process():
     problem = quick_problem("peaks_mlp")
     labels = {EAGER: "eager", FAST: "fast"}
-    outcomes = matrix._group(problem, labels, 2, Console(quiet=True), True, {EAGER: None, FAST: None})
+    outcomes = execute.run_group(problem, labels, 2, Console(quiet=True), True, {EAGER: None, FAST: None})
     assert list(outcomes) == [EAGER, FAST]
     assert all(o.status == "ok" and o.timings["alternated_with"] for o in outcomes.values())

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import checks, diagnosis, matrix, runner
-from harness.inputs import in_plain_order, reordered
-from harness.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
-from harness.spec import Close, KnownDifference
+from harness import matrix
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.inputs.members import in_plain_order, reordered
+from harness.run import execute, plan, runner
+from harness.spec.model import Close, KnownDifference
+from harness.verdict import checks, diagnosis
 from tests.conftest import problem_or_skip, quick_problem
 
 TORCH = RunKey("torch", "cpu")
@@ -130,7 +132,7 @@ def test_an_isolated_run_gives_the_same_bits():
         **{**problem.__dict__, "spec": problem.spec.model_copy(update={"training": problem.spec.training.model_copy(update={"epochs": 5})})}
     )
     here = runner.run(short, CALIBRATION_KEY)
-    there = matrix.run_isolated(short, {CALIBRATION_KEY: "isolated"}, 1)[CALIBRATION_KEY]
+    there = execute.run_isolated(short, {CALIBRATION_KEY: "isolated"}, 1)[CALIBRATION_KEY]
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
 
 
@@ -139,8 +141,8 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
 
     from rich.console import Console
 
-    from harness import registry
-    from harness.spec import SPECS_DIR, load_spec
+    from harness.core import registry
+    from harness.spec.model import SPECS_DIR, load_spec
 
     monkeypatch.setitem(registry.ADAPTERS, "absent", "adapters.no_such_framework")
     loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
@@ -149,7 +151,7 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 3}), "checks": checks_section})
     short = type(problem)(**{**problem.__dict__, "spec": spec})
-    keys = matrix.matrix_keys(["absent", "numpy", "cupy"], ["cpu", "gpu"])
+    keys = plan.matrix_keys(["absent", "numpy", "cupy"], ["cpu", "gpu"])
     result = matrix.run_spec(loaded, short, keys, None, Console(file=io.StringIO()))
     statuses = {k.label: o.status for k, o in result.outcomes.items()}
     assert statuses["absent@cpu"] == "skipped" and "cannot be imported" in result.outcomes[RunKey("absent", "cpu")].reason

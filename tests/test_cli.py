@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.spec import SPECS_DIR
+from harness.core import paths
+from harness.spec.model import SPECS_DIR
 from tests.conftest import ROOT
 
 
@@ -23,7 +24,7 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
     assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # numpy, the oracle, numpy's float64 twin
-    from harness.records import read_record
+    from harness.records.store import read_record
 
     written = list(map(read_record, (tmp_path / "moons_net").glob("*.json")))
     assert [r.floor for r in written if r.precision_mode == "float64"] == [None]  # the floor is float32's
@@ -79,26 +80,26 @@ def test_runs_go_to_a_git_ignored_folder_and_the_report_reads_the_reference_reco
     """A user's runs never touch the committed records: run, bench and sweep write to runs/
     (git-ignored) unless told otherwise; the report and `compare --baseline git:REV` read
     the reference records in results/."""
-    from harness import cli, records
+    from harness import cli
 
     parser = cli._parser()
     for command in ("run", "bench", "sweep"):
-        assert parser.parse_args([command]).results == records.RUNS_DIR
-    assert parser.parse_args(["compare", "--baseline", "b"]).new == records.RUNS_DIR
-    assert parser.parse_args(["report"]).results == records.REFERENCE_DIR
+        assert parser.parse_args([command]).results == paths.RUNS_DIR
+    assert parser.parse_args(["compare", "--baseline", "b"]).new == paths.RUNS_DIR
+    assert parser.parse_args(["report"]).results == paths.REFERENCE_DIR
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: git-ignore rules cannot be asked")
 
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
 
-    assert ignored(f"{records.RUNS_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
-    assert not ignored(f"{records.REFERENCE_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
+    assert ignored(f"{paths.RUNS_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
+    assert not ignored(f"{paths.REFERENCE_DIR}/peaks_mlp/20260101T000000Z_torch_cpu_full_0.json")
 
 
 @pytest.mark.parametrize("command", ["run", "bench", "sweep"])
 def test_help_names_every_framework_and_device_and_what_else_runs(command):
-    from harness.registry import ADAPTERS, DEVICES
+    from harness.core.registry import ADAPTERS, DEVICES
 
     done = subprocess.run(
         [sys.executable, "-m", "harness", command, "--help"], capture_output=True, text=True, cwd=ROOT, env={"COLUMNS": "100", "PATH": ""}
@@ -175,7 +176,7 @@ def test_bench_writes_both_modes_with_their_floor_and_the_report_shows_them(tmp_
     """`harness bench`: eager and fast side by side, each record with its mode and the
     floor measured on this host; the report's floor section is built from them."""
     pytest.importorskip("matplotlib")
-    from harness.records import read_record
+    from harness.records.store import read_record
 
     results = tmp_path / "records"
     done = harness("bench", "peaks_mlp", "--profile", "quick", "--frameworks", "numpy", "--repeats", "2", "--results", str(results))
@@ -235,7 +236,7 @@ def test_a_log_gets_a_progress_line_by_steps_and_at_least_every_ten_seconds(monk
 
     from rich.console import Console
 
-    from harness import progress
+    from harness.run import progress
 
     clock = iter([0.0, 3.0, 14.0, 15.0, 40.0, 41.0, 42.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))

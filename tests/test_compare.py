@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare, registry, store
-from harness.errors import RecordError
+from harness.core import registry
+from harness.core.errors import RecordError
+from harness.gate import compare
+from harness.records import store
 from tests.conftest import ROOT
 
 BASELINE = ROOT / "baselines" / "cpu-quick"
@@ -83,7 +85,7 @@ def test_a_cell_is_the_whole_run_key(tmp_path):
     """Eager and fast, strict and TF32, float32 and the float64 twin, and each sweep size are
     cells of their own: none of them hides another."""
     new = copy_baseline(tmp_path)
-    cells = compare.load_records(new)
+    cells = compare.newest_in(new)
     twin = next(r for r in cells.values() if r.precision_mode == "float64")
     variants = [
         twin.model_copy(update={"mode": "fast"}),
@@ -108,12 +110,15 @@ def other_host(tmp_path_factory):
     into torch (eps inside Adam's square root): one folder each."""
     from rich.console import Console
 
-    from harness import inputs, matrix
-    from harness.spec import SPECS_DIR, load_spec
+    from harness import matrix
+    from harness.inputs import members
+    from harness.inputs import problem as inputs
+    from harness.run import plan
+    from harness.spec.model import SPECS_DIR, load_spec
     from tests.test_injected_bugs import register_copy, torch_single_threaded
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
-    problem = inputs.reordered(inputs.build_problem(loaded), seed=1234)
+    problem = members.reordered(inputs.build_problem(loaded), seed=1234)
     problem = type(problem)(**{**problem.__dict__, "unit_orders": ()})
     folders = {}
     for name in ("honest", "bug"):
@@ -121,7 +126,7 @@ def other_host(tmp_path_factory):
         with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
             if name == "bug":
                 register_copy(monkeypatch, "torch", "torch", {"_optimizer": eps_inside_torch_optimizer})
-            keys = matrix.matrix_keys(list(registry.ADAPTERS), ["cpu"])
+            keys = plan.matrix_keys(list(registry.ADAPTERS), ["cpu"])
             matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
         _as_another_host(out)
     return folders

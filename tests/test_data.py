@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from harness import data
-from harness.errors import DataError
-from harness.spec import SPECS_DIR, PeaksData, load_spec
+from harness.core.errors import DataError
+from harness.inputs import data
+from harness.spec.model import SPECS_DIR, PeaksData, load_spec
 
 
 def test_peaks_grid_matches_the_article():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.registry import RunKey
-from harness.runner import chunk_plan, run
+from harness.core.registry import RunKey
+from harness.run.runner import chunk_plan, run
 from tests.conftest import problem_or_skip, quick_problem, trainer_of
 
 pytest.importorskip("optax")

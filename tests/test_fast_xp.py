@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from adapters import xp_adapter
-from harness import runner
-from harness.registry import RunKey
+from harness.core.registry import RunKey
+from harness.run import runner
 from tests.conftest import key_for, problem_or_skip, quick_problem, trainer_of
 
 # moons' quick profile is 500 steps of a 1000-unit layer: the eager float32 run alone takes

@@ -17,9 +17,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import records
-from harness.errors import RecordError, SpecError
-from harness.spec import MAX_DEPTH, SPECS_DIR, parse_document, validate_document
+from harness.core import provenance
+from harness.core.errors import RecordError, SpecError
+from harness.records import store, write
+from harness.spec.model import MAX_DEPTH, SPECS_DIR, parse_document, validate_document
 from tests.conftest import ROOT
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
@@ -150,14 +151,14 @@ def test_an_interrupted_run_leaves_no_record(tmp_path, sig):
 
 
 def test_an_interrupt_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
-    record = records.read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
+    record = store.read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
 
     def interrupted(fd):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        records.write_record(tmp_path, record)
+        write.write_record(tmp_path, record)
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
@@ -168,7 +169,7 @@ def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
     written = sorted(tmp_path.rglob("*.json"))
     assert len(written) == 6 and len({p.name for p in written}) == 6  # 3 records (numpy, oracle, numpy's twin) each
     for path in written:
-        records.read_record(path)
+        store.read_record(path)
 
 
 def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
@@ -182,7 +183,7 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
     )
     assert done.returncode == 2 and "cannot be written" in done.stderr
     with pytest.raises(RecordError):
-        records.ensure_writable(blocked / "r")
+        write.ensure_writable(blocked / "r")
 
 
 @pytest.mark.slow
@@ -203,25 +204,26 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     # members and numpy's float64 twin; torch and its twin run
     assert len(reused) == 8
     assert "moons_net torch@cpu (float32" in second.stdout
-    written = {r.framework: r for r in map(records.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
+    written = {r.framework: r for r in map(store.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
     assert set(written) == {"numpy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
 
 
 def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path, monkeypatch):
     """A fresh lent machine (another hostname, the same CPU, GPU and libraries) reuses the
     cells a work folder carried from the last one; another GPU model does not."""
-    from harness import inputs, matrix
-    from harness.registry import RunKey
-    from harness.spec import load_spec
+    from harness.core.registry import RunKey
+    from harness.inputs import problem as inputs
+    from harness.run import execute
+    from harness.spec.model import load_spec
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
     problem = inputs.build_problem(loaded)
     key = RunKey("torch", "gpu")
 
     def cell(hostname: str, gpus: list[str]) -> Path:
-        monkeypatch.setattr(records.platform, "node", lambda: hostname)
-        monkeypatch.setattr(records, "_gpu_names", lambda: gpus)
-        return matrix._cell_path(tmp_path, loaded, problem, key, 1)
+        monkeypatch.setattr(provenance.platform, "node", lambda: hostname)
+        monkeypatch.setattr(provenance, "_gpu_names", lambda: gpus)
+        return execute.cell_path(tmp_path, loaded, problem, key, 1)
 
     here = cell("lent-1", ["NVIDIA H100 80GB HBM3"])
     assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here
@@ -232,8 +234,8 @@ def test_the_host_fingerprint_holds_while_other_blas_libraries_load():
     """SciPy's OpenBLAS arrives with scikit-learn (the moons data): the work cells' key must
     not change with it, or a resumed matrix would run its cells again."""
     program = (
-        "from harness import records; before = records.host_fingerprint(); import sklearn.datasets; "
-        "print(before == records.host_fingerprint(), len(records.host_info().blas))"
+        "from harness.core import provenance; before = provenance.host_fingerprint(); import sklearn.datasets; "
+        "print(before == provenance.host_fingerprint(), len(provenance.host_info().blas))"
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -251,7 +253,7 @@ def _sleep_writing_pid(path: str) -> None:
 
 
 def test_a_fresh_process_returns_its_result_or_says_it_died():
-    from harness.fresh import ProcessDied, in_fresh_process
+    from harness.run.fresh import ProcessDied, in_fresh_process
 
     assert in_fresh_process(os.getpid) != os.getpid()
     with pytest.raises(ProcessDied):
@@ -262,7 +264,7 @@ def test_a_fresh_process_dies_with_its_parent_even_on_sigkill(tmp_path):
     """kill -9 of the harness must not leave its run process training on."""
     pid_file = tmp_path / "child.pid"
     program = (
-        "from harness.fresh import in_fresh_process; from tests.test_faults import _sleep_writing_pid; "
+        "from harness.run.fresh import in_fresh_process; from tests.test_faults import _sleep_writing_pid; "
         f"in_fresh_process(_sleep_writing_pid, {str(pid_file)!r})"
     )
     parent = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT)

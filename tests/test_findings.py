@@ -9,10 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from adapters import xp_mlp
-from harness import calibration, checks, inputs, matrix, runner
-from harness.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
-from harness.spec import SPECS_DIR, load_spec
+from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.inputs import members
+from harness.inputs import problem as inputs
+from harness.reference import xp_mlp
+from harness.run import plan, runner
+from harness.spec.model import SPECS_DIR, load_spec
+from harness.verdict import calibration, checks
 from tests.conftest import quick_problem
 
 STEPS = 40
@@ -57,8 +60,8 @@ def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
     """torch.compile's mean of the 5,000 per-example losses is what leaves the envelope on
     moons (fast mode), not the per-example values: those are as accurate as eager torch's."""
     torch = pytest.importorskip("torch")
-    from harness import inputs
-    from harness.spec import SPECS_DIR, load_spec
+    from harness.inputs import problem as inputs
+    from harness.spec.model import SPECS_DIR, load_spec
 
     problem = inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "bench"))  # the full 5,000 points
     (w1, b1), (w2, b2) = problem.initial_params
@@ -105,12 +108,12 @@ def ok(outcome):
 class Judge:
     """The matrix's checks of one run against the oracle (checks.pair_checks), with the
     envelope calibrated as the matrix calibrates it: the float32 array-module run and its
-    members that sum in other orders (matrix.calibration_members)."""
+    members that sum in other orders (plan.calibration_members)."""
 
     def __init__(self, problem):
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        members = [calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in matrix.calibration_members(problem)]
+        members = [calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in plan.calibration_members(problem)]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
         self.calibration = calibration.measure(self.oracle, [self.reference, *members], "float32")
 
@@ -136,7 +139,7 @@ def relative_to_magnitude(value, exact, magnitude) -> float:
 
 
 def test_the_envelope_holds_other_summation_orders_at_40000_points(monkeypatch):
-    """The envelope's members sum in other orders (inputs.reordered), so a run that differs
+    """The envelope's members sum in other orders (members.reordered), so a run that differs
     from them only in the order of its float32 sums stays inside it: twenty more orderings
     of the same code, and the same code with its forward products summed by einsum (exactly
     as accurate as BLAS's), on the article's own 40,000 points. Calibrated by one-ulp
@@ -149,7 +152,7 @@ def test_the_envelope_holds_other_summation_orders_at_40000_points(monkeypatch):
     judge = Judge(problem)
     assert judge.calibration.runs == 9
     for seed in range(101, 121):
-        other_order = judge(runner.run(inputs.reordered(problem, seed), CALIBRATION_KEY))
+        other_order = judge(runner.run(members.reordered(problem, seed), CALIBRATION_KEY))
         assert other_order["loss_curve_envelope"].verdict == "pass", seed
 
     (w, _), x = problem.initial_params[0], problem.x_train
@@ -172,7 +175,7 @@ def test_the_envelope_holds_other_summation_orders_at_40000_points(monkeypatch):
 def test_the_calibrated_step_k_check_holds_other_summation_orders_at_40000_points():
     problem = sweep_problem(200, 40)
     judge = Judge(problem)
-    failing = [s for s in range(101, 121) if judge(runner.run(inputs.reordered(problem, s), CALIBRATION_KEY))["params_after_step"].verdict != "pass"]
+    failing = [s for s in range(101, 121) if judge(runner.run(members.reordered(problem, s), CALIBRATION_KEY))["params_after_step"].verdict != "pass"]
     assert not failing
 
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import hardware, runner
-from harness.errors import HarnessError
-from harness.floor import Rates, floor, step_cost
-from harness.runner import chunk_plan
+from harness.core.errors import HarnessError
+from harness.run import hardware, runner
+from harness.run.floor import Rates, floor, step_cost
+from harness.run.runner import chunk_plan
 from tests.conftest import quick_problem
 
 CPU = Rates(matmul_flops_per_s=1e11, bandwidth_bytes_per_s=2e10, launch_latency_s=None, measured_with="fixture")

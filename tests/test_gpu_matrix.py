@@ -14,8 +14,13 @@ import sys
 import numpy as np
 import pytest
 
-from harness import checks, diagnosis, matrix, records, registry, runner, speed, store
-from harness.registry import ORACLE_KEY, RunKey
+from harness.core import registry
+from harness.core.registry import ORACLE_KEY, RunKey
+from harness.records import schema as records
+from harness.records import store
+from harness.report import speed
+from harness.run import plan, runner
+from harness.verdict import checks, diagnosis
 from tests.conftest import GPU_FRAMEWORKS, ROOT, key_for, quick_problem
 
 
@@ -27,10 +32,10 @@ def short(problem, epochs: int, k: int = 2):
 
 
 def test_tf32_keys_are_gpu_only_and_labelled():
-    keys = matrix.matrix_keys(["torch", "jax"], ["cpu", "gpu"], tf32=True)
+    keys = plan.matrix_keys(["torch", "jax"], ["cpu", "gpu"], tf32=True)
     tf32 = [k for k in keys if k.precision == "tf32"]
     assert [k.label for k in tf32] == ["torch@gpu+tf32", "jax@gpu+tf32"]
-    assert not [k for k in matrix.matrix_keys(["torch"], ["cpu"], tf32=True) if k.precision == "tf32"]
+    assert not [k for k in plan.matrix_keys(["torch"], ["cpu"], tf32=True) if k.precision == "tf32"]
 
 
 def test_a_tf32_run_is_judged_against_the_oracle_only_and_does_not_gate():
@@ -150,7 +155,7 @@ def test_require_gpu_needs_the_gpu_device():
 def test_sweep_writes_ordinary_records_with_the_point_in_the_overrides(tmp_path):
     done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "torch", "--repeats", "1", "--no-floor", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    written = [records.read_record(p) for p in (tmp_path / "peaks_mlp").glob("*.json")]
+    written = [store.read_record(p) for p in (tmp_path / "peaks_mlp").glob("*.json")]
     assert {r.framework for r in written} == {"torch", "numpy", "oracle"}
     for record in written:
         assert record.spec.profile == "sweep" and record.data.n_train == 100

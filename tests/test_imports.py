@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +14,8 @@ FRAMEWORKS = ("torch", "jax", "jaxlib", "cupy", "optax")
 
 PROGRAM = f"""
 import sys
-import harness, harness.cli, harness.matrix, harness.checks, harness.records
-from harness.spec import load_spec, spec_paths
+import harness, harness.cli, harness.matrix, harness.verdict.checks, harness.records.schema
+from harness.spec.model import load_spec, spec_paths
 for path in spec_paths().values():
     load_spec(path)
 loaded = sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)
@@ -36,9 +37,19 @@ def test_the_check_itself_can_fail():
 
 
 def test_the_report_module_imports_no_plotting_library():
-    program = "import sys, harness.report, harness.cli; print('matplotlib' in sys.modules)"
+    program = "import sys, harness.report.document, harness.cli; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the project (harness and its subpackages, adapters), by dotted name."""
+    found = {}
+    for folder in ("harness", "adapters"):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts)] = path
+    return found
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -46,7 +57,7 @@ def import_graph() -> dict[str, set[str]]:
     level or inside a function (or under TYPE_CHECKING), as an edge between modules."""
     import ast
 
-    modules = {f"{p.parent.name}.{p.stem}": p for folder in ("harness", "adapters") for p in (ROOT / folder).glob("*.py")}
+    modules = module_files()
     graph = {}
     for name, path in modules.items():
         edges = set()
@@ -57,7 +68,7 @@ def import_graph() -> dict[str, set[str]]:
                 edges.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
             elif isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in modules)
-        graph[name] = edges - {name, f"{name.split('.')[0]}.__init__"}
+        graph[name] = {e for e in edges if e != name and not e.endswith(".__init__")}
     return graph
 
 
@@ -80,17 +91,43 @@ def test_no_import_cycle_among_the_projects_modules():
 
 
 def test_the_terminal_tables_render_records_not_the_matrix():
-    """harness.table renders records (with the report's row builders): it reaches neither
+    """harness.report.table renders records (with the report's row builders): it reaches neither
     the matrix nor the runner, directly or through another module."""
     graph = import_graph()
-    assert "harness.rows" in graph["harness.table"]
-    assert not {"harness.matrix", "harness.runner"} & reachable(graph, "harness.table")
+    assert "harness.report.rows" in graph["harness.report.table"]
+    assert not {"harness.matrix", "harness.run.runner"} & reachable(graph, "harness.report.table")
     assert "harness.matrix" in reachable(graph, "harness.cli")  # the check can see an import
+
+
+# The pipeline's rooms, in order: a module may import from its own room and the rooms
+# before it, never from one after it (the adapters come after the reference math they
+# share, and before the run that loads them by name).
+PIPELINE = ("core", "spec", "inputs", "reference", "adapters", "run", "verdict", "records", "report", "gate", "top")
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "adapters":
+        return "adapters"
+    return parts[1] if len(parts) > 2 else "top"
+
+
+def backward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} -> {b}" for a, edges in graph.items() for b in edges if PIPELINE.index(room(b)) > PIPELINE.index(room(a))]
+
+
+def test_no_room_imports_from_a_later_room_of_the_pipeline():
+    graph = import_graph()
+    assert {room(m) for m in graph} == set(PIPELINE)
+    assert backward_imports(graph) == []
+    # the check can fail: the records importing the top-level matrix runs back up
+    graph["harness.records.store"].add("harness.matrix")
+    assert backward_imports(graph) == ["harness.records.store -> harness.matrix"]
 
 
 def test_the_readme_layout_names_every_module():
     layout = (ROOT / "README.md").read_text().split("## Layout")[1].split("\n## ")[0]
-    for folder in ("harness", "adapters"):
-        for path in (ROOT / folder).glob("*.py"):
-            if not path.name.startswith("__"):
-                assert f"`{path.name}`" in layout, f"{folder}/{path.name} is not in the README's layout"
+    for path in module_files().values():
+        if not path.name.startswith("__"):
+            shown = path.relative_to(ROOT).as_posix()
+            assert f"`{shown}`" in layout, f"{shown} is not in the README's layout"

@@ -4,7 +4,7 @@ while the correct adapters in the same matrix pass.
 
 Each buggy adapter is a fresh module executed from a real adapter's source file (so its
 functions look their helpers up in the copy, not in the original) with one global
-replaced. It is registered under its own name in harness.registry.ADAPTERS and in
+replaced. It is registered under its own name in harness.core.registry.ADAPTERS and in
 sys.modules while its matrix runs, and goes through harness.matrix.run_spec like any
 other framework. Two matrices are run once per module and shared by the tests: peaks
 (Adam, chaotic after a few dozen steps) and a shortened moons (plain gradient descent).
@@ -24,13 +24,14 @@ from itertools import combinations
 import pytest
 from rich.console import Console
 
-from adapters import xp_mlp
-from harness import registry
-from harness.checks import Check
-from harness.inputs import build_problem
-from harness.matrix import SpecResult, matrix_keys, run_spec
-from harness.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
-from harness.spec import SPECS_DIR, LoadedSpec, load_spec, parse_document, validate_document
+from harness.core import registry
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.inputs.problem import build_problem
+from harness.matrix import SpecResult, run_spec
+from harness.reference import xp_mlp
+from harness.run.plan import matrix_keys
+from harness.spec.model import SPECS_DIR, LoadedSpec, load_spec, parse_document, validate_document
+from harness.verdict.checks import Check
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.inputs import batch_order, initial_params
-from harness.spec import SPECS_DIR, load_spec
+from harness.inputs.problem import batch_order, initial_params
+from harness.spec.model import SPECS_DIR, load_spec
 
 
 def spec(name: str):
@@ -58,7 +58,7 @@ def test_a_different_seed_changes_the_draws():
 def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
     """The calibration members' extra rounding (xp_mlp.jitter_function): seeded, at most two
     units in the last place, the sign kept, zero kept, and it does move values."""
-    from adapters import xp_mlp
+    from harness.reference import xp_mlp
 
     a = np.random.default_rng(0).normal(0, 10, 100_000).astype(dtype)
     a[:10] = 0

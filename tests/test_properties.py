@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from adapters import xp_mlp
-from harness import registry
-from harness.inputs import Problem
-from harness.spec import Spec
+from harness.core import registry
+from harness.inputs.problem import Problem
+from harness.reference import xp_mlp
+from harness.spec.model import Spec
 from tests.conftest import CPU_FRAMEWORKS, key_for, trainer_of
 
 EPS32 = 2.0**-24  # float32 unit roundoff

@@ -13,20 +13,25 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from harness import matrix, recording, records
-from harness.errors import RecordError
-from harness.registry import ORACLE_KEY, RunKey
+from harness import matrix
+from harness.core import provenance
+from harness.core.errors import RecordError
+from harness.core.registry import ORACLE_KEY, RunKey
+from harness.records import build as recording
+from harness.records import schema as records
+from harness.records import store, write
+from harness.run import plan
 from tests.conftest import ROOT, quick_problem
 
 
 @pytest.fixture(scope="module")
 def moons_result(tmp_path_factory):
-    from harness.spec import SPECS_DIR, load_spec
+    from harness.spec.model import SPECS_DIR, load_spec
 
     loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
     problem = quick_problem("moons_net")
     out = tmp_path_factory.mktemp("results")
-    keys = matrix.matrix_keys(["numpy"], ["cpu"])
+    keys = plan.matrix_keys(["numpy"], ["cpu"])
     result = matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
     return result, out
 
@@ -60,7 +65,8 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
 
 
 def record_of(result: matrix.SpecResult, key: RunKey, run_id: str):
-    return recording.build_record(result.loaded, result.problem, result.outcomes[key], result.checks, result.calibration, run_id)
+    where = provenance.collect()
+    return recording.build_record(result.loaded, result.problem, result.outcomes[key], result.checks, result.calibration, run_id, where)
 
 
 def test_oracle_record_is_labelled_float64(moons_result):
@@ -72,9 +78,9 @@ def test_oracle_record_is_labelled_float64(moons_result):
 def test_records_are_never_overwritten(moons_result, tmp_path):
     result, _ = moons_result
     record, artifact = record_of(result, ORACLE_KEY, "run1")
-    records.write_record(tmp_path, record, artifact)
+    write.write_record(tmp_path, record, artifact)
     with pytest.raises(RecordError, match="never overwritten"):
-        records.write_record(tmp_path, record, artifact)
+        write.write_record(tmp_path, record, artifact)
 
 
 def test_a_failed_write_leaves_nothing(moons_result, tmp_path, monkeypatch):
@@ -86,7 +92,7 @@ def test_a_failed_write_leaves_nothing(moons_result, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "link", broken_link)
     with pytest.raises(RecordError, match="No space left"):
-        records.write_record(tmp_path, record)
+        write.write_record(tmp_path, record)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
@@ -94,14 +100,14 @@ def test_unwritable_results_folder_is_reported(tmp_path):
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
     with pytest.raises(RecordError, match="cannot be written"):
-        records.ensure_writable(blocked / "results")
+        write.ensure_writable(blocked / "results")
 
 
 def test_foreign_json_is_not_a_record(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"hello": "world"}))
     with pytest.raises(RecordError, match="not a harness record"):
-        records.read_record(path)
+        store.read_record(path)
 
 
 def test_a_record_names_the_blas_kernels_numpy_runs_on():
@@ -109,7 +115,7 @@ def test_a_record_names_the_blas_kernels_numpy_runs_on():
     runs changed under the same commit when this VM moved to a CPU with AVX-512), so the
     record says which was loaded. Checked by forcing OpenBLAS onto another kernel
     (OPENBLAS_CORETYPE): the record must name the one that runs, not the CPU's best."""
-    program = "from harness import records; print(records.host_info().blas)"
+    program = "from harness.core import provenance; print(provenance.host_info().blas)"
 
     def blas(**env: str) -> str:
         done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=120)
@@ -124,10 +130,10 @@ def test_a_record_names_the_blas_kernels_numpy_runs_on():
 def test_records_from_before_numpy_had_its_name_are_read_as_numpy(tmp_path):
     """The committed records of 2026-11-23 say `cupy` for NumPy on the CPU; the store reads
     them as `numpy`, their checks' other side too, and a CuPy GPU record stays `cupy`."""
-    from harness import store
+    from harness.records import store
 
     path = next(p for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json")) if json.loads(p.read_text())["framework"] == "cupy")
-    raw, read = records.read_record(path), store.read(path)
+    raw, read = store.read_record(path), store.read(path)
     assert raw.framework == "cupy" and raw.device.kind == "cpu"
     assert read.framework == "numpy" and store.run_label(read) == "numpy@cpu"
     assert [c.against for c in read.checks] == [c.against.replace("cupy@cpu", "numpy@cpu") for c in raw.checks]

@@ -14,10 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import cli, registry, report, rows, store
-from harness.records import Device, Record, artifact_bytes, read_record, write_record
-from harness.spec import SPECS_DIR
-from harness.speed import speed_rows
+from harness import cli
+from harness.core import registry
+from harness.records import store
+from harness.records.schema import Device, Record
+from harness.records.store import read_record
+from harness.records.write import artifact_bytes, write_record
+from harness.report import document as report
+from harness.report import rows
+from harness.report.speed import speed_rows
+from harness.spec.model import SPECS_DIR
 from tests.conftest import ROOT
 
 pytest.importorskip("matplotlib")
@@ -289,7 +295,7 @@ def test_the_committed_records_find_their_spec_in_git(tmp_path):
 def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_path):
     """The verdict on a curve comes from the envelope factor * e(t) + floor, so that is the
     line drawn (from the float32 records' artifacts), beside the spec's horizon rule."""
-    from harness import figures
+    from harness.report import figures
 
     steps = len(committed("peaks_mlp", "torch")[1]["losses"])
     envelope = np.geomspace(1e-6, 0.3, steps)

@@ -20,11 +20,14 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import cli, data, gitrev, workcache
-from harness.errors import DataError, HarnessError
-from harness.registry import RunKey
-from harness.runner import Outcome
-from harness.spec import SPECS_DIR
+from harness import cli
+from harness.core import git as gitrev
+from harness.core.errors import DataError, HarnessError
+from harness.core.registry import RunKey
+from harness.inputs import data
+from harness.run import workdir
+from harness.run.runner import Outcome
+from harness.spec.model import SPECS_DIR
 from tests.conftest import ROOT
 
 
@@ -130,9 +133,9 @@ def same(a, b) -> bool:
 def test_every_field_of_an_outcome_survives_the_work_folder(tmp_path):
     outcome = a_sample_outcome()
     cell = tmp_path / "cell.json"
-    workcache.save(cell, outcome)
+    workdir.save(cell, outcome)
     json.loads(cell.read_text())  # data a person can read
-    back = workcache.load(cell, outcome.key)
+    back = workdir.load(cell, outcome.key)
     for field in dataclasses.fields(Outcome):
         assert same(getattr(outcome, field.name), getattr(back, field.name)), field.name
 
@@ -140,13 +143,13 @@ def test_every_field_of_an_outcome_survives_the_work_folder(tmp_path):
 def test_a_kept_run_of_another_key_or_a_changed_npz_is_not_used(tmp_path):
     outcome = a_sample_outcome()
     cell = tmp_path / "cell.json"
-    workcache.save(cell, outcome)
-    with pytest.raises(workcache.Unusable, match="holds torch@gpu"):
-        workcache.load(cell, RunKey("jax", "cpu"))
-    npz = workcache.npz_path(cell)
+    workdir.save(cell, outcome)
+    with pytest.raises(workdir.Unusable, match="holds torch@gpu"):
+        workdir.load(cell, RunKey("jax", "cpu"))
+    npz = workdir.npz_path(cell)
     npz.write_bytes(npz.read_bytes() + b"\0")
-    with pytest.raises(workcache.Unusable, match="sha256"):
-        workcache.load(cell, outcome.key)
+    with pytest.raises(workdir.Unusable, match="sha256"):
+        workdir.load(cell, outcome.key)
 
 
 def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None:
@@ -155,7 +158,7 @@ def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None
     payload = pickle.dumps(Planted(marker))
     for cell in cells:
         cell.with_suffix(".pkl").write_bytes(payload)
-        workcache.npz_path(cell).write_bytes(payload)
+        workdir.npz_path(cell).write_bytes(payload)
         if digest_matches:
             doc = json.loads(cell.read_text())
             doc["npz_sha256"] = hashlib.sha256(payload).hexdigest()
@@ -426,8 +429,8 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
 
 def test_the_known_differences_file_is_read_like_a_spec(tmp_path):
     """No aliases (an alias bomb), no duplicate keys: the library file gets the spec's loader."""
-    from harness import diagnosis
-    from harness.errors import SpecError
+    from harness.core.errors import SpecError
+    from harness.verdict import diagnosis
 
     bomb = tmp_path / "known.yaml"
     bomb.write_text("- &a {id: x}\n- *a\n")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.errors import SpecError
-from harness.spec import SPECS_DIR, json_schema, load_spec, resolve_spec, spec_paths, sweep_overrides, total_steps
+from harness.core.errors import SpecError
+from harness.spec.model import SPECS_DIR, json_schema, load_spec, resolve_spec, spec_paths, sweep_overrides, total_steps
 
 PEAKS = SPECS_DIR / "peaks_mlp.yaml"
 

@@ -1,0 +1,2 @@
+"""7. The gate: new records against a baseline.
+"""

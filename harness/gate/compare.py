@@ -1,0 +1,205 @@
+"""Regression checks: new records against a baseline (a folder, or results/ at a git revision).
+
+Records are matched cell by cell: spec, profile and its overrides (a sweep's size), data
+source and size, framework, device, precision mode, dtype and mode (the newest of each in
+either set). The verdicts are the harness's own:
+
+- Every check the new record carries (against the oracle and the other runs of its
+  matrix, math parity for a float64 twin) must pass or be known: a failing check is a
+  regression, with its diagnosis.
+- On the same host fingerprint (CPU model and flags, BLAS kernels, library versions) a
+  CPU run is expected to be bitwise identical to its baseline; where it is not, that is
+  said. On another fingerprint, an honest float32 difference is expected: each final metric
+  may move by the calibrated rule, factor * e(T) * |baseline| + the metric floor (e(T) the
+  larger of both records' float32 spread), and more is a regression.
+- Time per step is compared only on the same fingerprint, and must grow by more than the
+  noise both sides recorded.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.core.errors import RecordError
+from harness.core.git import checked_revision, folder_at
+from harness.core.paths import REFERENCE_DIR
+from harness.core.provenance import fingerprint
+from harness.records import store
+from harness.records.schema import Record
+
+# A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
+# this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
+# to 1.5x within minutes (measured; DEVELOPERS.md), so less than that is the machine, not
+# the code. Runs of a single repeat record no spread: their times are not judged (the
+# oracle runs once; so do specs whose runs take minutes).
+TIME_NOISE_FLOOR = 0.5
+
+
+@dataclass(frozen=True)
+class Finding:
+    spec: str
+    run: str
+    profile: str
+    what: str
+    baseline: str
+    new: str
+    verdict: str  # ok, regression, improved, changed, not compared
+
+
+def run_labels(records: list[Record]) -> dict[str, str]:
+    """Each record's run label (by record id), with its number of training examples where
+    runs of one spec and profile share a label (the points of a sweep)."""
+    shared = Counter((r.spec.name, r.spec.profile, store.run_label(r)) for r in records)
+    return {
+        r.record_id: store.run_label(r) + (f" n={r.data.n_train}" if shared[(r.spec.name, r.spec.profile, store.run_label(r))] > 1 else "")
+        for r in records
+    }
+
+
+def newest_in(folder: Path) -> dict[tuple, Record]:
+    """The newest record of each cell (store.cell_key) under folder."""
+    if not folder.is_dir():
+        raise RecordError(f"{folder}: no such records folder")
+    return store.newest(store.read(p) for p in store.record_paths(folder))
+
+
+def baseline_folder(baseline: str, workdir: Path) -> Path:
+    """A folder as is, or `git:REV` (the reference records, results/, as committed at REV),
+    extracted into workdir."""
+    if not baseline.startswith("git:"):
+        return Path(baseline)
+    rev = checked_revision(baseline.removeprefix("git:"), "--baseline", Path.cwd())
+    folder = REFERENCE_DIR.as_posix()
+    archive = folder_at(rev, folder, root=Path.cwd())
+    if archive is None:
+        raise RecordError(f"{baseline}: cannot read {folder}/ at that revision")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(workdir, filter="data")  # no links out, no absolute paths, no devices
+    except (tarfile.TarError, OSError) as exc:
+        raise RecordError(f"{baseline}: cannot unpack {folder}/ at that revision: {exc}") from None
+    return workdir / folder
+
+
+def fingerprint_differences(a: Record, b: Record) -> list[str]:
+    """What differs between the two records' host fingerprints (records.fingerprint; empty:
+    the same), part by part; for libraries, which."""
+    old, new = fingerprint(a.host, a.libraries), fingerprint(b.host, b.libraries)
+    differs = []
+    for part in old:
+        if old[part] == new[part]:
+            continue
+        if part == "CPU":
+            differs.append(f"CPU ({b.host.cpu_model} vs {a.host.cpu_model})")
+        elif part == "library versions":
+            changed = sorted(k for k in set(a.libraries) | set(b.libraries) if a.libraries.get(k) != b.libraries.get(k))
+            differs.append(f"library versions ({', '.join(changed)})")
+        else:
+            differs.append(part)
+    return differs
+
+
+def _bitwise_same(base: Record, new: Record) -> bool:
+    if not (base.metrics and new.metrics):
+        return False
+    return base.metrics.values == new.metrics.values and base.metrics.loss_curve == new.metrics.loss_curve
+
+
+def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
+    cals = [r.calibration for r in (base, new) if r.calibration is not None]
+    if len(cals) < 2:
+        return [finding("final metrics", "", "", "not compared: a record without calibration (re-record the baseline)")]
+    factor = max(c.factor for c in cals)
+    spread = max(c.float32_final_curve for c in cals)
+    floor = max(c.metric_floor for c in cals)
+    findings = []
+    for name, old in base.metrics.values.items():
+        value = new.metrics.values.get(name)
+        if value is None:
+            continue
+        allowed = factor * spread * abs(old) + floor
+        verdict = "ok" if abs(value - old) <= allowed else "regression"
+        findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g} (allowed {allowed:.3g})", verdict))
+    return findings
+
+
+def _time_findings(base: Record, new: Record, differs: list[str], finding) -> list[Finding]:
+    if not (base.timings and new.timings):
+        return []
+    if differs:
+        return [finding("time per step", "", "", f"not compared: another host fingerprint ({'; '.join(differs)})")]
+    if min(base.timings.repeats, new.timings.repeats) < 2:
+        return [finding("time per step", "", "", "not compared: a single repeat records no spread")]
+    if base.timings.total_steps != new.timings.total_steps:
+        return []
+    steps = base.timings.total_steps
+    noise = (base.timings.train_s_spread + new.timings.train_s_spread) / steps
+    allowed = base.timings.per_step_s + noise + TIME_NOISE_FLOOR * base.timings.per_step_s
+    return [
+        finding(
+            "time per step",
+            f"{base.timings.per_step_s * 1e3:.4g} ms",
+            f"{new.timings.per_step_s * 1e3:.4g} ms (limit {allowed * 1e3:.4g})",
+            "regression" if new.timings.per_step_s > allowed else "ok",
+        )
+    ]
+
+
+def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Finding]:
+    spec, run, profile = new.spec.name, run or store.run_label(new), new.spec.profile
+
+    def finding(what: str, b: str, n: str, verdict: str) -> Finding:
+        return Finding(spec, run, profile, what, b, n, verdict)
+
+    findings = []
+    differs = fingerprint_differences(base, new)
+    if base.status != new.status:
+        verdict = "regression" if base.status == "ok" else "improved" if new.status == "ok" else "changed"
+        findings.append(finding("status", base.status, new.status, verdict))
+
+    base_checks = {(c.name, c.against): c for c in base.checks}
+    for check in new.checks:
+        old = base_checks.get((check.name, check.against))
+        old_verdict = "-" if old is None else old.verdict
+        err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
+        if check.verdict == "fail":
+            findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
+        elif old is not None and old.verdict == "fail":
+            findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
+
+    if base.metrics and new.metrics:
+        same = not differs and _bitwise_same(base, new)
+        if not differs:
+            findings.append(
+                finding(
+                    "bitwise identity (same host fingerprint)",
+                    "",
+                    "identical" if same else "differs",
+                    "ok" if same else "changed: expected bitwise identical on the same host and versions; judged by the calibrated rule",
+                )
+            )
+        else:
+            findings.append(finding("host fingerprint", "", "; ".join(differs), "changed: judged by the calibrated rule"))
+        if not same:
+            findings.extend(_metric_findings(base, new, finding))
+    return [*findings, *_time_findings(base, new, differs, finding)]
+
+
+def compare(new_dir: Path, baseline: str) -> list[Finding]:
+    with tempfile.TemporaryDirectory() as tmp:
+        base_records = newest_in(baseline_folder(baseline, Path(tmp)))
+    new_records = newest_in(new_dir)
+    labels = run_labels(list(new_records.values()))
+    findings = []
+    for key, new in sorted(new_records.items()):
+        base = base_records.get(key)
+        if base is None:
+            findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", "not compared: no baseline"))
+            continue
+        findings.extend(compare_pair(base, new, labels[new.record_id]))
+    return findings

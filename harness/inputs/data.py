@@ -1,0 +1,244 @@
+"""Framework-neutral data: the peaks grid, make_moons reproduced, and IDX files (MNIST).
+
+Everything is NumPy. Arrays handed to adapters are float32 features and either float32
+regression targets (n, 1) or int64 class indices (n,).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from harness.core.errors import DataError
+from harness.spec.model import IdxData, IdxFile, PeaksData
+
+DATA_DIR_ENV = "HARNESS_DATA_DIR"
+# Fixed in code, never taken from a spec: a spec names files, not addresses.
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_MAX_DIMS = 8
+IDX_MAX_BYTES = 2 * 2**30  # an IDX file's data, decompressed: MNIST's largest is 47 MB
+IDX_CHUNK = 1 << 20
+
+
+# --- peaks ------------------------------------------------------------------------------
+
+
+def peaks(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """MATLAB's peaks surface."""
+    return (
+        3 * (1 - x) ** 2 * np.exp(-(x**2) - (y + 1) ** 2)
+        - 10 * (x / 5 - x**3 - y**5) * np.exp(-(x**2) - y**2)
+        - 1 / 3 * np.exp(-((x + 1) ** 2) - y**2)
+    )
+
+
+def peaks_grid(section: PeaksData) -> tuple[np.ndarray, np.ndarray]:
+    """The grid as the Flux article builds it: x1 varies fastest (repeat outer), x2 slowest
+    (repeat inner); float32 inputs, the target computed in float64 and rounded to float32."""
+    axis = np.linspace(section.low, section.high, section.points_per_axis, dtype=np.float32)
+    n = section.points_per_axis
+    x1 = np.tile(axis, n)  # outer repetition
+    x2 = np.repeat(axis, n)  # inner repetition
+    features = np.stack([x1, x2], axis=1)
+    target = peaks(x1.astype(np.float64), x2.astype(np.float64)).astype(np.float32)
+    return features, target.reshape(-1, 1)
+
+
+# --- moons ------------------------------------------------------------------------------
+
+
+def make_moons(n_samples: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's make_moons(n_samples, shuffle=True, noise) after np.random.seed(seed).
+
+    The same algorithm and the same draws from a legacy RandomState: two half circles,
+    shuffled with a permutation, then Gaussian noise added. Returns float32 points and
+    int64 labels, as the article casts everything to float32.
+    """
+    rng = np.random.RandomState(seed)
+    n_out = n_samples // 2
+    n_in = n_samples - n_out
+    outer = np.linspace(0, np.pi, n_out)
+    inner = np.linspace(0, np.pi, n_in)
+    x = np.append(np.cos(outer), 1 - np.cos(inner))
+    y = np.append(np.sin(outer), 1 - np.sin(inner) - 0.5)
+    points = np.vstack([x, y]).T
+    labels = np.hstack([np.zeros(n_out, dtype=np.intp), np.ones(n_in, dtype=np.intp)])
+    order = np.arange(n_samples)
+    rng.shuffle(order)  # sklearn.utils.shuffle -> resample(replace=False)
+    points, labels = points[order], labels[order]
+    if noise:
+        points = points + rng.normal(scale=noise, size=points.shape)
+    return points.astype(np.float32), labels.astype(np.int64)
+
+
+# --- IDX files --------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_at_most(stream: BinaryIO, count: int) -> bytearray:
+    """Up to `count` bytes of `stream` (fewer where it ends), read a chunk at a time: a
+    gzip stream is decompressed only as far as it is read."""
+    got = bytearray()
+    while len(got) < count:
+        chunk = stream.read(min(count - len(got), IDX_CHUNK))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int) -> np.ndarray:
+    magic = _read_at_most(stream, 4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES or magic[3] == 0:
+        raise DataError(f"{path}: not an IDX file (wrong magic number {magic.hex() or 'none'})")
+    dtype, ndim = np.dtype(IDX_DTYPES[magic[2]]), magic[3]
+    if ndim > IDX_MAX_DIMS:
+        raise DataError(f"{path}: an IDX header of {ndim} dimensions (at most {IDX_MAX_DIMS})")
+    dims = _read_at_most(stream, 4 * ndim)
+    if len(dims) < 4 * ndim:
+        raise DataError(f"{path}: truncated IDX header")
+    shape = struct.unpack(f">{ndim}I", dims)
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if expected > max_bytes:
+        raise DataError(f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than the {max_bytes:,} allowed")
+    body = _read_at_most(stream, expected + 1)  # one byte more tells an oversized file
+    if len(body) != expected:
+        found = f"more than {expected}" if len(body) > expected else str(len(body))
+        raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
+    return np.frombuffer(body, dtype=dtype).reshape(shape)
+
+
+def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
+    """Read an IDX file (gzip-compressed or raw) into a NumPy array of its declared shape.
+    The header's size is checked against `max_bytes` before the data is read, and a gzip
+    stream is decompressed no further than the header's size (plus one byte)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            compressed = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            if not compressed:
+                return _parse_idx(path, f, max_bytes)
+            try:
+                return _parse_idx(path, gzip.GzipFile(fileobj=f, mode="rb"), max_bytes)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "repro-harness" / "data"
+
+
+def _download(name: str, sha256: str, dest: Path, mirrors: tuple[str, ...] = MNIST_MIRRORS) -> Path:
+    """Fetch `name` from the fixed mirrors into dest with pooch, which keeps it only if its
+    sha256 matches (a mismatch leaves nothing behind)."""
+    import pooch  # imported here: only a download needs it
+
+    errors = []
+    dest.mkdir(parents=True, exist_ok=True)
+    for mirror in mirrors:
+        try:
+            got = pooch.retrieve(mirror + name, known_hash=f"sha256:{sha256}", fname=name, path=dest, progressbar=False)
+        except (ValueError, OSError) as exc:  # a hash mismatch; HTTP and network errors (requests' are OSErrors)
+            errors.append(f"{mirror}: {' '.join(str(exc).split())[:300]}")
+            continue
+        return Path(got)
+    raise DataError(f"cannot download {name}: " + "; ".join(errors))
+
+
+def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> Path:
+    """Find a data file in data_dir, gzip or raw, and verify its sha256; or download it.
+    `hint` ends the missing-file error (another data source the spec offers, say)."""
+    raw_name = file.file.removesuffix(".gz")
+    candidates = [(data_dir / file.file, file.sha256)]
+    if raw_name != file.file:
+        candidates.append((data_dir / raw_name, file.raw_sha256))
+    for candidate, expected in candidates:
+        if not candidate.is_file():
+            continue
+        if expected is None:
+            raise DataError(f"{candidate}: the spec gives no raw_sha256 to check this uncompressed file against")
+        got = sha256_of(candidate)
+        if got != expected:
+            raise DataError(f"{candidate}: checksum mismatch: sha256 is {got}, the spec says {expected}")
+        return candidate
+    if download:
+        return _download(file.file, file.sha256, data_dir)
+    raise DataError(
+        f"{data_dir / file.file}: missing. Put the file there, point --data-dir or "
+        f"${DATA_DIR_ENV} at a folder that has it, or pass --download{hint}"
+    )
+
+
+@dataclass(frozen=True)
+class UsedFile:
+    name: str
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class IdxSplit:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    files: tuple[UsedFile, ...]
+
+
+def load_idx(section: IdxData, source: str, data_dir: Path, download: bool = False) -> IdxSplit:
+    """Read a source's image and label files, scale and flatten the images, and split them
+    at random (seeded) into train and validation."""
+    if source not in section.sources:
+        raise DataError(f"data.sources: no source {source!r} (known: {', '.join(sorted(section.sources))})")
+    chosen = section.sources[source]
+    used = []
+    arrays = []
+    others = sorted(set(section.sources) - {source})
+    hint = f"; or choose another of the spec's data sources: {', '.join(f'--data-source {o}' for o in others)}" if others else ""
+    for file in (chosen.images, chosen.labels):
+        path = locate(file, data_dir, download, hint)
+        arrays.append(read_idx(path))
+        used.append(UsedFile(name=file.file, path=str(path), sha256=sha256_of(path)))
+    images, labels = arrays
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise DataError(
+            f"{used[0].path}: images {images.shape} and labels {labels.shape} do not make an image data set"
+        )
+    if labels.dtype.kind not in "iu" or labels.min(initial=0) < 0:
+        raise DataError(f"{used[1].path}: labels must be class indices 0, 1, ...: found {labels.dtype} down to {labels.min(initial=0)}")
+    if images.dtype.kind == "f" and not np.isfinite(images).all():
+        raise DataError(f"{used[0].path}: images hold NaN or infinite values")
+    if chosen.validation >= len(images):
+        raise DataError(f"data.sources.{source}.validation: {chosen.validation} leaves no training examples of {len(images)}")
+    features = (images.reshape(len(images), -1).astype(np.float32) / np.float32(section.scale)).astype(np.float32)
+    order = np.random.default_rng(section.split_seed).permutation(len(images))
+    val, train = order[: chosen.validation], order[chosen.validation :]
+    targets = labels.astype(np.int64)
+    return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used))

@@ -1,0 +1,206 @@
+"""The framework-neutral inputs of a run, made once per spec and handed to every adapter:
+the data, the initial weights and the batch order, all NumPy, all seeded.
+
+Weights are stored (fan_in, fan_out), so a layer is x @ W + b; adapters whose framework
+stores them the other way (torch.nn.Linear) transpose on the way in and out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from harness.core.errors import DataError
+from harness.inputs import data, resources
+from harness.spec.model import LoadedSpec, Spec, batch_bounds, check_batching
+
+Params = list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything an adapter needs to train a spec, and nothing framework-specific."""
+
+    spec: Spec
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray | None
+    y_val: np.ndarray | None
+    initial_params: Params
+    batch_order: np.ndarray | None  # (epochs, n_train) permutations, or None: each step is the whole set in order
+    bounds: list[tuple[int, int]]  # one epoch's [start, stop) slices, one per step
+    data_files: tuple[data.UsedFile, ...] = ()
+    data_source: str | None = None
+    prep_seconds: float = 0.0
+    step_limit: int | None = None  # train only the first steps (the float64 twins), see truncated
+    # A calibration member's order of each hidden layer's units (see reordered): new unit j
+    # is plain unit order[j]. Empty for a problem in the plain order.
+    unit_orders: tuple[np.ndarray, ...] = ()
+    # A calibration member's other roundings (see reordered): over its first `jitter_steps`
+    # steps, the array-module code moves every intermediate array at random (seeded) by at
+    # most two ulps (xp_mlp.jitter_function). None: the plain arithmetic.
+    jitter_seed: int | None = None
+
+    @property
+    def jitter_steps(self) -> int:
+        return self.spec.checks.math_parity.steps if self.jitter_seed is not None else 0
+
+    @property
+    def total_steps(self) -> int:
+        steps = self.spec.training.epochs * len(self.bounds)
+        return steps if self.step_limit is None else min(steps, self.step_limit)
+
+    @property
+    def probe(self) -> np.ndarray:
+        return self.x_train[: self.spec.checks.probe_size]
+
+    def batch_slice(self, step: int) -> tuple[int, int, int]:
+        """(epoch, start, stop) of a step's rows in that epoch's permutation."""
+        epoch, within = divmod(step, len(self.bounds))
+        start, stop = self.bounds[within]
+        return epoch, start, stop
+
+    def batch_size(self, step: int) -> int:
+        """How many rows step `step` trains on."""
+        _, start, stop = self.batch_slice(step)
+        return stop - start
+
+    def host_arrays(self, dtype: str, index_dtype: type = np.int64) -> dict[str, np.ndarray]:
+        """What an adapter puts on its device: "x" in the run's dtype; "y", targets in that
+        dtype (mse) or class labels as `index_dtype`; "order", the batch order, if any."""
+        arrays = {"x": self.x_train.astype(dtype)}
+        arrays["y"] = self.y_train.astype(dtype if self.spec.loss.kind == "mse" else index_dtype)
+        if self.batch_order is not None:
+            arrays["order"] = self.batch_order.astype(index_dtype)
+        return arrays
+
+    def first_step_of_each_size(self, plan=()) -> dict[int, int]:
+        """Batch size -> the first step of that size among the plan's [start, stop) ranges
+        (every step, without a plan): what a warm-up compiles or captures once per size."""
+        first: dict[int, int] = {}
+        for start, stop in list(plan) or [(0, self.total_steps)]:
+            for t in range(start, min(stop, start + len(self.bounds))):  # one epoch holds every size
+                first.setdefault(self.batch_size(t), t)
+        return dict(sorted(first.items()))
+
+    def runs_of_one_size(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """Steps start .. stop-1 as (first step, steps, batch size) runs of one batch size."""
+        runs: list[tuple[int, int, int]] = []
+        for t in range(start, stop):
+            size = self.batch_size(t)
+            if runs and runs[-1][2] == size:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, size)
+            else:
+                runs.append((t, 1, size))
+        return runs
+
+    def batch(self, data: dict, step: int):
+        """A step's (x, y), indexed out of arrays an adapter put on its device: data["x"],
+        data["y"] and, when there is a batch order, data["order"]. Any array library."""
+        x, y = data["x"], data["y"]
+        if self.batch_order is None:
+            return x, y
+        epoch, start, stop = self.batch_slice(step)
+        rows = data["order"][epoch, start:stop]
+        return x[rows], y[rows]
+
+
+def initial_params(spec: Spec) -> Params:
+    """Draw the weights once in NumPy from the spec's seed and scheme, as float32.
+
+    A legacy RandomState draws layer by layer, weights then biases, so the moons weights
+    are exactly the Theano code's randn(2, 1000) / sqrt(2) then randn(1000, 2) / sqrt(1000).
+    """
+    rng = np.random.RandomState(spec.init.seed)
+    params = []
+    fan_in = spec.model.input_width
+    for layer in spec.model.layers:
+        fan_out = layer.width
+        shape = (fan_in, fan_out)
+        if spec.init.weights == "glorot_uniform":
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            w = rng.uniform(-limit, limit, size=shape)
+        elif spec.init.weights == "normal_over_sqrt_fan_in":
+            w = rng.randn(*shape) / np.sqrt(fan_in)
+        else:  # torch_linear_default: kaiming_uniform(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            bound = 1.0 / np.sqrt(fan_in)
+            w = rng.uniform(-bound, bound, size=shape)
+        if spec.init.biases == "zeros":
+            b = np.zeros(fan_out)
+        else:
+            bound = 1.0 / np.sqrt(fan_in)
+            b = rng.uniform(-bound, bound, size=fan_out)
+        params.append((w.astype(np.float32), b.astype(np.float32)))
+        fan_in = fan_out
+    return params
+
+
+def truncated(problem: Problem, steps: int) -> Problem:
+    """The same problem trained for its first `steps` steps only (the float64 twins)."""
+    return replace(problem, step_limit=steps)
+
+
+def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:
+    """One seeded permutation per epoch, or None when every step is the whole set in order."""
+    training = spec.training
+    if not training.shuffle:
+        return None if training.batch_size == "full" else np.tile(np.arange(n_train), (training.epochs, 1))
+    rng = np.random.default_rng(training.shuffle_seed)
+    return np.stack([rng.permutation(n_train) for _ in range(training.epochs)])
+
+
+def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: bool):
+    section = spec.data
+    if section.kind == "peaks_grid":
+        x, y = data.peaks_grid(section)
+        return x, y, None, None, (), None
+    if section.kind == "moons":
+        x, y = data.make_moons(section.n_samples, section.noise, section.seed)
+        return x, y, None, None, (), None
+    source = source or section.source
+    split = data.load_idx(section, source, data_dir or data.default_data_dir(), download)
+    if split.x_train.shape[1] != spec.model.input_width:
+        raise DataError(f"model.input_width: {spec.model.input_width}, but the {source} images have {split.x_train.shape[1]} pixels")
+    n_classes = spec.model.layers[-1].width
+    if split.y_train.max(initial=0) >= n_classes:
+        raise DataError(f"model.layers: {n_classes} outputs, but the labels go up to {split.y_train.max()}")
+    return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
+
+
+def build_problem(
+    loaded: LoadedSpec,
+    data_dir: Path | None = None,
+    source: str | None = None,
+    download: bool = False,
+    limits: resources.Limits = resources.DEFAULT_LIMITS,
+) -> Problem:
+    """Make the data, the initial weights and the batch order of a spec, once; refused
+    before anything is made when it is past the resource limits (for an IDX data set,
+    again once its files are read and its size is known)."""
+    spec = loaded.spec
+    start = time.perf_counter()
+    resources.check(loaded, limits)
+    x_train, y_train, x_val, y_val, files, used_source = _load_data(spec, data_dir, source, download)
+    resources.check(loaded, limits, len(x_train))
+    try:
+        check_batching(spec.training, len(x_train))
+    except ValueError as exc:
+        raise DataError(f"{loaded.path}: {exc}") from None
+    params = initial_params(spec)
+    order = batch_order(spec, len(x_train))
+    return Problem(
+        spec=spec,
+        x_train=x_train,
+        y_train=y_train,
+        x_val=x_val,
+        y_val=y_val,
+        initial_params=params,
+        batch_order=order,
+        bounds=batch_bounds(spec.training, len(x_train)),
+        data_files=files,
+        data_source=used_source,
+        prep_seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,182 @@
+"""The results schema, defined once here and exported to results/schema.json.
+
+One record per run, made by harness/records/build.py, written by harness/records/write.py
+and read by harness/records/store.py. Beside each record, an .npz holds the full loss curve
+and the final parameters, named in the record with its sha256.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from harness.core.provenance import Frozen, Git, Host
+
+SCHEMA_VERSION = 1
+
+
+class SpecRef(Frozen):
+    name: str
+    path: str
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    profile: str
+    overrides: dict[str, Any]
+
+
+class Device(Frozen):
+    kind: Literal["cpu", "gpu"]
+    name: str | None
+
+
+class DataFile(Frozen):
+    name: str
+    sha256: str
+
+
+class DataUsed(Frozen):
+    source: str | None
+    files: list[DataFile]
+    n_train: int
+    n_validation: int
+
+
+class Seeds(Frozen):
+    data: int | None
+    init: int
+    shuffle: int
+
+
+class Timings(Frozen):
+    repeats: int
+    total_steps: int
+    cpu_threads: int | None
+    data_prep_s: float
+    transfer_s: float
+    warmup_s: float
+    # each repeat's warm-up: a framework that keeps its compiled code between repeats
+    # (torch.compile) pays the compile in the first one only, which the median hides
+    warmup_s_each: list[float] | None = None
+    # the runs whose repeats took turns with this one's in one process (harness bench: eager
+    # and fast of one framework and device), so that a drift in the machine's speed falls on
+    # both; empty or absent: its repeats ran back to back
+    alternated_with: list[str] | None = None
+    train_s: float
+    train_s_spread: float
+    train_s_each: list[float]
+    per_step_s: float
+
+
+class FloorRecord(Frozen):
+    """The hardware floor of one step (harness/run/floor.py) and this run against it."""
+
+    flops_per_step: float
+    bytes_per_step: float
+    unfused_bytes_per_step: float
+    launches_per_step: int
+    matmul_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    launch_latency_s: float | None
+    rates_measured_with: str
+    compute_s: float
+    memory_s: float
+    launch_s: float
+    floor_s: float
+    bound: Literal["arithmetic", "bandwidth", "launches"]
+    measured_over_floor: float | None
+
+
+class Curve(Frozen):
+    steps: list[int]
+    values: list[float]
+
+
+class Metrics(Frozen):
+    loss_curve: Curve
+    final_loss: float
+    values: dict[str, float]
+
+
+class CheckRecord(Frozen):
+    name: str
+    against: str
+    verdict: Literal["pass", "fail", "known", "skipped"]
+    tolerance: str
+    max_abs_error: float | None
+    max_rel_error: float | None
+    first_failure_step: int | None
+    horizon_steps: int | None
+    reason: str | None
+    # the error over its tolerance where it is largest (> 1 fails), the parameter tensor
+    # where that is (W1, b1, ...), and for a failing or known check why (harness/verdict/diagnosis.py)
+    ratio: float | None = None
+    tensor: str | None = None
+    diagnosis: str | None = None
+
+
+class CalibrationRecord(Frozen):
+    """The spreads the run's checks were judged by (harness/verdict/calibration.py): what a later
+    comparison on another host may allow an honest float32 difference."""
+
+    factor: float
+    float32_runs: int
+    float32_final_curve: float  # e(T): the members' final relative loss distance from the oracle
+    float32_final_outputs: float  # the members' largest |difference| of a final output
+    metric_floor: float  # the spec's long_run.metric_floor
+    float64_runs: int | None
+    twin_steps: int | None
+
+
+class Artifact(Frozen):
+    file: str
+    sha256: str
+
+
+class Record(Frozen):
+    schema_version: Literal[1]
+    record_id: str
+    run_id: str
+    created: str
+    status: Literal["ok", "failed", "skipped"]
+    reason: str | None
+    spec: SpecRef
+    framework: str
+    implementation: str
+    library_version: str | None
+    device: Device
+    dtype: Literal["float32", "float64"]
+    # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not
+    # gated); float64: the float64 twin of a framework's run (math parity against the oracle)
+    precision_mode: Literal["strict", "tf32", "float64"] = "strict"
+    precision: dict[str, Any]
+    # eager: the article-style code, one framework call per step; fast: the framework's
+    # compiled mode (many steps per call, fused kernels, CUDA graphs)
+    mode: Literal["eager", "fast"] = "eager"
+    # a calibration member's variant (`order3`: its sums in another order); members are shown
+    # in the terminal's table, not written
+    variant: str = ""
+    host: Host
+    libraries: dict[str, str]
+    git: Git
+    seeds: Seeds
+    data: DataUsed
+    timings: Timings | None
+    metrics: Metrics | None
+    checks: list[CheckRecord]
+    repeats_bitwise_identical: bool | None
+    # Across the repeats of this run: the largest |difference| of the loss curve and final
+    # parameters, and the first step whose loss differs (None when identical or one repeat).
+    repeats_max_abs_diff: float | None = None
+    repeats_first_diff_step: int | None = None
+    failed_at_step: int | None
+    artifacts: Artifact | None
+    floor: FloorRecord | None = None
+    calibration: CalibrationRecord | None = None
+
+
+def json_schema() -> str:
+    schema = Record.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Reproducibility-harness run record"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,240 @@
+"""The record store: the one place that reads records. It loads them (each validated
+against the schema), keys them by cell, keeps the newest of each cell, labels them as the
+matrix does (registry.RunKey), reads the .npz beside each (checked against the sha256 the
+record names) and recovers the spec each was run with (the file it names, checked against
+its sha256, else git at the record's commit). `compare`, `report`, `figures`, `speed` and
+`table` all read through here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from harness.core.errors import HarnessError, RecordError, SpecError
+from harness.core.git import checked_revision, file_at
+from harness.core.paths import PROJECT_ROOT
+from harness.core.registry import ORACLE, RunKey, current_label, current_name
+from harness.records.schema import SCHEMA_VERSION, Record
+from harness.spec import model as spec_mod
+
+FRAMEWORK_PREFERENCE = ("torch", "jax", "numpy", "cupy")
+
+
+def read_record(path: Path) -> Record:
+    """One record as written, validated against the schema."""
+    try:
+        return Record.model_validate_json(Path(path).read_bytes())
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): {key}: {first['msg']}") from None
+
+
+def read(path: Path) -> Record:
+    """One record, validated against the schema, under its framework's current name: a
+    record written before NumPy had its own name says `cupy` for NumPy on the CPU."""
+    record = read_record(path)
+    name = current_name(record.framework, record.device.kind)
+    checks = [c.model_copy(update={"against": current_label(c.against)}) for c in record.checks]
+    return record.model_copy(update={"framework": name, "checks": checks})
+
+
+def run_key(record: Record) -> RunKey:
+    """The matrix cell a record was written for."""
+    return RunKey(record.framework, record.device.kind, record.variant, record.precision_mode, record.mode)
+
+
+def run_label(record: Record) -> str:
+    """The run's label, as the terminal prints it: `torch@gpu+tf32`, `jax@cpu:fast`."""
+    return run_key(record).label
+
+
+def cell_key(record: Record, with_host: bool = False) -> tuple:
+    """Everything that makes a record's run what it is, but the code: spec, profile and its
+    overrides (a sweep's size), data source and size, framework, device, precision mode,
+    dtype and mode; and the host, where records of several hosts are shown side by side."""
+    key = (
+        record.spec.name,
+        record.spec.profile,
+        json.dumps(record.spec.overrides, sort_keys=True),
+        record.data.source,
+        record.data.n_train,
+        record.framework,
+        record.device.kind,
+        record.precision_mode,
+        record.dtype,
+        record.mode,
+    )
+    return (*key, record.host.hostname) if with_host else key
+
+
+def newest(records: Iterable[Record], with_host: bool = False) -> dict[tuple, Record]:
+    """The newest record of each cell (cell_key)."""
+    found: dict[tuple, Record] = {}
+    for record in sorted(records, key=lambda r: (r.created, r.record_id)):
+        found[cell_key(record, with_host)] = record
+    return found
+
+
+class Unavailable(Exception):
+    """A figure that cannot be drawn from the records, with the reason the report states."""
+
+
+def framework_rank(framework: str) -> tuple[int, str]:
+    """The order frameworks are listed in: the preferred ones first, the oracle last."""
+    if framework == ORACLE:
+        return (len(FRAMEWORK_PREFERENCE) + 1, framework)
+    if framework in FRAMEWORK_PREFERENCE:
+        return (FRAMEWORK_PREFERENCE.index(framework), framework)
+    return (len(FRAMEWORK_PREFERENCE), framework)
+
+
+def record_order(record: Record) -> tuple:
+    return (
+        record.spec.name,
+        record.host.hostname,
+        record.data.n_train,
+        framework_rank(record.framework),
+        record.device.kind,
+        record.precision_mode,
+        record.mode,
+        record.created,
+        record.record_id,
+    )
+
+
+def record_paths(folder: Path) -> list[Path]:
+    """The record files under folder: every .json but the schema and what hides in a dot
+    folder (a report's staging folder, say)."""
+    return [
+        path
+        for path in sorted(folder.rglob("*.json"))
+        if path.name != "schema.json" and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    ]
+
+
+def load_records(results_dir: Path) -> dict[str, Record]:
+    """Every record under results_dir, by path (relative to it); a folder without any is an error."""
+    if not results_dir.is_dir():
+        raise HarnessError(f"{results_dir}: no such results folder")
+    found = {path.relative_to(results_dir).as_posix(): read(path) for path in record_paths(results_dir)}
+    if not found:
+        raise HarnessError(f"{results_dir}: no records (*.json) to report on; run `python -m harness run` first")
+    return found
+
+
+def newest_per_cell(records: Iterable[Record]) -> list[Record]:
+    """The newest record of each cell on each host, in report order."""
+    return sorted(newest(records, with_host=True).values(), key=record_order)
+
+
+@dataclass
+class Sources:
+    """Where the records live, and the artifacts and specs already read from there."""
+
+    results_dir: Path
+    paths: dict[str, Path] = field(default_factory=dict)  # record_id -> its .json
+    read: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # record_id -> its artifact
+
+    @classmethod
+    def scan(cls, results_dir: Path) -> tuple[Sources, list[Record]]:
+        found = load_records(results_dir)
+        sources = cls(results_dir, {r.record_id: results_dir / rel for rel, r in found.items()})
+        return sources, list(found.values())
+
+    def artifact(self, record: Record) -> dict[str, np.ndarray]:
+        """The .npz beside a record, after checking its sha256."""
+        if record.record_id not in self.read:
+            self.read[record.record_id] = self._read_artifact(record)
+        return self.read[record.record_id]
+
+    def _read_artifact(self, record: Record) -> dict[str, np.ndarray]:
+        if record.artifacts is None:
+            raise Unavailable(f"{run_label(record)} ({record.record_id}) has no artifact ({record.status})")
+        path = self.paths[record.record_id].with_name(record.artifacts.file)
+        try:
+            payload = path.read_bytes()
+        except OSError as exc:
+            raise Unavailable(f"{path.name}: cannot read: {exc.strerror or exc}") from None
+        if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
+            raise Unavailable(f"{path.name}: sha256 differs from the record's; artifact not used")
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:  # its sha256 matched, yet it is not an .npz
+            raise Unavailable(f"{path.name}: not a readable .npz ({type(exc).__name__}: {exc})") from None
+
+    def losses(self, record: Record) -> np.ndarray:
+        return np.asarray(self.artifact(record)["losses"], dtype=np.float64)
+
+
+def final_params(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(W, b) per layer from an artifact, W stored (fan_in, fan_out)."""
+    params = []
+    while f"W{len(params)}" in arrays:
+        i = len(params)
+        params.append((arrays[f"W{i}"].astype(np.float64), arrays[f"b{i}"].astype(np.float64)))
+    if not params:
+        raise Unavailable("the artifact holds no final parameters")
+    return params
+
+
+_spec_text_at = cache(file_at)
+
+
+def _spec_candidates(path: str, commit: str | None) -> Iterable[tuple[str, bytes | None]]:
+    """(where, bytes) of the spec file a record names: its path, then the same name under
+    specs/, then that file in git at the record's commit."""
+    named = Path(path)
+    local = named if named.is_absolute() else PROJECT_ROOT / named
+    for candidate in dict.fromkeys([local, spec_mod.SPECS_DIR / named.name]):
+        yield str(candidate), candidate.read_bytes() if candidate.is_file() else None
+    if commit:
+        repo_path = f"specs/{named.name}"
+        yield f"git {commit[:10]}:{repo_path}", _spec_text_at(commit, repo_path)
+
+
+def record_spec(record: Record) -> spec_mod.Spec:
+    """The spec as the record ran it (its profile's and sweep point's overrides applied)."""
+    overrides = json.dumps(record.spec.overrides, sort_keys=True)
+    commit = record.git.commit and checked_revision(record.git.commit, f"record {record.record_id}: git.commit")
+    return _record_spec(record.spec.path, record.spec.sha256, commit, overrides)
+
+
+@cache
+def _record_spec(path: str, sha256: str, commit: str | None, overrides_json: str) -> spec_mod.Spec:
+    for where, raw in _spec_candidates(path, commit):
+        if raw is None or hashlib.sha256(raw).hexdigest() != sha256:
+            continue
+        try:
+            doc = spec_mod.parse_document(Path(where), raw.decode("utf-8"))
+            extra = json.loads(overrides_json) or None
+            spec, _ = spec_mod.validate_document(Path(where), doc, spec_mod.FULL_PROFILE, extra)
+        except (SpecError, UnicodeDecodeError) as exc:
+            raise Unavailable(f"{where}: the spec no longer validates: {exc}") from None
+        return spec
+    raise Unavailable(f"the spec file {path} with sha256 {sha256[:12]}... is neither on disk nor in git")
+
+
+@cache
+def current_spec(name: str, specs_dir: Path = spec_mod.SPECS_DIR) -> spec_mod.Spec | None:
+    """The spec file of that name in specs/ today (for its claims and its sweep)."""
+    path = specs_dir / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return spec_mod.load_spec(path).spec
+    except SpecError:
+        return None

@@ -1,0 +1,372 @@
+"""Row builders: a record (or a pair of records) as the cells of a table, shared by the
+report (Markdown) and the terminal (rich). Formatting only: nothing is read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from harness.core.registry import ORACLE
+from harness.records.schema import CheckRecord, Record
+from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_label
+from harness.report.speed import SpeedRow
+
+ORACLE_LABEL = "oracle@cpu"
+NOT_RUN = "not run"
+# Longer loss curves are drawn as the maximum over blocks of steps: 20,000 raw points of a
+# curve that touches 0 every other step fill the plot solid.
+CURVE_POINTS = 1000
+
+BENCH_HEADER = [
+    *("spec", "profile", "points", "framework", "device", "host", "eager ms/step", "fast ms/step", "fast/eager"),
+    *("floor ms/step", "bound", "eager / floor", "fast / floor", "fast mode's checks"),
+]
+
+
+def fmt(value: float | None, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def provenance(records: Iterable[Record]) -> str:
+    """Which records a table or figure comes from: count, hosts, commits, run ids."""
+    records = list(records)
+    hosts = sorted({r.host.hostname for r in records})
+    commits = sorted({(r.git.commit or "unknown")[:10] + ("+dirty" if r.git.dirty else "") for r in records})
+    runs = sorted({r.run_id for r in records})
+    return f"{len(records)} record{'s' * (len(records) != 1)}; host {', '.join(hosts)}; commit {', '.join(commits)}; run {', '.join(runs)}"
+
+
+def oracle_check(record: Record, name: str):
+    return next((c for c in record.checks if c.name == name and c.against == ORACLE_LABEL), None)
+
+
+def accuracy(record: Record) -> str:
+    if record.metrics is None:
+        return "-"
+    values = record.metrics.values
+    if "val_accuracy" in values:
+        return f"{values['val_accuracy']:.4f} (val)"
+    return fmt(values.get("train_accuracy"), ".4f")
+
+
+def horizon_vs_oracle(record: Record) -> str:
+    if record.framework == ORACLE:
+        return "(reference)"
+    check = oracle_check(record, "loss_curve_horizon")
+    if check is None or check.horizon_steps is None:
+        return "-"
+    total = record.timings.total_steps if record.timings else None
+    curve = f"{check.horizon_steps}/{total}" if total else str(check.horizon_steps)
+    return f"{curve} (max rel {fmt(check.max_rel_error, '.2g')})"
+
+
+def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
+    """The record's own check against the oracle; where that pair is not judged (the
+    calibration pair), the relative difference of the two final losses, saying so."""
+    if record.framework == ORACLE:
+        return "(reference)"
+    if record.precision_mode == "float64":  # a twin: its first steps against the oracle's same steps
+        curve = oracle_check(record, "math_loss_curve")
+        steps = record.timings.total_steps if record.timings else "its"
+        return "-" if curve is None or curve.max_rel_error is None else f"{curve.max_rel_error:.2g} (curve, first {steps} steps)"
+    check = oracle_check(record, "final_train_loss")
+    if check is not None and check.max_rel_error is not None:
+        return fmt(check.max_rel_error, ".2g")
+    if oracle is None or oracle.metrics is None or record.metrics is None:
+        return "-"
+    rel = abs(record.metrics.final_loss - oracle.metrics.final_loss) / abs(oracle.metrics.final_loss)
+    return f"{rel:.2g} (not judged)" if check else f"{rel:.2g}"
+
+
+def oracle_of(record: Record, records: list[Record]) -> Record | None:
+    return next(
+        (
+            r
+            for r in records
+            if r.framework == ORACLE
+            and (r.spec.name, r.spec.profile, r.data.n_train, r.host.hostname)
+            == (record.spec.name, record.spec.profile, record.data.n_train, record.host.hostname)
+        ),
+        None,
+    )
+
+
+def verdict_counts(record: Record) -> str:
+    counts = {v: sum(c.verdict == v for c in record.checks) for v in ("pass", "fail", "known", "skipped")}
+    text = " / ".join(str(n) for n in counts.values())
+    return f"**{text}**" if counts["fail"] else text
+
+
+def run_to_run(record: Record) -> str:
+    """Whether a run's repeats gave the same bits; takes a Record or a runner Outcome."""
+    if record.repeats_bitwise_identical is None:
+        return "-"
+    if record.repeats_bitwise_identical:
+        return "bitwise"
+    where = "" if record.repeats_first_diff_step is None else f" from step {record.repeats_first_diff_step}"
+    return f"differ {fmt(record.repeats_max_abs_diff, '.2g')}{where}"
+
+
+def status(record: Record) -> str:
+    if record.status == "failed":
+        return "**FAILED**"
+    if record.status == "skipped":
+        return "*skipped*"
+    failing = sum(c.verdict == "fail" for c in record.checks)
+    return f"**ok, {failing} check{'s' * (failing > 1)} FAIL**" if failing else "ok"
+
+
+def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
+    rows = []
+    for r in records:
+        row = [r.spec.name, r.framework, r.device.kind, r.precision_mode, r.mode, r.dtype]
+        row += [r.host.hostname] if with_host else []
+        row += [
+            status(r),
+            fmt(r.metrics.final_loss if r.metrics else None, ".6g"),
+            accuracy(r),
+            horizon_vs_oracle(r),
+            final_loss_vs_oracle(r, oracle_of(r, records)),
+            verdict_counts(r),
+            run_to_run(r),
+        ]
+        rows.append(row)
+    return rows
+
+
+def verdict_table(records: list[Record]) -> str:
+    with_host = len({r.host.hostname for r in records}) > 1
+    header = ["spec", "framework", "device", "precision", "mode", "dtype", *(["host"] * with_host), "status", "final loss"]
+    header += ["accuracy", "loss-curve horizon vs oracle", "final loss rel. error vs oracle", "checks pass / fail / known / skip", "run-to-run"]
+    return md_table(header, verdict_rows(records, with_host))
+
+
+def problem_checks(records: Iterable[Record]) -> list[tuple[Record, CheckRecord]]:
+    """Each failing or known check once (both runs of a pair carry it), with the first
+    record that carries it."""
+    found, seen = [], set()
+    for r in records:
+        for c in r.checks:
+            pair = (r.spec.name, r.host.hostname, c.name, c.tensor, frozenset((run_label(r), c.against)))
+            if c.verdict in ("fail", "known") and pair not in seen:
+                seen.add(pair)
+                found.append((r, c))
+    return found
+
+
+def gating(record: Record, check: CheckRecord) -> bool:
+    """Whether a failing check fails the run: not where a TF32 run is one side of it
+    (measured, not gated: checks.gating)."""
+    return record.precision_mode != "tf32" and "+tf32" not in check.against
+
+
+def problems_list(records: list[Record]) -> list[str]:
+    """One line per run that did not finish, and per failing or known check."""
+    lines = []
+    for r in records:
+        if r.status != "ok":
+            lines.append(f"- **{r.status.upper()}** {r.spec.name} {run_label(r)}: {r.reason or 'no reason recorded'}")
+    for r, c in problem_checks(records):
+        where = "" if c.first_failure_step is None else f", first at step {c.first_failure_step}"
+        measured = f"max rel {fmt(c.max_rel_error, '.3g')}{where}; " if c.max_rel_error is not None else ""
+        reason = f"; diagnosis: {c.diagnosis}" if c.diagnosis else ""
+        lines.append(f"- **{c.verdict.upper()}** {r.spec.name} {run_label(r)} vs {c.against}: {c.name}: {measured}tolerance {c.tolerance}{reason}")
+    return lines
+
+
+def per_step_ms(record: Record | None) -> str:
+    if record is None:
+        return NOT_RUN
+    if record.status != "ok" or record.timings is None:
+        return record.status
+    return f"{record.timings.per_step_s * 1e3:.3g}"
+
+
+def claim_text(spec_name: str) -> str:
+    spec = current_spec(spec_name)
+    claim = spec.claims.gpu_speedup if spec else None
+    if claim is None:
+        return "-"
+    return f"{claim.low:g}x" if claim.low == claim.high else f"{claim.low:g}-{claim.high:g}x"
+
+
+def speedup_text(value: float | None, row: SpeedRow) -> str:
+    if value is not None:
+        return f"{value:.3g}x"
+    return NOT_RUN if row.gpu is None or row.cpu is None else "-"
+
+
+def over_floor(record: Record | None) -> str:
+    """Measured time per step over the hardware floor of that step on that device."""
+    if record is None or record.floor is None or record.floor.measured_over_floor is None:
+        return "-"
+    return f"{record.floor.measured_over_floor:.3g}"
+
+
+def speed_table(rows: list[SpeedRow]) -> str:
+    header = ["spec", "framework", "mode", "host", "points", "CPU ms/step", "CPU measured / floor", "GPU ms/step"]
+    header += ["GPU measured / floor", "GPU precision", "speedup GPU/CPU", "speedup with transfers", "article claims"]
+    body = [
+        [
+            row.cell.spec,
+            row.cell.framework,
+            row.cell.mode,
+            row.cell.host,
+            f"{row.cell.n_train:,}",
+            per_step_ms(row.cpu),
+            over_floor(row.cpu),
+            per_step_ms(row.gpu),
+            over_floor(row.gpu),
+            row.cell.precision_mode if row.gpu else NOT_RUN,
+            speedup_text(row.speedup, row),
+            speedup_text(row.speedup_with_transfers, row),
+            claim_text(row.cell.spec),
+        ]
+        for row in rows
+    ]
+    return md_table(header, body)
+
+
+def claim_sources(spec_names: Iterable[str]) -> list[str]:
+    lines = []
+    for name in sorted(set(spec_names)):
+        spec = current_spec(name)
+        if spec and spec.claims.gpu_speedup:
+            lines.append(f"- {name}: {claim_text(name)}, {spec.claims.gpu_speedup.source} (`specs/{name}.yaml`)")
+    return lines
+
+
+def rows_of(rows: list[SpeedRow]) -> list[Record]:
+    return [r for row in rows for r in (row.cpu, row.gpu) if r is not None]
+
+
+def bench_pairs(records: list[Record]) -> dict[tuple, dict[str, Record]]:
+    """(spec, profile, size, framework, device, precision, host) -> {mode: record}: eager
+    and fast side by side."""
+    cells: dict[tuple, dict[str, Record]] = {}
+    for r in sorted(records, key=record_order):
+        if r.framework != ORACLE and r.precision_mode != "float64":  # a float64 twin is no speed run
+            cell = (r.spec.name, r.spec.profile, r.data.n_train, r.framework, r.device.kind, r.precision_mode, r.host.hostname)
+            cells.setdefault(cell, {})[r.mode] = r
+    return cells
+
+
+def gating_verdicts(record: Record | None) -> str:
+    if record is None:
+        return NOT_RUN
+    if record.status != "ok":
+        return status(record)
+    if record.precision_mode != "strict":
+        return "measured, not gated"
+    fails = sum(c.verdict == "fail" for c in record.checks)
+    known = sum(c.verdict == "known" for c in record.checks)
+    parts = [f"**{fails} FAIL**" if fails else "", f"{known} known" if known else ""]
+    return ", ".join(p for p in parts if p) or "ok"
+
+
+def bench_rows(records: list[Record]) -> list[list[str]]:
+    """Eager and fast side by side per spec, size, framework, device and host: the median
+    time per step, fast over eager, each against the floor, and the fast run's checks."""
+    body = []
+    for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
+        eager, fast = modes.get("eager"), modes.get("fast")
+        either = fast or eager
+        ratio = "-"
+        if eager and fast and eager.status == fast.status == "ok":
+            ratio = f"{eager.timings.per_step_s / fast.timings.per_step_s:.3g}x"
+        step_floor = either.floor
+        body.append(
+            [
+                spec_name,
+                profile,
+                f"{n_train:,}",
+                framework,
+                device if precision == "strict" else f"{device} {precision}",
+                host,
+                per_step_ms(eager),
+                per_step_ms(fast),
+                ratio,
+                "-" if step_floor is None else f"{step_floor.floor_s * 1e3:.3g}",
+                "-" if step_floor is None else step_floor.bound,
+                over_floor(eager),
+                over_floor(fast),
+                gating_verdicts(fast),
+            ]
+        )
+    return body
+
+
+def bench_table(records: list[Record]) -> str:
+    return md_table(BENCH_HEADER, bench_rows(records))
+
+
+def floor_inputs(records: list[Record]) -> list[str]:
+    """Per spec and device: what the floor is made of, and the rates it was measured with."""
+    lines, seen = [], set()
+    for r in sorted(records, key=record_order):
+        f = r.floor
+        key = (r.spec.name, r.spec.profile, r.data.n_train, r.device.kind, r.precision_mode, r.host.hostname)
+        if f is None or key in seen:
+            continue
+        seen.add(key)
+        launch = "" if f.launch_latency_s is None else f", launches {f.launch_s * 1e6:.3g} us"
+        lines.append(
+            f"- {r.spec.name} ({r.spec.profile}, {r.data.n_train:,} points) on {r.host.hostname} {r.device.kind}"
+            + ("" if r.precision_mode == "strict" else f" {r.precision_mode}")
+            + f": {f.flops_per_step / 1e6:.4g} MFLOP, {f.bytes_per_step / 1e6:.3g} MB fewest "
+            f"({f.unfused_bytes_per_step / 1e6:.3g} MB unfused), {f.launches_per_step} launches per step; "
+            f"arithmetic {f.compute_s * 1e6:.3g} us, bandwidth {f.memory_s * 1e6:.3g} us{launch}. "
+            f"Rates: {f.rates_measured_with}."
+        )
+    return lines
+
+
+def curve_pairs(records: list[Record]) -> tuple[list[tuple[Record, Record]], list[tuple[Record, Record]]]:
+    """(run, oracle) pairs, and (run, run) pairs: frameworks on one device, and CPU vs GPU of a
+    framework. The float64 twins are left out: they run the first steps only, and are judged
+    by math parity, not by the float32 envelope these curves are drawn against."""
+    ok = [r for r in records if r.status == "ok" and r.artifacts is not None and r.precision_mode != "float64"]
+    oracles = {r.host.hostname: r for r in ok if r.framework == ORACLE}
+    runs = [r for r in ok if r.framework != ORACLE]
+    vs_oracle = [(r, oracles[r.host.hostname]) for r in runs if r.host.hostname in oracles]
+    between = []
+    for i, a in enumerate(runs):
+        for b in runs[i + 1 :]:
+            if a.host.hostname != b.host.hostname or a.dtype != b.dtype:
+                continue
+            same_device = a.device.kind == b.device.kind and a.precision_mode == b.precision_mode
+            cpu_gpu = a.framework == b.framework and a.device.kind != b.device.kind
+            if same_device or cpu_gpu:
+                between.append((a, b))
+    return vs_oracle, between
+
+
+def data_kind(record: Record) -> str | None:
+    try:
+        return record_spec(record).data.kind
+    except Unavailable:
+        spec = current_spec(record.spec.name)
+        return spec.data.kind if spec else None
+
+
+def sweep_agreement_table(records: list[Record]) -> str:
+    """Per size and run: horizon against the oracle, check counts, and the failing checks."""
+    rows = []
+    for r in sorted(records, key=record_order):
+        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == "fail"})
+        rows.append(
+            [
+                f"{r.data.n_train:,}",
+                run_label(r),
+                horizon_vs_oracle(r),
+                verdict_counts(r),
+                "; ".join(failing) or "-",
+            ]
+        )
+    return md_table(["points", "run", "loss-curve horizon vs oracle", "checks pass / fail / known / skip", "failing checks"], rows)

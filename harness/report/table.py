@@ -1,0 +1,175 @@
+"""The terminal's tables at the end of a run: the records just made (written or not),
+rendered with the report's row builders (harness/report/rows.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from harness.records.schema import Record
+from harness.records.store import run_label
+from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, problem_checks, run_to_run
+
+
+class Shown(Protocol):
+    """One spec's part of a run (matrix.SpecResult): its title and its records."""
+
+    title: str
+    records: list[Record]  # one per run
+    member_records: list[Record]  # the calibration members', never written
+
+
+def _fmt(value: float | None, spec: str = ".6g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _counts(passed: int, failed: int, known: int, skipped: int) -> str:
+    """`12 ok`, then only the counts that are not zero: `2 FAIL`, `3 known`, `1 skip`."""
+    parts = [f"{passed} ok"] + [f"{n} {what}" for n, what in ((failed, "FAIL"), (known, "known"), (skipped, "skip")) if n]
+    return " ".join(parts)
+
+
+# Fits a 100-column terminal: the run labels are never cut (a calibration member's order
+# is what tells it apart); the time per step and run-to-run stay; each failing check's
+# details follow the table, one line each, and every number is in the record.
+COLUMNS = ("run", "status", "final loss", "acc.", "horizon", "checks", "repeats", "ms/step")
+HORIZON_CHECKS = ("loss_curve_horizon", "loss_curve_envelope", "math_loss_curve")
+
+
+def _value(record: Record, *names: str) -> float | None:
+    values = record.metrics.values if record.metrics else {}
+    return next((values[n] for n in names if n in values), None)
+
+
+def _ms(record: Record) -> str:
+    return _fmt(record.timings.per_step_s * 1e3 if record.timings else None, ".3f")
+
+
+def _run_row(record: Record) -> tuple[list[str], str | None]:
+    failed = sum(c.verdict == "fail" for c in record.checks)
+    counts = _counts(*(sum(c.verdict == v for c in record.checks) for v in ("pass", "fail", "known", "skipped")))
+    horizon = next(
+        (
+            c.horizon_steps
+            for name in HORIZON_CHECKS
+            for c in record.checks
+            if c.name == name and c.against == ORACLE_LABEL and c.horizon_steps is not None
+        ),
+        None,
+    )
+    total = record.timings.total_steps if record.timings else None
+    status = record.status if record.status != "ok" or not failed else "ok, FAIL"
+    style = "red" if failed or record.status == "failed" else "yellow" if record.status == "skipped" else None
+    cells = [
+        run_label(record),
+        status,
+        _fmt(_value(record, "train_loss"), ".5g"),
+        _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f"),
+        "-" if horizon is None else f"{horizon}/{total}",
+        counts,
+        run_to_run(record),
+        _ms(record),
+    ]
+    return cells, style
+
+
+def _member_row(record: Record) -> list[str]:
+    status = "member" if record.status == "ok" else record.status
+    acc = _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f")
+    return [run_label(record), status, _fmt(_value(record, "train_loss"), ".5g"), acc, "-", "calibrates", "-", _ms(record)]
+
+
+def verdict_table(results: Sequence[Shown]) -> Table:
+    table = Table(title="Verdicts", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for column in COLUMNS:
+        table.add_column(
+            column,
+            justify="left" if column in ("run", "status", "checks") else "right",
+            no_wrap=column in ("run", "horizon", "ms/step"),
+            overflow="fold",
+        )
+    for result in results:
+        table.add_row(result.title, style="bold")  # the spec, above its runs
+        for record in result.records:
+            cells, style = _run_row(record)
+            table.add_row(*cells, style=style)
+        for record in result.member_records:
+            table.add_row(*_member_row(record), style="dim")
+    return table
+
+
+def failure_line(record: Record, c) -> str:
+    """One line per failing or known check: FAIL (or KNOWN), the pair, the check, the measured
+    error against its tolerance, and last the diagnosis."""
+    label = c.verdict.upper() if gating(record, c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
+    measured = ""
+    if c.max_abs_error is not None:
+        measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
+    if c.ratio is not None:
+        measured += f", {c.ratio:.3g}x its tolerance"
+    tolerance = f" [{c.tolerance}]" if c.verdict == "fail" else ""
+    return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
+
+
+def _print(console: Console, line: str, style: str | None = None) -> None:
+    console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
+
+
+def print_failures(console: Console, results: Sequence[Shown]) -> None:
+    reasons: dict[str, str] = {}
+    for result in results:
+        for record, c in problem_checks(result.records):
+            _print(console, failure_line(record, c), "red" if c.verdict == "fail" else "yellow")
+            if c.verdict == "known" and c.reason:
+                reasons.setdefault((c.diagnosis or "").split(";")[0], c.reason)
+        for record in [*result.records, *result.member_records]:
+            if record.status != "ok":
+                _print(console, f"{record.status.upper()} {record.spec.name} {run_label(record)}: {record.reason}")
+    for what, reason in reasons.items():  # each known difference explained once
+        _print(console, f"{what}: {reason}", "dim")
+
+
+def failed(results: Sequence[Shown]) -> bool:
+    """Whether the run fails: a gating check failed, or a run (or member) failed."""
+    return any(c.verdict == "fail" and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
+        r.status == "failed" for result in results for r in [*result.records, *result.member_records]
+    )
+
+
+def speed_table(written: list) -> Table | None:
+    """GPU-over-CPU speedups of the records just written, where both sides ran."""
+    from harness.report import speed
+
+    rows = [r for r in speed.speed_rows(written) if r.speedup is not None]
+    if not rows:
+        return None
+    table = Table(title="Speedup, GPU over CPU (same host, same framework; compile and warm-up excluded)")
+    for column in ("spec", "examples", "framework", "mode", "GPU math", "CPU ms/step", "GPU ms/step", "speedup", "with transfers"):
+        table.add_column(column, justify="left" if column in ("spec", "framework", "mode", "GPU math") else "right")
+    for row in rows:
+        table.add_row(
+            row.cell.spec,
+            str(row.cell.n_train),
+            row.cell.framework,
+            row.cell.mode,
+            row.cell.precision_mode,
+            f"{row.cpu.timings.per_step_s * 1e3:.3f}",
+            f"{row.gpu.timings.per_step_s * 1e3:.3f}",
+            f"{row.speedup:.1f}x",
+            f"{row.speedup_with_transfers:.1f}x",
+        )
+    return table
+
+
+def bench_table(written: list) -> Table:
+    """The report's eager-and-fast table (harness.report.document.bench_rows), in the terminal."""
+    table = Table(title="Eager and fast modes against the hardware floor (median time per step, compile excluded)")
+    for column in BENCH_HEADER:
+        table.add_column(column, justify="right" if "ms" in column or "/" in column else "left")
+    for row in bench_rows(written):
+        table.add_row(*(cell.replace("**", "") for cell in row))  # markdown bold means nothing here
+    return table

@@ -1,0 +1,122 @@
+"""The hardware floor of one training step: the least work a step of a spec needs, and from
+a device's measured rates the lowest time per step that device allows.
+
+Per step, counted from the spec alone (averaged over the schedule's batch sizes):
+- flops: every matrix product as 2*m*n*k (forward, the weight gradients, and the input
+  gradients of every layer but the first), plus one operation per element for each
+  element-wise step (bias, activation and its derivative, loss and its gradient, the L2
+  term, the optimizer update). A transcendental (tanh, exp) counts as one: a floor.
+- bytes: the fewest a step must move: the batch's inputs, targets and row indices read
+  once, the parameters and the optimizer state read and written once. An implementation
+  that fused the whole step would move no more; activations would never leave the chip.
+- unfused_bytes: what a layer-by-layer implementation adds: each layer's pre-activation,
+  activation and their gradients written once and read once. Not part of the floor; it
+  says when bandwidth is what an unfused framework is up against.
+- launches: the fewest kernels a GPU step needs when each is a library product or one
+  fused element-wise pass: per layer a forward product (bias and activation fused in), a
+  weight-gradient product and a bias-gradient reduction; per layer but the first an
+  input-gradient product (the activation derivative fused in); one loss-and-gradient
+  kernel, one multi-tensor optimizer kernel, and one gather of the batch's rows when the
+  batch is a shuffled subset: 4 * layers + 1 (+ 1).
+
+floor = max(flops / matmul rate, bytes / bandwidth, launches * launch latency): each term
+alone is a time no implementation can beat. On the CPU the launch term is zero (a compiled
+loop launches nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.inputs.problem import Problem
+
+BYTES = 4  # float32 values, int32 labels and row indices
+ELEMENTWISE = {"relu": 1, "tanh": 1, "identity": 0}
+DERIVATIVE = {"relu": 1, "tanh": 3, "identity": 0}  # relu: z > 0 mask times the gradient; tanh: (1 - a*a) * g
+OPTIMIZER_OPS = {"sgd": 2, "adam": 12}  # per parameter: sgd p - lr*g; adam's moments, corrections, sqrt, eps, update
+OPTIMIZER_STATES = {"sgd": 0, "adam": 2}  # arrays per parameter read and written besides the parameter
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    bytes: float
+    unfused_bytes: float
+    launches: int
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A device's measured rates, and how they were measured."""
+
+    matmul_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    launch_latency_s: float | None  # None on the CPU: nothing is launched
+    measured_with: str
+
+
+@dataclass(frozen=True)
+class Floor:
+    cost: StepCost
+    rates: Rates
+    compute_s: float
+    memory_s: float
+    launch_s: float
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.compute_s, self.memory_s, self.launch_s)
+
+    @property
+    def bound(self) -> str:
+        """Which term sets the floor: arithmetic, bandwidth or launches."""
+        terms = {"arithmetic": self.compute_s, "bandwidth": self.memory_s, "launches": self.launch_s}
+        return max(terms, key=terms.get)
+
+
+def mean_batch(problem: Problem) -> float:
+    sizes = [stop - start for start, stop in problem.bounds]
+    return sum(sizes) / len(sizes)
+
+
+def step_cost(problem: Problem) -> StepCost:
+    spec = problem.spec
+    batch = mean_batch(problem)
+    widths = [spec.model.input_width, *(layer.width for layer in spec.model.layers)]
+    layers = list(zip(widths, widths[1:], (layer.activation for layer in spec.model.layers)))
+    n_out = widths[-1]
+
+    per_example = 0.0
+    for i, (fan_in, fan_out, act) in enumerate(layers):
+        products = 2 if i == 0 else 3  # forward and weight gradient; input gradient above the first layer
+        per_example += products * 2 * fan_in * fan_out
+        per_example += fan_out * (1 + ELEMENTWISE[act] + DERIVATIVE[act] + 1)  # bias, act, derivative, bias gradient
+    per_example += n_out * (5 if spec.loss.kind == "mse" else 7)  # loss and its gradient (softmax for cross-entropy)
+
+    weights = sum(fan_in * fan_out for fan_in, fan_out, _ in layers)
+    params = weights + sum(fan_out for _, fan_out, _ in layers)
+    per_step = params * OPTIMIZER_OPS[spec.optimizer.kind] + (5 * weights if spec.loss.l2 else 0)
+
+    target_width = n_out if spec.loss.kind == "mse" else 1
+    shuffled = problem.batch_order is not None
+    batch_bytes = batch * (widths[0] + target_width + (1 if shuffled else 0)) * BYTES
+    state_bytes = 2 * params * (1 + OPTIMIZER_STATES[spec.optimizer.kind]) * BYTES
+    fewest = batch_bytes + state_bytes + BYTES  # + the loss log's slot
+    activations = sum(6 * batch * fan_out * BYTES for _, fan_out, _ in layers)
+    return StepCost(
+        flops=batch * per_example + per_step,
+        bytes=fewest,
+        unfused_bytes=fewest + activations,
+        launches=4 * len(layers) + 1 + (1 if shuffled else 0),
+    )
+
+
+def floor(problem: Problem, rates: Rates) -> Floor:
+    cost = step_cost(problem)
+    return Floor(
+        cost=cost,
+        rates=rates,
+        compute_s=cost.flops / rates.matmul_flops_per_s,
+        memory_s=cost.bytes / rates.bandwidth_bytes_per_s,
+        launch_s=cost.launches * (rates.launch_latency_s or 0.0),
+    )

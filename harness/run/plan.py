@@ -1,0 +1,54 @@
+"""The plan of a spec's matrix: which runs it takes (the chosen cells in each mode, the
+calibration run and the oracle), which of them share a process, the calibration members
+and the float64 twins. Nothing runs here."""
+
+from __future__ import annotations
+
+from harness.core.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, RunKey, runs_on
+from harness.inputs.members import reordered
+from harness.inputs.problem import Problem
+
+
+def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
+    """The chosen cells in each mode, each framework on the devices it runs on (and with
+    `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
+    (numpy@cpu) and the oracle, which the checks need, both eager; the oracle runs last, as
+    it is the slowest."""
+    keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
+    if tf32 and "gpu" in devices:
+        keys += [RunKey(f, "gpu", precision="tf32", mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
+    if CALIBRATION_KEY not in keys:
+        keys.append(CALIBRATION_KEY)
+    keys.append(ORACLE_KEY)
+    return keys
+
+
+def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
+    """The keys that differ only in mode, together, in order of first appearance: their
+    repeats take turns in one process (harness bench). Every other key is a group of one."""
+    groups: dict[tuple, list[RunKey]] = {}
+    for key in keys:
+        groups.setdefault((key.framework, key.device, key.variant, key.precision), []).append(key)
+    return list(groups.values())
+
+
+def calibration_members(problem: Problem, dtype: str = "float32") -> list[tuple[RunKey, Problem]]:
+    """The calibration members: the array-module code on the problem with its sums in
+    another order (members.reordered), each with its own seed. float32: the envelope's
+    members (long_run.members, whole runs); float64: math parity's (math_parity.members,
+    the oracle's code over the twins' first steps)."""
+    if dtype == "float32":
+        count, framework = problem.spec.checks.long_run.members, CALIBRATION
+    else:
+        count, framework = problem.spec.checks.math_parity.members, ORACLE
+    return [(RunKey(framework, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
+
+
+def twin_keys(keys: list[RunKey]) -> list[RunKey]:
+    """The float64 twin of every framework and device that runs strict float32."""
+    twins = [k.twin for k in keys if k.framework != ORACLE and k.precision == STRICT and not k.variant]
+    return list(dict.fromkeys(twins))
+
+
+def twin_steps(problem: Problem) -> int:
+    return min(problem.total_steps, problem.spec.checks.math_parity.steps)

@@ -1,0 +1,243 @@
+"""Run one spec through one adapter on one device, timing each phase apart.
+
+The device is synchronised before every clock read. A run that raises, diverges (NaN or
+inf) or cannot start is an outcome with a status and a reason, never a crash of the matrix.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.core import registry
+from harness.core.registry import RunKey
+from harness.inputs.problem import Params, Problem
+from harness.reference import xp_mlp
+
+Progress = Callable[[int, float | None], None]
+
+
+@dataclass
+class Outcome:
+    """What one run produced: its status, curves, snapshots, outputs, metrics and timings."""
+
+    key: RunKey
+    status: str  # ok, failed, skipped
+    reason: str | None = None
+    describe: dict[str, Any] = field(default_factory=dict)
+    losses: np.ndarray | None = None
+    snapshots: dict[int, Params] = field(default_factory=dict)
+    initial_outputs: np.ndarray | None = None
+    final_outputs: np.ndarray | None = None
+    final_params: Params | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    repeats_bitwise_identical: bool | None = None
+    repeats_max_abs_diff: float | None = None
+    repeats_first_diff_step: int | None = None
+    failed_at_step: int | None = None
+
+
+def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_out: np.ndarray | None) -> dict[str, float]:
+    """Loss (with its L2 term) and, for classifiers, accuracy, computed in float64 from a
+    run's own outputs on the whole training and validation sets."""
+    spec = problem.spec
+    params64 = [(w.astype(np.float64), b.astype(np.float64)) for w, b in params]
+    n = len(problem.x_train)
+    splits = [("train", train_out, problem.y_train)]
+    if val_out is not None:
+        splits.append(("val", val_out, problem.y_val))
+    metrics = {}
+    for split, out, y in splits:
+        target = y.astype(np.float64) if spec.loss.kind == "mse" else y
+        metrics[f"{split}_loss"] = float(xp_mlp.objective(np, params64, out, target, spec.loss, n))
+        if spec.loss.kind == "cross_entropy":
+            metrics[f"{split}_accuracy"] = float((out.argmax(axis=1) == y).mean())
+    return metrics
+
+
+def _median_and_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), max(values) - min(values)
+
+
+def prepared_adapter(key: RunKey):
+    """The adapter of `key`, and why it cannot run there (or None)."""
+    if not registry.runs_on(key.adapter, key.device):
+        return None, f"{key.adapter} runs on the {' and '.join(registry.ONLY_ON[key.adapter])} only"
+    try:
+        adapter = registry.load(key.adapter)
+    except ImportError as exc:
+        return None, f"adapter {key.adapter} cannot be imported: {exc}"
+    return adapter, adapter.unavailable(key)
+
+
+def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | None = None) -> Outcome:
+    """Train `problem` with the adapter of `key`, `repeats` times from the same initial state."""
+    return run_alternating(problem, [key], repeats, {key: progress} if progress else None)[key]
+
+
+def run_alternating(problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None) -> dict[RunKey, Outcome]:
+    """Train `problem` with each key `repeats` times, the keys taking turns repeat by repeat
+    (eager, fast, eager, fast, ...): a drift in the machine's speed during the run falls on
+    every key alike, so their time ratio holds where back-to-back repeats would not."""
+    outcomes: dict[RunKey, Outcome] = {}
+    trials: dict[RunKey, _Trial] = {}
+
+    def attempt(key: RunKey, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:  # a framework error (out of memory, driver) fails this run only
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            outcomes[key] = Outcome(key, "failed", f"{key.label} raised {detail}")
+            trials.pop(key, None)
+
+    for key in keys:
+        adapter, reason = prepared_adapter(key)
+        if reason:
+            outcomes[key] = Outcome(key, "skipped", reason)
+            continue
+
+        def start(key=key, adapter=adapter) -> None:
+            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key))
+
+        attempt(key, start)
+    for repeat in range(repeats):
+        for key, trial in list(trials.items()):
+            attempt(key, lambda trial=trial, repeat=repeat: trial.repeat(repeat))
+    for key, trial in trials.items():
+        outcomes[key] = trial.finish()
+        if len(keys) > 1:
+            outcomes[key].timings["alternated_with"] = [k.label for k in keys if k != key]
+    return {key: outcomes[key] for key in keys}
+
+
+PROGRESS_CUTS = 20
+
+
+def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
+    """The [start, stop) ranges the training loop runs in. It stops only where the runner
+    must look (the parameter snapshots, the progress lines), so a fast mode runs hundreds
+    of steps per call; the plan is the same in every mode and every repeat."""
+    total = problem.total_steps
+    every = problem.spec.logging.print_every
+    # and every twentieth of the run, so that progress shows however print_every is set
+    twentieth = max(1, total // PROGRESS_CUTS)
+    cuts = {0, total, 1, problem.spec.checks.params_after_steps.step, *range(every, total, every), *range(twentieth, total, twentieth)}
+    cuts = sorted(c for c in cuts if 0 <= c <= total)
+    return list(zip(cuts, cuts[1:]))
+
+
+class _Trial:
+    """One key's repeats, run one at a time (run_alternating interleaves them with other
+    keys'). Each repeat puts the data, builds, warms up and trains from the same initial
+    state, each phase timed apart; the first keeps the curve, snapshots and outputs, the
+    others are compared with it bit for bit."""
+
+    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None):
+        self.adapter, self.problem, self.key, self.progress = adapter, problem, key, progress
+        self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
+        self.plan = chunk_plan(problem)
+        self.transfer: list[float] = []
+        self.warmup: list[float] = []
+        self.train: list[float] = []
+
+    def repeat(self, repeat: int) -> None:
+        adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
+        total = problem.total_steps
+        snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
+        start = time.perf_counter()
+        data = adapter.put(problem, key)
+        trainer = adapter.build(problem, data, key)
+        adapter.synchronize(trainer)
+        self.transfer.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        adapter.warm_up(trainer, self.plan)
+        adapter.synchronize(trainer)
+        self.warmup.append(time.perf_counter() - start)
+
+        if repeat == 0:
+            outcome.initial_outputs = adapter.predict(trainer, problem.probe)
+        start = time.perf_counter()
+        for first, stop in self.plan:
+            adapter.train(trainer, first, stop)
+            if repeat == 0 and (self.progress or stop in snapshot_steps):
+                now = adapter.state(trainer, stop)  # read back once for both
+                if stop in snapshot_steps:
+                    outcome.snapshots[stop] = now.params
+                if self.progress:  # the printer decides what to show (progress.printer)
+                    self.progress(stop, float(now.losses[-1]))
+        adapter.synchronize(trainer)
+        self.train.append(time.perf_counter() - start)
+
+        curve, params = adapter.state(trainer, total)
+        if repeat == 0:
+            outcome.losses, outcome.final_params = curve, params
+            _finish(adapter, trainer, problem, outcome)
+        else:
+            _compare_repeat(outcome, curve, params)
+
+    def finish(self) -> Outcome:
+        self.outcome.timings = _timings(self.problem, self.transfer, self.warmup, self.train)
+        return self.outcome
+
+
+def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None:
+    """Fold one more repeat into the run-to-run verdict: bitwise equality of the loss curve
+    and the final parameters with the first repeat, and if not, how far apart."""
+    first = np.concatenate([outcome.losses, *(np.ravel(a) for pair in outcome.final_params for a in pair)])
+    this = np.concatenate([curve, *(np.ravel(a) for pair in params for a in pair)])
+    same = first.shape == this.shape and np.array_equal(first, this, equal_nan=True)
+    outcome.repeats_bitwise_identical = same and outcome.repeats_bitwise_identical is not False
+    if same:
+        return
+    diff = float(np.nanmax(np.abs(first - this))) if first.shape == this.shape else float("inf")
+    outcome.repeats_max_abs_diff = max(diff, outcome.repeats_max_abs_diff or 0.0)
+    differs = np.flatnonzero(curve != outcome.losses) if curve.shape == outcome.losses.shape else np.array([0])
+    step = int(differs[0]) if differs.size else len(curve)  # the curve agrees: only parameters differ
+    if outcome.repeats_first_diff_step is None or step < outcome.repeats_first_diff_step:
+        outcome.repeats_first_diff_step = step
+
+
+def _finish(adapter, trainer, problem: Problem, outcome: Outcome) -> None:
+    """Final outputs and metrics of a trained run, or its divergence."""
+    bad = _first_non_finite(outcome.losses, outcome.final_params)
+    if bad is not None:
+        outcome.status, outcome.failed_at_step = "failed", bad
+        outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
+        return
+    outcome.final_outputs = adapter.predict(trainer, problem.probe)
+    train_out = adapter.predict(trainer, problem.x_train)
+    val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
+    outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)
+
+
+def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+        return int(bad[0])
+    if not all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in params):
+        return len(losses)
+    return None
+
+
+def _timings(problem: Problem, transfer: list[float], warmup: list[float], train: list[float]) -> dict[str, Any]:
+    train_median, train_spread = _median_and_spread(train)
+    return {
+        "repeats": len(train),
+        "total_steps": problem.total_steps,
+        "data_prep_s": problem.prep_seconds,
+        "transfer_s": statistics.median(transfer),
+        "warmup_s": statistics.median(warmup),
+        "warmup_s_each": warmup,
+        "train_s": train_median,
+        "train_s_spread": train_spread,
+        "train_s_each": train,
+        "per_step_s": train_median / max(problem.total_steps, 1),
+    }

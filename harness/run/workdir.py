@@ -1,0 +1,211 @@
+"""The work folder (`--work-dir`): finished runs kept as data, never as code.
+
+A kept run is two files: CELL.json, its Outcome's scalars, strings and dicts with the
+name of each array, and CELL.npz, the arrays (curves, snapshots, outputs, parameters).
+The .json holds the .npz's sha256. Reading checks that digest, loads the arrays with
+allow_pickle=False and rebuilds every field from its type annotation, so a file that does
+not verify or does not parse is not used (the run goes again) and nothing in the folder is
+ever unpickled or executed. The codec walks dataclasses.fields(Outcome) and each field's
+type: a field added to Outcome later is handled or fails the roundtrip test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import types
+import typing
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from harness.core.atomic import atomic_write
+from harness.core.errors import HarnessError
+from harness.core.registry import RunKey
+from harness.run.runner import Outcome
+
+FORMAT = 1
+JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+class Unusable(Exception):
+    """A kept file that does not verify or does not parse: why, in a few words."""
+
+
+# --- the codec: a value and its type annotation <-> JSON plus named arrays ---------------
+
+
+def _optional(hint: Any) -> Any | None:
+    """T of `T | None`; None for any other hint. Other unions are not supported."""
+    if typing.get_origin(hint) not in (types.UnionType, typing.Union):
+        return None
+    others = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(others) != 1:
+        raise TypeError(f"unsupported union {hint}")
+    return others[0]
+
+
+def _item_hints(origin: Any, args: tuple, count: int) -> tuple:
+    """The type of each item of a list[T], tuple[T, ...] or tuple[T1, T2] of `count` items."""
+    return (args[0],) * count if origin is list or args[-1:] == (...,) else args
+
+
+def _json_data(value: Any) -> Any:
+    """`value` if it is JSON data (what a field typed Any may hold); tuples become lists."""
+    if isinstance(value, JSON_SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_data(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_data(v) for k, v in value.items()}
+    raise TypeError(f"not JSON data: {type(value).__name__}")
+
+
+def encode(value: Any, hint: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """`value`, of type `hint`, as JSON data; its arrays are added to `arrays` and named."""
+    inner = _optional(hint)
+    if inner is not None:
+        return None if value is None else encode(value, inner, arrays)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return _json_data(value)
+    if hint is np.ndarray:
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            raise TypeError("an array of Python objects")
+        name = f"a{len(arrays)}"
+        arrays[name] = array
+        return name
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return {f.name: encode(getattr(value, f.name), hints[f.name], arrays) for f in dataclasses.fields(hint)}
+    if origin is dict and args[0] is str:
+        return {k: encode(v, args[1], arrays) for k, v in value.items()}
+    if origin is dict:
+        return [[encode(k, args[0], arrays), encode(v, args[1], arrays)] for k, v in value.items()]
+    if origin in (list, tuple):
+        return [encode(v, h, arrays) for v, h in zip(value, _item_hints(origin, args, len(value)), strict=True)]
+    if hint in (str, int, bool):
+        return hint(value)
+    if hint is float:
+        return float(value)
+    raise TypeError(f"unsupported type {hint}")
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], hint: Any) -> None:
+    if not isinstance(value, kind) or (isinstance(value, bool) and hint in (int, float)):
+        raise Unusable(f"{hint} expected, found {type(value).__name__}")
+
+
+def decode(value: Any, hint: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """The inverse of encode, checking each value against its type."""
+    if hint is np.ndarray:
+        _expect(value, str, hint)
+        if value not in arrays:
+            raise Unusable(f"array {value!r} missing from the .npz")
+        return arrays[value]
+    if hint is Any:
+        return value
+    inner = _optional(hint)
+    if inner is not None:
+        return None if value is None else decode(value, inner, arrays)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        _expect(value, dict, hint)
+        if set(value) != set(hints):
+            raise Unusable(f"the fields of {hint.__name__} differ")
+        return hint(**{f.name: decode(value[f.name], hints[f.name], arrays) for f in dataclasses.fields(hint)})
+    if origin is dict and args[0] is str:
+        _expect(value, dict, hint)
+        return {k: decode(v, args[1], arrays) for k, v in value.items()}
+    if origin is dict:
+        _expect(value, list, hint)
+        if not all(isinstance(pair, list) and len(pair) == 2 for pair in value):
+            raise Unusable(f"{hint}: key-value pairs expected")
+        return {decode(k, args[0], arrays): decode(v, args[1], arrays) for k, v in value}
+    if origin in (list, tuple):
+        _expect(value, list, hint)
+        items = _item_hints(origin, args, len(value))
+        if len(items) != len(value):
+            raise Unusable(f"{hint}: {len(value)} items")
+        return origin(decode(v, h, arrays) for v, h in zip(value, items))
+    if hint is float:
+        _expect(value, (int, float), hint)
+        return float(value)
+    if hint in (str, int, bool):
+        _expect(value, hint, hint)
+        return value
+    raise TypeError(f"unsupported type {hint}")
+
+
+# --- the two files of a kept run --------------------------------------------------------
+
+
+def npz_path(cell: Path) -> Path:
+    return cell.with_suffix(".npz")
+
+
+def save(cell: Path, outcome: Outcome) -> None:
+    """Write the .npz, then the .json that names its digest (the .json last: a cell whose
+    .json is there is complete)."""
+    arrays: dict[str, np.ndarray] = {}
+    doc = {"format": FORMAT, "outcome": encode(outcome, Outcome, arrays)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    payload = buffer.getvalue()
+    doc["npz_sha256"] = hashlib.sha256(payload).hexdigest()
+    text = json.dumps(doc).encode()
+    atomic_write(npz_path(cell), lambda f: f.write(payload))
+    atomic_write(cell, lambda f: f.write(text))
+
+
+def load(cell: Path, key: RunKey) -> Outcome:
+    """The outcome kept in `cell` for `key`; Unusable if anything does not verify."""
+    try:
+        doc = json.loads(cell.read_bytes())
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise Unusable(f"not a kept run of format {FORMAT}")
+        payload = npz_path(cell).read_bytes()
+        if hashlib.sha256(payload).hexdigest() != doc.get("npz_sha256"):
+            raise Unusable("the .npz does not match the sha256 the .json names")
+        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        outcome = decode(doc.get("outcome"), Outcome, arrays)
+    except (OSError, ValueError, TypeError, KeyError, EOFError, RecursionError, zipfile.BadZipFile) as exc:
+        raise Unusable(" ".join(f"{type(exc).__name__}: {exc}".split())[:200]) from None
+    if outcome.key != key:
+        raise Unusable(f"it holds {outcome.key.label}, not {key.label}")
+    return outcome
+
+
+def _note(console: Console, text: str) -> None:
+    console.print(text, style="yellow", soft_wrap=True, highlight=False, markup=False)
+
+
+def taken(cells: dict[RunKey, Path | None], console: Console) -> dict[RunKey, Outcome] | None:
+    """Each key's kept outcome, if every key was kept and every one verifies; else None
+    (they run again). A kept run that does not verify gets a one-line note."""
+    if not all(cell is not None and cell.is_file() for cell in cells.values()):
+        return None
+    outcomes = {}
+    for key, cell in cells.items():
+        try:
+            outcomes[key] = load(cell, key)
+        except Unusable as exc:
+            _note(console, f"  work folder: {cell} not used ({exc}); it runs again")
+            return None
+    return outcomes
+
+
+def keep(cell: Path, outcome: Outcome, console: Console) -> None:
+    """Keep a finished run in the work folder; a one-line note if it cannot be."""
+    try:
+        save(cell, outcome)
+    except (HarnessError, TypeError, ValueError) as exc:
+        _note(console, f"  work folder: {cell} not kept: {exc}")

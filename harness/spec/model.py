@@ -1,0 +1,560 @@
+"""Workload specs: YAML files parsed with a safe loader into frozen, validated objects.
+
+A spec says everything framework-neutral about a workload: the data, the model, the
+initialisation, the loss, the optimizer, the training schedule, what is logged, and the
+tolerance of every check. Validation happens once, here; an error names the file and
+the key path. A profile is a named set of overrides (fewer steps, fewer points) that is
+merged into the document and validated by the same rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.core.errors import SpecError
+from harness.core.paths import SPECS_DIR
+from harness.spec.yamlsafe import MAX_DEPTH, Refused, load_yaml  # noqa: F401 (MAX_DEPTH: part of the spec rules)
+
+FULL_PROFILE = "full"
+BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+Rate = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+SourceName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=64)]
+# A bare file name: a spec cannot point the harness outside the data directory.
+FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# --- data -----------------------------------------------------------------------------
+
+
+class PeaksData(Strict):
+    """MATLAB's peaks surface sampled on a square grid (the Flux article)."""
+
+    kind: Literal["peaks_grid"]
+    points_per_axis: Annotated[int, Field(ge=2)]
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PeaksData:
+        if not self.low < self.high:
+            raise ValueError("low must be smaller than high")
+        return self
+
+    @property
+    def n_examples(self) -> int:
+        return self.points_per_axis**2
+
+
+class MoonsData(Strict):
+    """scikit-learn's make_moons, reproduced, after np.random.seed(seed) (Theano article)."""
+
+    kind: Literal["moons"]
+    n_samples: Annotated[int, Field(ge=2)]
+    noise: NonNegative
+    seed: Seed
+
+    @property
+    def n_examples(self) -> int:
+        return self.n_samples
+
+
+class IdxFile(Strict):
+    """A data file by bare name, with the sha256 of the gzip file and of its contents."""
+
+    file: FileName
+    sha256: Sha256
+    raw_sha256: Sha256 | None = None
+
+
+class IdxSource(Strict):
+    """One image/label file pair and how many of its examples are held out for validation."""
+
+    images: IdxFile
+    labels: IdxFile
+    validation: PositiveInt
+    note: str = ""
+
+
+class IdxData(Strict):
+    """An IDX image data set (MNIST and its kin), split at random into train and validation."""
+
+    kind: Literal["idx"]
+    dataset: Name
+    scale: Rate
+    split_seed: Seed
+    source: SourceName
+    sources: dict[SourceName, IdxSource]
+
+    @model_validator(mode="after")
+    def _source_known(self) -> IdxData:
+        if self.source not in self.sources:
+            raise ValueError(f"source {self.source!r} is not one of {sorted(self.sources)}")
+        return self
+
+    @property
+    def n_examples(self) -> int | None:
+        return None  # known once the files are read
+
+
+DataSection = Annotated[PeaksData | MoonsData | IdxData, Field(discriminator="kind")]
+
+
+# --- model, init, loss, optimizer -----------------------------------------------------------
+
+Activation = Literal["relu", "tanh", "identity"]
+
+
+class Layer(Strict):
+    width: PositiveInt
+    activation: Activation
+
+
+class ModelSection(Strict):
+    """A multi-layer perceptron: y = act(x W + b) per layer, W stored (fan_in, fan_out)."""
+
+    input_width: PositiveInt
+    layers: Annotated[list[Layer], Field(min_length=1)]
+
+
+class InitSection(Strict):
+    weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"]
+    biases: Literal["zeros", "torch_linear_default"]
+    seed: Seed
+
+
+class L2Penalty(Strict):
+    """lambda/2 * sum(W^2) over the weights (not biases), divided by N if normalized."""
+
+    coefficient: Rate
+    divide_by_examples: bool
+
+
+class LossSection(Strict):
+    kind: Literal["mse", "cross_entropy"]
+    reduction: Literal["mean", "sum"]
+    l2: L2Penalty | None = None
+
+
+class Adam(Strict):
+    """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected."""
+
+    kind: Literal["adam"]
+    lr: Rate
+    beta1: Beta
+    beta2: Beta
+    eps: Rate
+
+
+class Sgd(Strict):
+    kind: Literal["sgd"]
+    lr: Rate
+
+
+Optimizer = Annotated[Adam | Sgd, Field(discriminator="kind")]
+
+
+class TrainingSection(Strict):
+    epochs: PositiveInt
+    batch_size: PositiveInt | Literal["full"]
+    shuffle: bool
+    shuffle_seed: Seed
+    last_batch: Literal["keep", "drop"]
+
+
+class LoggingSection(Strict):
+    loss_every: PositiveInt
+    print_every: PositiveInt
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+class Close(Strict):
+    """|a - b| <= atol + rtol * |b|, elementwise (numpy.allclose): a hand-set tolerance that
+    overrides the calibrated one of a short-horizon check."""
+
+    rtol: NonNegative
+    atol: NonNegative
+
+
+class StepCheck(Strict):
+    """The parameters after `step` steps; calibrated unless rtol and atol override it."""
+
+    step: PositiveInt = 10
+    rtol: NonNegative | None = None
+    atol: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> StepCheck:
+        if (self.rtol is None) != (self.atol is None):
+            raise ValueError("rtol and atol: give both (an override) or neither (calibrated)")
+        return self
+
+    @property
+    def override(self) -> Close | None:
+        return None if self.rtol is None else Close(rtol=self.rtol, atol=self.atol)
+
+
+class Horizon(Strict):
+    """The loss curves must agree to rtol, step by step, for at least must_hold_for steps
+    (null: the whole run). The first step where they stop agreeing is the horizon."""
+
+    rtol: Rate
+    must_hold_for: PositiveInt | None
+
+
+class Envelope(Strict):
+    """The calibration of every float32 check. Let e be the largest distance between an
+    array-module float32 run and the float64 oracle on this spec: the plain run and `members`
+    more that take its float32 sums in other orders (members.reordered; per step for the
+    curve, running maximum). Two runs may differ by at most factor * e + floor; the
+    short-horizon checks use the same runs and factor (harness/verdict/calibration.py)."""
+
+    factor: Annotated[float, Field(ge=1)] = 10.0
+    members: Annotated[int, Field(ge=0, le=16)] = 4
+    curve_floor: NonNegative = 1e-6
+    output_floor: NonNegative = 1e-5
+    metric_floor: NonNegative = 1e-6
+
+
+class MathParity(Strict):
+    """The float64 twins: every framework runs the spec's first `steps` steps in float64,
+    judged against the oracle with a tolerance measured like the envelope's, from `members`
+    float64 runs that sum in other orders (long_run.factor times their spread). A difference
+    there is different math, not rounding."""
+
+    steps: PositiveInt = 100
+    members: Annotated[int, Field(ge=1, le=16)] = 3
+
+
+class ChecksSection(Strict):
+    """What is compared, and optional hand-set overrides of the calibrated tolerances."""
+
+    probe_size: PositiveInt = 256
+    initial_outputs: Close | None = None
+    initial_loss: Close | None = None
+    params_after_first_step: Close | None = None
+    params_after_steps: StepCheck = StepCheck()
+    loss_curve: Horizon | None = None
+    long_run: Envelope = Envelope()
+    math_parity: MathParity = MathParity()
+
+
+class KnownDifference(Strict):
+    """A failing float32 check that has been investigated and explained. Its verdict becomes
+    'known' (the measured error is still recorded); if it stops failing, that is reported
+    as a failure, so a stale entry cannot hide anything (like pytest's xfail strict).
+    strict: false is for a difference that shows in some runs and not in others (one that
+    hides inside a wider envelope on some sizes): a run where it does not show passes.
+    `check` names one check; `checks` lists shell-style patterns ("params_after_step_*").
+    Math parity (the float64 twins) is never covered: a known float32 effect is rounding."""
+
+    framework: Name
+    check: Name | None = None
+    checks: list[Annotated[str, Field(pattern=r"^[a-z0-9_*?]+$", max_length=64)]] = []
+    devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
+    modes: list[Literal["eager", "fast"]] = ["eager", "fast"]
+    strict: bool = True
+    reason: Annotated[str, Field(min_length=20)]
+    evidence: str = ""
+
+    @model_validator(mode="after")
+    def _names_checks(self) -> KnownDifference:
+        if (self.check is None) == (not self.checks):
+            raise ValueError("check: give one check name (check) or a list of patterns (checks)")
+        return self
+
+    @property
+    def patterns(self) -> list[str]:
+        return [self.check] if self.check else list(self.checks)
+
+
+class LibraryDifference(KnownDifference):
+    """A known difference that belongs to a library rather than to a workload
+    (harness/known_differences.yaml), keyed like array-api-tests' xfail files: the
+    framework, the library and its version range, the optimizer and loss kinds, device and
+    mode. It covers every spec that matches."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+    library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+    versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
+    optimizers: list[Literal["adam", "sgd"]] = ["adam", "sgd"]
+    losses: list[Literal["mse", "cross_entropy"]] = ["mse", "cross_entropy"]
+
+
+class TimingSection(Strict):
+    repeats: PositiveInt
+
+
+class SpeedupClaim(Strict):
+    """What the source article claims for GPU over CPU, to set beside our measurement."""
+
+    low: Annotated[float, Field(gt=0)]
+    high: Annotated[float, Field(gt=0)]
+    source: Annotated[str, Field(min_length=5)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpeedupClaim:
+        if self.high < self.low:
+            raise ValueError("high: smaller than low")
+        return self
+
+
+class Claims(Strict):
+    gpu_speedup: SpeedupClaim | None = None
+
+
+class Sweep(Strict):
+    """A crossover sweep: the spec run at several values of one data key (e.g. the number
+    of points), with a profile that shortens training; every point is an ordinary record."""
+
+    key: Literal["data.points_per_axis", "data.n_samples"]
+    values: Annotated[list[PositiveInt], Field(min_length=1)]
+    profile: Name
+
+
+class Spec(Strict):
+    name: Name
+    title: str
+    article: str
+    choices: list[str] = []
+    data: DataSection
+    model: ModelSection
+    init: InitSection
+    loss: LossSection
+    optimizer: Optimizer
+    training: TrainingSection
+    logging: LoggingSection
+    checks: ChecksSection = ChecksSection()
+    timing: TimingSection
+    known_differences: list[KnownDifference] = []
+    profiles: dict[Name, dict[str, Any]] = {}
+    claims: Claims = Claims()
+    sweep: Sweep | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Spec:
+        n_out = self.model.layers[-1].width
+        if self.model.layers[-1].activation != "identity":
+            raise ValueError("model.layers: the last layer must be 'identity' (the loss applies softmax)")
+        if self.loss.kind == "cross_entropy" and n_out < 2:
+            raise ValueError("model.layers: cross_entropy needs an output width of at least 2")
+        if self.data.kind in ("peaks_grid", "moons") and self.model.input_width != 2:
+            raise ValueError(f"model.input_width: {self.data.kind} data has 2 features")
+        if self.data.kind == "peaks_grid" and (self.loss.kind != "mse" or n_out != 1):
+            raise ValueError("loss.kind: peaks data is a regression target: use mse and 1 output")
+        if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out != 2):
+            raise ValueError("loss.kind: moons data has 2 classes: use cross_entropy and 2 outputs")
+        step = self.checks.params_after_steps.step
+        n = self.data.n_examples
+        if n is not None:
+            check_batching(self.training, n)
+            if step > total_steps(self.training, n):
+                raise ValueError("checks.params_after_steps.step: beyond the last training step")
+        if self.sweep is not None and self.sweep.profile not in self.profiles:
+            raise ValueError(f"sweep.profile: {self.sweep.profile!r} is not a profile of this spec")
+        if self.sweep is not None and self.sweep.key.split(".")[1] not in type(self.data).model_fields:
+            raise ValueError(f"sweep.key: {self.data.kind} data has no {self.sweep.key}")
+        if self.profiles.get(FULL_PROFILE):
+            raise ValueError(f"profiles.{FULL_PROFILE}: the full spec is the default, it takes no overrides")
+        return self
+
+
+def check_batching(training: TrainingSection, n_examples: int) -> None:
+    """Reject a batch larger than the data when the rule would drop every batch."""
+    bs = training.batch_size
+    if bs != "full" and bs > n_examples and training.last_batch == "drop":
+        raise ValueError(
+            f"training.batch_size: {bs} is larger than the {n_examples} training examples "
+            "and last_batch is 'drop', so no step would run"
+        )
+
+
+def batch_bounds(training: TrainingSection, n_examples: int) -> list[tuple[int, int]]:
+    """The [start, stop) slices of one epoch's permutation, one per step."""
+    if training.batch_size == "full":
+        return [(0, n_examples)]
+    bs = training.batch_size
+    bounds = [(s, min(s + bs, n_examples)) for s in range(0, n_examples, bs)]
+    if training.last_batch == "drop" and bounds[-1][1] - bounds[-1][0] < bs:
+        bounds.pop()
+    return bounds
+
+
+def batches_per_epoch(training: TrainingSection, n_examples: int) -> int:
+    """len(batch_bounds(...)), counted without making the list (a spec may ask for billions)."""
+    if training.batch_size == "full":
+        return 1
+    whole, rest = divmod(n_examples, training.batch_size)
+    return whole + (1 if rest and training.last_batch == "keep" else 0)
+
+
+def total_steps(training: TrainingSection, n_examples: int) -> int:
+    return training.epochs * batches_per_epoch(training, n_examples)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    # Drop the discriminator tags pydantic inserts ("data.peaks_grid.noise" -> "data.noise").
+    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd")]
+    return ".".join(parts) or "(document)"
+
+
+def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        key = _format_loc(e["loc"])
+        key = f"{prefix}{key}" if prefix else key
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "missing key"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
+                lines.append(f"{path}: {prefix}{msg}")
+                continue
+        lines.append(f"{path}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec with the profile applied, and where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    spec: Spec
+    path: Path
+    sha256: str
+    profile: str
+    overrides: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def parse_document(path: Path, text: str) -> dict[str, Any]:
+    try:
+        doc = load_yaml(text)
+    except Refused as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+        raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: (document): a spec is a mapping of keys, got {type(doc).__name__}")
+    return doc
+
+
+def validate_document(
+    path: Path, doc: dict[str, Any], profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None
+) -> tuple[Spec, dict[str, Any]]:
+    """Validate the document and every profile in it; return the spec with `profile` (and
+    `extra`, one point of a sweep) applied, and the overrides that made it."""
+    try:
+        base = Spec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(_validation_message(path, exc)) from None
+    except (TypeError, ValueError) as exc:  # a non-string key and the like
+        raise SpecError(f"{path}: (document): {exc}") from None
+    shrunk = {}
+    for name, overrides in base.profiles.items():
+        if "profiles" in overrides or "name" in overrides:
+            raise SpecError(f"{path}: profiles.{name}: a profile may not override 'name' or 'profiles'")
+        try:
+            shrunk[name] = Spec.model_validate(_deep_merge(doc, overrides))
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"profiles.{name}.")) from None
+    if profile != FULL_PROFILE and profile not in shrunk:
+        known = ", ".join([FULL_PROFILE, *sorted(shrunk)])
+        raise SpecError(f"{path}: profile {profile!r} is not defined (known: {known})")
+    overrides = base.profiles.get(profile, {})
+    if extra:  # one point of a sweep: the profile plus one more override, validated alike
+        overrides = _deep_merge(overrides, extra)
+        try:
+            return Spec.model_validate(_deep_merge(doc, overrides)), overrides
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"sweep point {extra}: ")) from None
+    return (base, {}) if profile == FULL_PROFILE else (shrunk[profile], overrides)
+
+
+def sweep_overrides(spec: Spec, values: list[int] | None = None) -> list[dict[str, Any]]:
+    """The extra overrides of each point of the spec's sweep (or of the given values),
+    e.g. {"data": {"points_per_axis": 10}}."""
+    if spec.sweep is None:
+        return []
+    section, key = spec.sweep.key.split(".")
+    return [{section: {key: value}} for value in (values or spec.sweep.values)]
+
+
+def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None) -> LoadedSpec:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: (document): not UTF-8 text") from None
+    spec, overrides = validate_document(path, parse_document(path, text), profile, extra)
+    return LoadedSpec(
+        spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides
+    )
+
+
+def spec_paths(specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+    """Spec name (file stem) -> path, for every YAML file in the specs folder."""
+    return {p.stem: p for p in sorted(specs_dir.glob("*.yaml"))}
+
+
+def resolve_spec(name_or_path: str, specs_dir: Path = SPECS_DIR) -> Path:
+    """A spec given by name ("peaks_mlp") or by path ("specs/peaks_mlp.yaml")."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise SpecError(f"{candidate}: no such spec file")
+        return candidate
+    known = spec_paths(specs_dir)
+    if name_or_path not in known:
+        raise SpecError(f"unknown spec {name_or_path!r} (known: {', '.join(known) or 'none'})")
+    return known[name_or_path]
+
+
+def json_schema() -> str:
+    """The JSON Schema of a spec file, for editors."""
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Reproducibility-harness workload spec"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

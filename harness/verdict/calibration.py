@@ -1,0 +1,95 @@
+"""How far rounding alone carries a spec, measured on the spec itself.
+
+A calibration member trains the same problem with its sums in another order
+(members.reordered): in exact arithmetic the same training, so its distance from the
+reference is rounding and nothing else. The float32 members (the array-module code in
+float32, against the float64 oracle) calibrate every float32 check; the float64 members
+(the oracle's own code, reordered, against the oracle over the twins' first steps)
+calibrate math parity. Every tolerance is then `factor * spread + floor`, with the spread
+taken here:
+
+- the loss curve: the largest relative distance at each step, as a running maximum;
+- outputs, the step-0 loss and the parameters after a step: the largest L2 distance of a
+  member from the reference, per parameter tensor. A norm rather than elementwise bounds:
+  rounding noise over a tensor's elements concentrates, so one run's norm predicts
+  another's, while an element whose members all happened to round alike would fail an
+  honest run elementwise; a change in the math moves a whole tensor, and the tensor
+  whose ratio is largest says where a difference starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from harness.inputs.members import in_plain_order
+from harness.inputs.problem import Params
+from harness.run.runner import Outcome
+
+TINY = 1e-30
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The largest distance of `runs` rounding-only runs from their reference."""
+
+    dtype: str
+    runs: int
+    curve: np.ndarray  # running maximum of the relative loss distance, per step
+    initial_outputs: float  # L2 distance of the probe outputs before training
+    initial_loss: float  # |difference| of the step-0 loss
+    params: dict[int, list[float]]  # step -> L2 distance per tensor (W1, b1, W2, ...)
+    final_outputs: float  # L2 distance of the probe outputs after the last step
+    final_outputs_max: float  # the same, as the largest |difference| of one output
+
+
+def tensors(params: Params) -> list[np.ndarray]:
+    """W1, b1, W2, b2, ... as float64 arrays."""
+    return [np.asarray(a, np.float64) for pair in params for a in pair]
+
+
+def tensor_names(params: Params) -> list[str]:
+    return [f"{kind}{i}" for i in range(1, len(params) + 1) for kind in ("W", "b")]
+
+
+def relative_curve_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a - b) / np.maximum(np.abs(b), TINY)
+
+
+def in_plain_units(outcome: Outcome, unit_orders: tuple[np.ndarray, ...]) -> Outcome:
+    """A member's outcome with its parameters in the plain problem's unit order."""
+    if not unit_orders or outcome.status != "ok":
+        return outcome
+    snapshots = {step: in_plain_order(p, unit_orders) for step, p in outcome.snapshots.items()}
+    final = None if outcome.final_params is None else in_plain_order(outcome.final_params, unit_orders)
+    return replace(outcome, snapshots=snapshots, final_params=final)
+
+
+def _l2(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+
+
+def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -> Spread | None:
+    """The spread of `runs` (in plain unit order) around `reference`; None unless all ran."""
+    if reference is None or reference.status != "ok" or not runs or any(r is None or r.status != "ok" for r in runs):
+        return None
+    distance = np.max([relative_curve_distance(r.losses, reference.losses) for r in runs], axis=0)
+    steps = [s for s in reference.snapshots if all(s in r.snapshots for r in runs)]
+    params = {
+        step: np.max(
+            [[_l2(x, y) for x, y in zip(tensors(r.snapshots[step]), tensors(reference.snapshots[step]))] for r in runs],
+            axis=0,
+        ).tolist()
+        for step in steps
+    }
+    return Spread(
+        dtype=dtype,
+        runs=len(runs),
+        curve=np.maximum.accumulate(distance),
+        initial_outputs=max(_l2(r.initial_outputs, reference.initial_outputs) for r in runs),
+        initial_loss=max(abs(float(r.losses[0] - reference.losses[0])) for r in runs),
+        params=params,
+        final_outputs=max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
+        final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
+    )

@@ -1,0 +1,185 @@
+"""Why a check fails: known differences first, then a diagnosis on every failing check.
+
+- `known: ...`: a known difference covers it, from the spec or from the library file
+  (harness/known_differences.yaml, entries keyed by framework, library version range,
+  optimizer, loss, device and mode).
+- `implementation`: the float64 twin of a run in the pair differs from the oracle too:
+  the frameworks compute different math.
+- `rounding`: the twins agree with the oracle; only float32 differs, by the given ratio to
+  the calibrated tolerance.
+- `undiagnosed`: a twin that would tell did not run (said why).
+
+Each diagnosis also says where the failure starts: the first step, and the parameter
+tensor whose difference (over its tolerance) is largest at the earliest snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from fnmatch import fnmatchcase
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import TypeAdapter, ValidationError
+
+from harness.core.errors import SpecError
+from harness.core.paths import KNOWN_DIFFERENCES_FILE
+from harness.core.registry import FLOAT64, ORACLE
+from harness.spec.model import KnownDifference, LibraryDifference, Spec
+from harness.spec.yamlsafe import Refused, load_yaml
+from harness.verdict.checks import MATH, Calibration, Check, check_all
+
+
+@functools.cache
+def library_differences(path: Path = KNOWN_DIFFERENCES_FILE) -> tuple[LibraryDifference, ...]:
+    try:
+        # The spec's loader: no anchors or aliases, no duplicate keys, bounded depth.
+        doc = load_yaml(path.read_text())
+        entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
+    except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
+        raise SpecError(f"{path}: not a valid known-differences file: {exc}") from None
+    for entry in entries:
+        try:
+            SpecifierSet(entry.versions)
+        except InvalidSpecifier:
+            raise SpecError(f"{path}: {entry.id}: versions: not a version specifier: {entry.versions!r}") from None
+    return tuple(entries)
+
+
+def _installed(library: str) -> str | None:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def applies(entry: KnownDifference, spec: Spec) -> bool:
+    """A spec's own entries always apply; a library entry where its keys match."""
+    if not isinstance(entry, LibraryDifference):
+        return True
+    version = _installed(entry.library)
+    return (
+        version is not None
+        and SpecifierSet(entry.versions).contains(version, prereleases=True)
+        and spec.optimizer.kind in entry.optimizers
+        and spec.loss.kind in entry.losses
+    )
+
+
+def covers(entry: KnownDifference, check: Check) -> bool:
+    if check.name.startswith(MATH) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
+        return False
+    return any(
+        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64
+        for k in (check.a, check.b)
+    )
+
+
+def _label(entry: KnownDifference) -> str:
+    return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
+
+
+def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
+    """Mark explained failures 'known'; report a strict entry that no longer fails as a failure."""
+    entries = [e for e in (*spec.known_differences, *library_differences()) if applies(e, spec)]
+    marked = []
+    for check in checks:
+        known = next((e for e in entries if covers(e, check)), None)
+        if known and check.verdict == "fail":
+            check = dataclasses.replace(
+                check,
+                verdict="known",
+                reason=f"known difference: {known.reason}",
+                diagnosis=f"known ({_label(known)})",
+            )
+        marked.append(check)
+    for known in entries:
+        judged = [c for c in checks if covers(known, c) and c.verdict != "skipped"]
+        if known.strict and judged and not any(c.verdict == "fail" for c in judged):
+            first = judged[0]
+            marked.append(
+                Check(
+                    "known_difference_absent",
+                    first.a,
+                    first.b,
+                    "fail",
+                    f"lists {_label(known)} as a known difference",
+                    reason="the listed difference did not occur: remove it from known_differences",
+                    diagnosis="stale known difference",
+                )
+            )
+    return marked
+
+
+def _parity(checks: list[Check]) -> dict[tuple[str, str], list[Check]]:
+    """(framework, device) of each float64 twin -> its failing math-parity checks."""
+    parity: dict[tuple[str, str], list[Check]] = {}
+    for c in checks:
+        if c.a.precision == FLOAT64 and c.verdict != "skipped":
+            parity.setdefault((c.a.framework, c.a.device), [])
+            if c.verdict == "fail":
+                parity[(c.a.framework, c.a.device)].append(c)
+    return parity
+
+
+def _where(check: Check, pair: list[Check]) -> str:
+    """Where a failure starts: its first step, and the tensor whose ratio is largest at the
+    earliest parameter snapshot of the same pair."""
+    parts = []
+    if check.first_failure_step is not None:
+        parts.append(f"starts at step {check.first_failure_step}")
+    snapshots = sorted(
+        (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
+        key=lambda c: int(c.name.rsplit("_", 1)[1]),
+    )
+    grown = next((c for c in snapshots if c.verdict != "pass"), snapshots[0] if snapshots else None)
+    if grown is not None:
+        step = grown.name.rsplit("_", 1)[1]
+        parts.append(f"largest in {grown.tensor} after step {step} ({grown.ratio:.3g}x its tolerance)")
+    return "; ".join(parts)
+
+
+def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
+    ratio = "" if check.ratio is None else f"{check.ratio:.3g}x the calibrated tolerance"
+    if check.name.startswith(MATH):
+        how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
+        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding"
+    if check.name == "known_difference_absent":
+        return check.diagnosis or "stale known difference"
+    sides = [k for k in (check.a, check.b) if k.framework != ORACLE]
+    bad = [(k, parity[(k.framework, k.device)]) for k in sides if parity.get((k.framework, k.device))]
+    if bad:
+        key, failing = bad[0]
+        worst = max(failing, key=lambda c: c.ratio or 0)
+        return (
+            f"implementation: the float64 twin of {key.framework}@{key.device} differs from the oracle too "
+            f"({worst.name}, {worst.ratio:.3g}x its tolerance)"
+        )
+    missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
+    if missing:
+        return f"undiagnosed: no float64 twin of {', '.join(missing)} was judged"
+    modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
+    return f"rounding: float32 only, {ratio}; the float64 twins agree with the oracle{modes}"
+
+
+def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
+    """A diagnosis on every failing check (known ones keep theirs), with where it starts."""
+    parity = _parity(checks)
+    out = []
+    for check in checks:
+        if check.verdict in ("fail", "known"):
+            pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
+            why = check.diagnosis if check.verdict == "known" else _diagnosis(check, parity)
+            where = _where(check, pair)
+            check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
+        out.append(check)
+    return out
+
+
+def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
+    """Every check of a spec's matrix (checks.check_all), known differences applied, and a
+    diagnosis on every failing or known check."""
+    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal)))
