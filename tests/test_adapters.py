@@ -4,6 +4,8 @@ and the protocol's promises (warm-up changes nothing, unavailable is a reason)."
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -72,21 +74,200 @@ def test_jax_compiles_nothing_inside_the_timed_loop():
         assert trainer.train_step._cache_size() == compiled
 
 
+# What each adapter's describe(key)["math_mode"] must say on the CPU, per precision: the
+# flags its build sets for that key, read back from the framework.
+TORCH_MODE = {
+    "strict": {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False},
+    "tf32": {"float32_matmul_precision": "high", "cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True},
+    "float64": {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False},
+}
+JAX_MODE = {
+    "strict": {"jax_default_matmul_precision": "highest", "jax_enable_x64": False},
+    "tf32": {"jax_default_matmul_precision": "tensorfloat32", "jax_enable_x64": False},
+    "float64": {"jax_default_matmul_precision": "highest", "jax_enable_x64": True},
+}
+NUMPY_MODE = {"float32_matmul": "exact float32 (BLAS sgemm)"}  # NumPy has one math mode, whatever the key
+DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the workspace settings torch documents as deterministic
+
+
+def assert_math_mode(framework: str, precision: str, math_mode: dict) -> None:
+    """describe()'s math mode for a CPU key: exactly the expected keys, each with its value."""
+    if framework == "torch":
+        assert set(math_mode) == {*TORCH_MODE[precision], "deterministic_algorithms", "CUBLAS_WORKSPACE_CONFIG"}, math_mode
+        for name, value in TORCH_MODE[precision].items():
+            assert type(math_mode[name]) is type(value) and math_mode[name] == value, (name, math_mode)
+        assert math_mode["deterministic_algorithms"] is True, math_mode
+        assert math_mode["CUBLAS_WORKSPACE_CONFIG"] in DETERMINISTIC_CUBLAS, math_mode
+    elif framework == "jax":
+        from adapters.jax_adapter import DETERMINISTIC_FLAG
+
+        assert set(math_mode) == {*JAX_MODE[precision], "XLA_FLAGS"}, math_mode
+        assert math_mode["jax_default_matmul_precision"] == JAX_MODE[precision]["jax_default_matmul_precision"], math_mode
+        assert math_mode["jax_enable_x64"] is JAX_MODE[precision]["jax_enable_x64"], math_mode
+        assert DETERMINISTIC_FLAG in math_mode["XLA_FLAGS"].split(), math_mode
+    else:
+        assert framework == "numpy", framework
+        assert math_mode == NUMPY_MODE, math_mode
+
+
+def framework_math_mode(framework: str) -> dict:
+    """The math mode the process is in now, read from the framework itself (not describe())."""
+    if framework == "torch":
+        import torch
+
+        return {
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        }
+    if framework == "jax":
+        import jax
+
+        return {"jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision), "jax_enable_x64": bool(jax.config.jax_enable_x64)}
+    return {}
+
+
+@pytest.mark.parametrize("precision", registry.PRECISIONS)
 @pytest.mark.parametrize("framework", CPU_FRAMEWORKS)
-def test_describe_records_the_math_mode(framework):
+def test_describe_records_the_math_mode(framework, precision):
     adapter = adapter_or_skip(framework)
-    info = adapter.describe(key_for(adapter, "cpu"))
-    assert info["version"] and info["math_mode"] and "device_name" in info
+    try:
+        info = adapter.describe(registry.RunKey(framework, "cpu", precision=precision))
+        assert info["version"] and "device_name" in info
+        assert_math_mode(framework, precision, info["math_mode"])
+        # what it records is the process's state, not a constant
+        now = framework_math_mode(framework)
+        assert {name: info["math_mode"][name] for name in now} == now
+    finally:  # the flags are the process's: leave them strict, as the other tests expect
+        adapter.describe(registry.RunKey(framework, "cpu"))
 
 
-def test_no_gpu_is_a_reason_not_a_crash():
-    for framework in GPU_FRAMEWORKS:
+def test_the_math_mode_check_rejects_wrong_values():
+    """assert_math_mode catches each value of each key set wrong, a key left out and one added."""
+    right = {
+        ("torch", precision): {**mode, "deterministic_algorithms": True, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        for precision, mode in TORCH_MODE.items()
+    }
+    right |= {("jax", precision): {**mode, "XLA_FLAGS": "--xla_gpu_deterministic_ops=true"} for precision, mode in JAX_MODE.items()}
+    right |= {("numpy", precision): dict(NUMPY_MODE) for precision in registry.PRECISIONS}
+    for (framework, precision), mode in right.items():
+        assert_math_mode(framework, precision, mode)
+        for name, value in mode.items():
+            wrong = not value if isinstance(value, bool) else ("" if name == "XLA_FLAGS" else f"{value}-not")
+            with pytest.raises(AssertionError):
+                assert_math_mode(framework, precision, {**mode, name: wrong})
+            with pytest.raises(AssertionError):
+                assert_math_mode(framework, precision, {k: v for k, v in mode.items() if k != name})
+        with pytest.raises(AssertionError):
+            assert_math_mode(framework, precision, {**mode, "extra": 1})
+    # a mode right for one precision is wrong for another
+    with pytest.raises(AssertionError):
+        assert_math_mode("torch", "strict", right["torch", "tf32"])
+    with pytest.raises(AssertionError):
+        assert_math_mode("jax", "float64", right["jax", "strict"])
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_math_mode_check_catches_an_adapter_that_ignores_the_precision(framework, monkeypatch):
+    """A broken adapter whose build sets one math mode whatever the key asks for: describe()
+    reports that mode, and assert_math_mode rejects it."""
+    adapter = adapter_or_skip(framework)
+    strict, float64 = registry.RunKey(framework, "cpu"), registry.RunKey(framework, "cpu", precision="float64")
+    adapter.describe(strict)
+    with monkeypatch.context() as patch:
+        if framework == "torch":  # always TF32
+            configure = adapter._configure
+            patch.setattr(adapter, "_configure", lambda torch, precision: configure(torch, "tf32"))
+            key = strict
+        else:  # never sets x64 (nor the matmul precision)
+            jax_of = adapter._jax
+            patch.setattr(adapter, "_jax", lambda precision=None: jax_of(None))
+            key = float64
+        broken = adapter.describe(key)["math_mode"]
+    adapter.describe(strict)
+    with pytest.raises(AssertionError):
+        assert_math_mode(framework, key.precision, broken)
+    assert_math_mode(framework, "strict", adapter.describe(strict)["math_mode"])
+
+
+# The reason each GPU adapter gives, by what its framework says about this host: not
+# installed, installed without a usable GPU, or a GPU it can use (no reason).
+MISSING = {"torch": ("torch is not installed (",), "jax": ("jax or optax is not installed (",), "cupy": ("cupy is not installed (",)}
+NO_DEVICE = {
+    "torch": ("torch finds no usable CUDA device",),
+    "jax": ("jax finds no gpu device (",),
+    "cupy": ("cupy finds no usable CUDA device", "cupy cannot use the GPU: "),
+}
+TOP_MODULES = {"torch": ("torch",), "jax": ("jax", "optax"), "cupy": ("cupy",)}
+
+
+def gpu_on_this_host(framework: str) -> str:
+    """'missing', 'no device' or 'available': the framework's own answer, not the adapter's."""
+    if any(importlib.util.find_spec(name) is None for name in TOP_MODULES[framework]):
+        return "missing"
+    try:
+        if framework == "torch":
+            import torch
+
+            return "available" if torch.cuda.is_available() else "no device"
+        if framework == "jax":
+            import jax
+
+            try:
+                return "available" if jax.devices("gpu") else "no device"
+            except RuntimeError:
+                return "no device"
+        import cupy
+
         try:
-            module = registry.load(framework)
-        except ImportError:
-            continue
-        reason = module.unavailable(key_for(module, "gpu"))
-        assert reason is None or isinstance(reason, str) and reason
+            return "available" if cupy.is_available() else "no device"
+        except Exception:
+            return "no device"
+    except ImportError:
+        return "missing"
+
+
+def assert_gpu_reason(framework: str, on_host: str, reason) -> None:
+    """None where the framework can use a GPU; else a reason that says which case it is."""
+    if on_host == "available":
+        assert reason is None, f"{framework} has a usable GPU here, but the adapter says: {reason!r}"
+        return
+    assert isinstance(reason, str) and reason.strip(), f"{framework}: {on_host}, but the adapter gives no reason ({reason!r})"
+    expected = (MISSING if on_host == "missing" else NO_DEVICE)[framework]
+    assert reason.startswith(expected), f"{framework}: {on_host}, but the adapter says {reason!r}, not one of {expected}"
+
+
+def test_no_gpu_is_a_reason_not_a_crash(monkeypatch):
+    assert set(GPU_FRAMEWORKS) == {"torch", "jax", "cupy"}
+    for framework in GPU_FRAMEWORKS:
+        module = registry.load(framework)  # an adapter module imports no framework: this never fails
+        key = key_for(module, "gpu")
+        reason = module.unavailable(key)  # first, as before: the adapter sets up its framework's environment
+        assert_gpu_reason(framework, gpu_on_this_host(framework), reason)
+        # on any host: with the framework gone, the reason says it is not installed (no crash)
+        with monkeypatch.context() as patch:
+            for name in TOP_MODULES[framework]:
+                patch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+            assert_gpu_reason(framework, "missing", module.unavailable(key))
+
+
+def test_the_gpu_reason_check_rejects_a_wrong_reason():
+    for framework in GPU_FRAMEWORKS:
+        assert_gpu_reason(framework, "missing", MISSING[framework][0] + "No module named x)")
+        assert_gpu_reason(framework, "no device", NO_DEVICE[framework][0])
+        assert_gpu_reason(framework, "available", None)
+        wrong = [
+            ("no device", None),  # claims a GPU that is not there
+            ("no device", ""),
+            ("no device", MISSING[framework][0] + "x)"),  # installed, yet 'not installed'
+            ("missing", None),
+            ("missing", NO_DEVICE[framework][0]),
+            ("available", NO_DEVICE[framework][0]),  # a usable GPU, refused
+        ]
+        for on_host, reason in wrong:
+            with pytest.raises(AssertionError):
+                assert_gpu_reason(framework, on_host, reason)
 
 
 @pytest.mark.gpu

@@ -92,7 +92,7 @@ def test_a_cell_is_the_whole_run_key(tmp_path):
         twin.model_copy(update={"precision_mode": "tf32", "dtype": "float32"}),
         twin.model_copy(update={"spec": twin.spec.model_copy(update={"overrides": {"data": {"points_per_axis": 10}}})}),
     ]
-    keys = {store.cell_key(r) for r in [*cells.values(), *variants]}
+    keys = {store.cell_of(r) for r in [*cells.values(), *variants]}
     assert len(keys) == len(cells) + len(variants)
 
 

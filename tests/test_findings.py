@@ -15,7 +15,7 @@ from harness.inputs import problem as inputs
 from harness.reference import xp_mlp
 from harness.run import plan, runner
 from harness.spec.model import SPECS_DIR, load_spec
-from harness.verdict import calibration, checks
+from harness.verdict import calibration, checks, rules
 from tests.conftest import quick_problem
 
 STEPS = 40
@@ -106,7 +106,7 @@ def ok(outcome):
 
 
 class Judge:
-    """The matrix's checks of one run against the oracle (checks.pair_checks), with the
+    """The matrix's checks of one run against the oracle (rules.pair_checks), with the
     envelope calibrated as the matrix calibrates it: the float32 array-module run and its
     members that sum in other orders (plan.calibration_members)."""
 
@@ -120,7 +120,7 @@ class Judge:
     def __call__(self, outcome) -> dict[str, checks.Check]:
         """Each check by name; the step-10 parameters' as `params_after_step`."""
         outcome = replace(ok(outcome), key=RunKey(outcome.key.framework, "cpu", "under-test"))
-        found = {c.name: c for c in checks.pair_checks(self.spec, outcome, self.oracle, self.calibration)}
+        found = {c.name: c for c in rules.pair_checks(self.spec, outcome, self.oracle, checks.Calibration(self.calibration, None))}
         found["params_after_step"] = found.pop(f"params_after_step_{self.spec.checks.params_after_steps.step}")
         return found
 

@@ -12,25 +12,56 @@ from hypothesis import strategies as st
 
 from harness.core.errors import HarnessError
 from harness.run import hardware, runner
-from harness.run.floor import Rates, floor, step_cost
+from harness.run.floor import Floor, Rates, floor, step_cost
 from harness.run.runner import chunk_plan
 from tests.conftest import quick_problem
 
 CPU = Rates(matmul_flops_per_s=1e11, bandwidth_bytes_per_s=2e10, launch_latency_s=None, measured_with="fixture")
 GPU = Rates(matmul_flops_per_s=5e13, bandwidth_bytes_per_s=3e12, launch_latency_s=2e-6, measured_with="fixture")
+# Fast arithmetic, negligible launches, slow memory: bandwidth sets the floor.
+SLOW_MEMORY = Rates(matmul_flops_per_s=1e15, bandwidth_bytes_per_s=1e9, launch_latency_s=1e-9, measured_with="fixture")
+
+# peaks_mlp's quick step, counted by hand: 50 x 50 = 2,500 points, full batch, Adam, 2-20-5-1.
+PEAKS_BATCH = 2500
+PEAKS_PRODUCTS = 2 * (2 * 2 * 20) + 3 * (2 * 20 * 5) + 3 * (2 * 5 * 1)  # fwd + dW everywhere, dX above layer 1
+PEAKS_ELEMENTWISE = 20 * 4 + 5 * 4 + 1 * 2 + 1 * 5  # bias, relu, relu', bias grad; identity: bias, bias grad; MSE
+PEAKS_PARAMS = (2 * 20 + 20) + (20 * 5 + 5) + (5 * 1 + 1)
+PEAKS_FLOPS = PEAKS_BATCH * (PEAKS_PRODUCTS + PEAKS_ELEMENTWISE) + 12 * PEAKS_PARAMS  # = 2,244,552
+PEAKS_BYTES = PEAKS_BATCH * (2 + 1) * 4 + 2 * PEAKS_PARAMS * 3 * 4 + 4  # x, y; params, m, v read and written; log: 34,108
+PEAKS_LAUNCHES = 4 * 3 + 1
+
+
+def hand_terms(rates: Rates) -> dict[str, float]:
+    """peaks_mlp's three floor terms, from the hand counts above and the rates alone."""
+    return {
+        "arithmetic": PEAKS_FLOPS / rates.matmul_flops_per_s,
+        "bandwidth": PEAKS_BYTES / rates.bandwidth_bytes_per_s,
+        "launches": PEAKS_LAUNCHES * (rates.launch_latency_s or 0.0),
+    }
+
+
+def assert_floor_is_the_largest_hand_term(result: Floor, rates: Rates) -> None:
+    """The floor of peaks_mlp on `rates` against terms computed here, not read from `result`:
+    each term, the floor as the largest, and `bound` naming a term that is the largest."""
+    expected = hand_terms(rates)
+    got = {"arithmetic": result.compute_s, "bandwidth": result.memory_s, "launches": result.launch_s}
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-12, abs=0), f"{name}: {got[name]} != {value} by hand"
+    largest = max(expected.values())
+    assert result.floor_s == pytest.approx(largest, rel=1e-12, abs=0), f"floor {result.floor_s} != the largest term {largest}"
+    assert result.bound in expected, result.bound
+    # the named term is the largest (a tie within rounding may name either of the tied terms)
+    assert expected[result.bound] == pytest.approx(largest, rel=1e-12, abs=0), f"bound {result.bound!r} is not the largest of {expected}"
 
 
 def test_peaks_step_counted_by_hand():
-    problem = quick_problem("peaks_mlp")  # 50 x 50 = 2,500 points, full batch, Adam, 2-20-5-1
-    batch = 2500
-    products = 2 * (2 * 2 * 20) + 3 * (2 * 20 * 5) + 3 * (2 * 5 * 1)  # fwd + dW everywhere, dX above layer 1
-    elementwise = 20 * 4 + 5 * 4 + 1 * 2 + 1 * 5  # bias, relu, relu', bias grad; identity: bias, bias grad; MSE
-    params = (2 * 20 + 20) + (20 * 5 + 5) + (5 * 1 + 1)
+    problem = quick_problem("peaks_mlp")
+    assert len(problem.x_train) == PEAKS_BATCH and len(problem.bounds) == 1  # full batch
     cost = step_cost(problem)
-    assert cost.flops == batch * (products + elementwise) + 12 * params
-    assert cost.bytes == batch * (2 + 1) * 4 + 2 * params * 3 * 4 + 4  # x, y; params, m, v read and written; log
-    assert cost.unfused_bytes == cost.bytes + 6 * batch * (20 + 5 + 1) * 4
-    assert cost.launches == 4 * 3 + 1
+    assert cost.flops == PEAKS_FLOPS == 2_244_552
+    assert cost.bytes == PEAKS_BYTES == 34_108
+    assert cost.unfused_bytes == cost.bytes + 6 * PEAKS_BATCH * (20 + 5 + 1) * 4
+    assert cost.launches == PEAKS_LAUNCHES
 
 
 def test_moons_and_mnist_launches_and_batches(mnist_dir):
@@ -49,9 +80,41 @@ def test_floor_is_the_largest_term_and_the_cpu_launches_nothing():
     on_cpu = floor(problem, CPU)
     assert on_cpu.launch_s == 0
     assert on_cpu.floor_s == max(on_cpu.compute_s, on_cpu.memory_s) and on_cpu.bound == "arithmetic"
+    assert on_cpu.floor_s == pytest.approx(2_244_552 / 1e11, rel=1e-12)  # flops / matmul rate, counted by hand
+    assert_floor_is_the_largest_hand_term(on_cpu, CPU)
     on_gpu = floor(problem, GPU)
     assert on_gpu.launch_s == pytest.approx(13 * 2e-6)
-    assert on_gpu.bound == "launches" and on_gpu.floor_s == on_gpu.launch_s
+    assert on_gpu.bound == "launches" and on_gpu.floor_s == on_gpu.launch_s == pytest.approx(13 * 2e-6, rel=1e-12)
+    assert_floor_is_the_largest_hand_term(on_gpu, GPU)
+    slow_memory = floor(problem, SLOW_MEMORY)
+    assert slow_memory.bound == "bandwidth" and slow_memory.floor_s == pytest.approx(34_108 / 1e9, rel=1e-12)
+    assert_floor_is_the_largest_hand_term(slow_memory, SLOW_MEMORY)
+
+
+def test_the_floor_check_rejects_a_wrong_floor():
+    """assert_floor_is_the_largest_hand_term catches broken floors: a wrong term, a floor that
+    is not the largest term, a bound that names another term."""
+    real = floor(quick_problem("peaks_mlp"), GPU)  # launches 2.6e-5 > arithmetic 4.5e-8 > bandwidth 1.1e-8
+    assert_floor_is_the_largest_hand_term(real, GPU)
+
+    class SmallestTerm(Floor):
+        floor_s = property(lambda self: min(self.compute_s, self.memory_s, self.launch_s))
+
+    class FirstTerm(Floor):
+        bound = property(lambda self: "arithmetic")
+
+    def stand_in(cls):
+        return cls(real.cost, real.rates, real.compute_s, real.memory_s, real.launch_s)
+
+    broken = [
+        dataclasses.replace(real, compute_s=real.compute_s * 2),  # flops counted twice
+        dataclasses.replace(real, launch_s=real.launch_s / 13),  # one launch, not 13
+        stand_in(SmallestTerm),
+        stand_in(FirstTerm),
+    ]
+    for wrong in broken:
+        with pytest.raises(AssertionError):
+            assert_floor_is_the_largest_hand_term(wrong, GPU)
 
 
 @given(st.floats(1e9, 1e15), st.floats(1e9, 1e13), st.floats(1e-7, 1e-4), st.floats(1.5, 100))
@@ -61,7 +124,8 @@ def test_faster_hardware_never_raises_the_floor(matmul, bandwidth, latency, fact
     fast = dataclasses.replace(slow, matmul_flops_per_s=matmul * factor, bandwidth_bytes_per_s=bandwidth * factor)
     f_slow, f_fast = floor(problem, slow), floor(problem, fast)
     assert f_fast.floor_s <= f_slow.floor_s
-    assert f_slow.floor_s >= max(f_slow.compute_s, f_slow.memory_s, f_slow.launch_s) - 1e-18
+    assert_floor_is_the_largest_hand_term(f_slow, slow)
+    assert_floor_is_the_largest_hand_term(f_fast, fast)
 
 
 def test_cpu_rates_are_measured_here():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.core import registry
-from harness.core.registry import ORACLE_KEY, RunKey
+from harness.core.registry import ORACLE_KEY, RunKey, gates
 from harness.records import schema as records
 from harness.records import store
 from harness.report import speed
@@ -50,8 +50,8 @@ def test_a_tf32_run_is_judged_against_the_oracle_only_and_does_not_gate():
     found = diagnosis.verdicts(problem.spec, outcomes, checks.Calibration(None, None))
     partners = {c.other(tf32) for c in found if c.involves(tf32)}
     assert partners == {ORACLE_KEY}
-    assert not any(checks.gating(c) for c in found if c.involves(tf32))
-    assert all(checks.gating(c) for c in found if not c.involves(tf32))
+    assert not any(gates(c.a, c.b) for c in found if c.involves(tf32))
+    assert all(gates(c.a, c.b) for c in found if not c.involves(tf32))
 
 
 def _outcome_with(losses, params) -> runner.Outcome:
@@ -112,7 +112,7 @@ def test_speedups_pair_cpu_and_gpu_of_one_framework_with_and_without_transfers(c
     tf32 = _copy_as(torch_cpu, "gpu", per_step=0.0001, transfer=0.5, precision="tf32")
     oracle = next(r for r in committed_cpu_records if r.framework == "oracle")
     twin = _copy_as(torch_cpu, "gpu", per_step=0.0003, transfer=0.5, precision="float64")
-    rows = {r.cell.precision_mode: r for r in speed.speed_rows([cpu, gpu, tf32, oracle, twin])}
+    rows = {r.cell.precision: r for r in speed.speed_rows([cpu, gpu, tf32, oracle, twin])}
     assert set(rows) == {"strict", "tf32"}  # neither the oracle nor a float64 twin is a contestant
     steps = torch_cpu.timings.total_steps
     assert rows["strict"].speedup == pytest.approx(20.0)

@@ -16,6 +16,7 @@ import pytest
 
 from harness import cli
 from harness.core import registry
+from harness.core.registry import Verdict
 from harness.records import store
 from harness.records.schema import Device, Record
 from harness.records.store import read_record
@@ -181,7 +182,7 @@ def test_gpu_records_give_the_expected_speedups(tmp_path):
 
 def test_failed_check_and_skipped_run_are_visible(tmp_path):
     template, _ = committed("peaks_mlp", "torch")
-    checks = [c.model_copy(update={"verdict": "fail"}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks]
+    checks = [c.model_copy(update={"verdict": Verdict.FAIL}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks]
     fake(tmp_path, "peaks_mlp", "torch", checks=checks)
     fake(tmp_path, "peaks_mlp", "oracle")
     fake(tmp_path, "peaks_mlp", "jax", status="failed", reason="RuntimeError: the adapter crashed at step 7")
@@ -305,7 +306,7 @@ def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_pat
     by = {r.framework: r for r in found}
     vs_oracle, between = [(by["torch"], by["oracle"]), (by["jax"], by["oracle"])], [(by["torch"], by["jax"])]
     np.testing.assert_array_equal(report.envelope_of(vs_oracle + between, sources), envelope)
-    fig = figures.divergence("peaks_mlp", vs_oracle, between, sources, report.horizon_rtol(by["torch"]), report.DIFF_FLOOR, envelope)
+    fig = figures.divergence("peaks_mlp", vs_oracle, between, sources, report.horizon_rtol(by["torch"]), report.DIFF_CLIP, envelope)
     for ax in fig.axes[:2]:
         lines = {line.get_label(): line for line in ax.get_lines()}
         drawn = next(line for label, line in lines.items() if label.startswith("tolerance: the envelope"))

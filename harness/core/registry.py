@@ -1,4 +1,6 @@
-"""Adapter names mapped to module paths, imported only when a run needs them.
+"""The harness's names, each defined once: adapters (mapped to module paths, imported only
+when a run needs them), devices, precisions and modes; a run's key (`RunKey`), a record's
+cell (`Cell`), a check's verdict (`Verdict`), and the rule of which checks gate a run.
 
 An adapter is a module with a handful of functions (see adapters/__init__.py). `import
 harness` never imports torch, jax or cupy; a test proves it in a subprocess.
@@ -8,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from types import ModuleType
 
 ADAPTERS: dict[str, str] = {
@@ -26,11 +31,14 @@ ORACLE = "oracle"  # the reference: the array-module code on NumPy in float64
 CALIBRATION = "numpy"  # its float32 CPU run against the oracle measures float32 rounding on a spec
 # Records written before NumPy had its own name say `cupy` for the array-module code on the CPU.
 RENAMED = {("cupy", "cpu"): "numpy"}
-STRICT = "strict"
+STRICT = "strict"  # full float32 products everywhere
+TF32 = "tf32"  # TF32 allowed on the GPU: measured, not gated
 # float64: the run's float64 twin (math parity: the same spec in float64, judged against the
-# oracle over its first steps; a difference there is different math, not rounding)
+# oracle over its first steps; a difference there is different math, not rounding). Also
+# the name of the dtype, as FLOAT32 is.
 FLOAT64 = "float64"
-PRECISIONS = (STRICT, "tf32", FLOAT64)
+FLOAT32 = "float32"
+PRECISIONS = (STRICT, TF32, FLOAT64)
 # eager: the article-style code, one framework call per step; fast: each framework's
 # compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
 EAGER = "eager"
@@ -45,8 +53,17 @@ class RunKey:
     framework: str
     device: str
     variant: str = ""  # a calibration member: same code and inputs, sums in another order
-    precision: str = "strict"  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only); float64: the twin
+    precision: str = STRICT  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only); float64: the twin
     mode: str = EAGER
+
+    @classmethod
+    def from_label(cls, label: str) -> RunKey:
+        """The key a label names (`torch@gpu+tf32:fast~order2`): the inverse of `label`."""
+        match = LABEL.fullmatch(label)
+        if match is None:
+            raise ValueError(f"not a run label: {label!r}")
+        framework, device, precision, mode, variant = match.groups()
+        return cls(framework, device, variant or "", precision or STRICT, mode or EAGER)
 
     @property
     def adapter(self) -> str:
@@ -54,7 +71,7 @@ class RunKey:
 
     @property
     def dtype(self) -> str:
-        return "float64" if self.framework == ORACLE or self.precision == FLOAT64 else "float32"
+        return FLOAT64 if self.framework == ORACLE or self.precision == FLOAT64 else FLOAT32
 
     @property
     def twin(self) -> RunKey:
@@ -71,8 +88,48 @@ class RunKey:
         return label + (f"~{self.variant}" if self.variant else "")
 
 
+LABEL = re.compile(r"([\w-]+)@([a-z]+)(?:\+(\w+))?(?::(\w+))?(?:~([\w-]+))?")
 ORACLE_KEY = RunKey(ORACLE, "cpu")
 CALIBRATION_KEY = RunKey(CALIBRATION, "cpu")
+
+
+def gates(a: RunKey, b: RunKey) -> bool:
+    """Whether a failing check between runs a and b fails the run: every check but those of a
+    TF32 run, which measure a precision mode the float32 tolerances are not meant for."""
+    return TF32 not in (a.precision, b.precision)
+
+
+class Verdict(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    KNOWN = "known"  # a failure a known library difference explains
+    SKIPPED = "skipped"  # not judged, with the reason
+
+
+def verdict_counts(verdicts: Iterable[str]) -> dict[Verdict, int]:
+    """How many of each verdict, every verdict named (zero where none)."""
+    counted = Counter(Verdict(v) for v in verdicts)
+    return {v: counted[v] for v in Verdict}
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """Which cell of a matrix a record answers: everything that makes its run what it is but
+    the code (spec, profile and its overrides, data source and size, framework, device,
+    precision, dtype, mode), and the host where records of several hosts stand side by side.
+    A field left empty groups across it (eager and fast side by side: mode "")."""
+
+    spec: str
+    profile: str
+    overrides: str = "{}"  # JSON, sorted keys: a sweep point's size
+    source: str = ""
+    n_train: int = 0
+    framework: str = ""
+    device: str = ""
+    precision: str = ""
+    dtype: str = ""
+    mode: str = ""
+    host: str = ""
 
 
 def runs_on(framework: str, device: str) -> bool:

@@ -29,6 +29,7 @@ from harness.core.errors import RecordError
 from harness.core.git import checked_revision, folder_at
 from harness.core.paths import REFERENCE_DIR
 from harness.core.provenance import fingerprint
+from harness.core.registry import Cell, Verdict
 from harness.records import store
 from harness.records.schema import Record
 
@@ -61,8 +62,8 @@ def run_labels(records: list[Record]) -> dict[str, str]:
     }
 
 
-def newest_in(folder: Path) -> dict[tuple, Record]:
-    """The newest record of each cell (store.cell_key) under folder."""
+def newest_in(folder: Path) -> dict[Cell, Record]:
+    """The newest record of each cell (store.cell_of) under folder."""
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such records folder")
     return store.newest(store.read(p) for p in store.record_paths(folder))
@@ -167,9 +168,9 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
         old = base_checks.get((check.name, check.against))
         old_verdict = "-" if old is None else old.verdict
         err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
-        if check.verdict == "fail":
+        if check.verdict == Verdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
-        elif old is not None and old.verdict == "fail":
+        elif old is not None and old.verdict == Verdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 
     if base.metrics and new.metrics:

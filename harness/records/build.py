@@ -4,6 +4,8 @@ of its .npz."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from harness.core.provenance import Provenance
@@ -118,6 +120,7 @@ def build_record(
             **{name: getattr(c, name) for name in CHECK_FIELDS},
             against=c.other(key).label,
             ratio=None if c.ratio is None or c.ratio == float("inf") else c.ratio,
+            bound=None if c.bound is None else schema.BoundRecord(**dataclasses.asdict(c.bound)),
         )
         for c in checks
         if c.involves(key)

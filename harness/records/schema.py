@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from harness.core.provenance import Frozen, Git, Host
+from harness.core.registry import Verdict
 
 SCHEMA_VERSION = 1
 
@@ -98,10 +99,26 @@ class Metrics(Frozen):
     values: dict[str, float]
 
 
+class BoundRecord(Frozen):
+    """A check's tolerance as fields (harness/verdict/checks.py, Bound): the rule that made
+    the check, what it measures, and, where its error is largest, the allowance factor *
+    spread + floor (or atol + rtol * |b|, or rtol) it was held to."""
+
+    rule: str
+    measure: str
+    allowed: float | None = None
+    factor: float | None = None
+    spread: float | None = None
+    floor: float | None = None
+    rtol: float | None = None
+    members: int | None = None
+    dtype: str | None = None
+
+
 class CheckRecord(Frozen):
     name: str
     against: str
-    verdict: Literal["pass", "fail", "known", "skipped"]
+    verdict: Verdict
     tolerance: str
     max_abs_error: float | None
     max_rel_error: float | None
@@ -113,6 +130,7 @@ class CheckRecord(Frozen):
     ratio: float | None = None
     tensor: str | None = None
     diagnosis: str | None = None
+    bound: BoundRecord | None = None  # absent in records written before 2026-11-24
 
 
 class CalibrationRecord(Frozen):

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from harness.core.errors import HarnessError, RecordError, SpecError
 from harness.core.git import checked_revision, file_at
 from harness.core.paths import PROJECT_ROOT
-from harness.core.registry import ORACLE, RunKey, current_label, current_name
+from harness.core.registry import ORACLE, Cell, RunKey, current_label, current_name
 from harness.records.schema import SCHEMA_VERSION, Record
 from harness.spec import model as spec_mod
 
@@ -61,30 +61,29 @@ def run_label(record: Record) -> str:
     return run_key(record).label
 
 
-def cell_key(record: Record, with_host: bool = False) -> tuple:
-    """Everything that makes a record's run what it is, but the code: spec, profile and its
-    overrides (a sweep's size), data source and size, framework, device, precision mode,
-    dtype and mode; and the host, where records of several hosts are shown side by side."""
-    key = (
+def cell_of(record: Record, with_host: bool = False) -> Cell:
+    """The matrix cell a record answers (registry.Cell); with its host, where records of
+    several hosts are shown side by side."""
+    return Cell(
         record.spec.name,
         record.spec.profile,
         json.dumps(record.spec.overrides, sort_keys=True),
-        record.data.source,
+        record.data.source or "",
         record.data.n_train,
         record.framework,
         record.device.kind,
         record.precision_mode,
         record.dtype,
         record.mode,
+        record.host.hostname if with_host else "",
     )
-    return (*key, record.host.hostname) if with_host else key
 
 
-def newest(records: Iterable[Record], with_host: bool = False) -> dict[tuple, Record]:
-    """The newest record of each cell (cell_key)."""
-    found: dict[tuple, Record] = {}
+def newest(records: Iterable[Record], with_host: bool = False) -> dict[Cell, Record]:
+    """The newest record of each cell."""
+    found: dict[Cell, Record] = {}
     for record in sorted(records, key=lambda r: (r.created, r.record_id)):
-        found[cell_key(record, with_host)] = record
+        found[cell_of(record, with_host)] = record
     return found
 
 

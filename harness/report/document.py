@@ -30,7 +30,7 @@ from harness.records.store import Sources, Unavailable, current_spec, newest_per
 from harness.report.rows import (
     CURVE_POINTS,
     NOT_RUN,
-    bench_table,
+    bench_markdown,
     claim_sources,
     curve_pairs,
     data_kind,
@@ -38,9 +38,9 @@ from harness.report.rows import (
     problems_list,
     provenance,
     rows_of,
-    speed_table,
+    speed_markdown,
     sweep_agreement_table,
-    verdict_table,
+    verdict_markdown,
 )
 from harness.report.speed import speed_rows
 from harness.spec import model as spec_mod
@@ -48,7 +48,7 @@ from harness.spec import model as spec_mod
 REPORT_NAME = "REPORT.md"
 FIGURES_DIR = "figures"
 # Relative differences of exactly 0 cannot be drawn on a log scale: they are drawn here.
-DIFF_FLOOR = 1e-10
+DIFF_CLIP = 1e-10
 
 
 # --- building the document --------------------------------------------------------------
@@ -133,7 +133,7 @@ def verdict_section(doc: Document, records: list[Record], profile: str) -> None:
         "Checks count every pairwise verdict the run takes part in. Run-to-run compares the "
         "timing repeats of one run.",
         "",
-        verdict_table(records),
+        verdict_markdown(records),
         "",
     )
     problems = problems_list(records)
@@ -152,7 +152,7 @@ def speed_section(doc: Document, records: list[Record], profile: str, figures) -
         f"size, framework and host; \"with transfers\" adds each side's copy of the data to its "
         f"device. \"{NOT_RUN}\": no record of that device.",
         "",
-        speed_table(rows),
+        speed_markdown(rows),
         "",
         "The articles' claims:",
         "",
@@ -193,7 +193,7 @@ def bench_section(doc: Document, records: list[Record], figures) -> None:
         "are the same agreement checks the eager mode takes, against the float64 oracle and "
         "every other run.",
         "",
-        bench_table(records),
+        bench_markdown(records),
         "",
         "What each floor is made of:",
         "",
@@ -214,7 +214,7 @@ def divergence_section(doc: Document, records: list[Record], sources: Sources, f
     doc.add(
         "Relative difference |a - b| / |b| of the full loss curves (from each record's .npz, "
         "sha256 checked), step by step, on a log scale. The dashed line is the spec's "
-        f"`loss_curve.rtol`. Differences of exactly 0 (bitwise-equal losses) are drawn at the floor {DIFF_FLOOR:g}. "
+        f"`loss_curve.rtol`. Differences of exactly 0 (bitwise-equal losses) are drawn at {DIFF_CLIP:g}. "
         f"Curves longer than {CURVE_POINTS:,} steps are drawn as the maximum over consecutive blocks of steps.",
         "",
     )
@@ -230,7 +230,7 @@ def divergence_section(doc: Document, records: list[Record], sources: Sources, f
             f"(left) and between runs (right), with the envelope that judges every pair (solid black) and the "
             f"spec's horizon rule (dashed). From {provenance(used)}.",
             lambda mine=mine, vs_oracle=vs_oracle, between=between: figures.divergence(
-                mine[0].spec.name, vs_oracle, between, sources, horizon_rtol(mine[0]), DIFF_FLOOR, envelope_of(vs_oracle + between, sources)
+                mine[0].spec.name, vs_oracle, between, sources, horizon_rtol(mine[0]), DIFF_CLIP, envelope_of(vs_oracle + between, sources)
             ),
             figures.png,
         )
@@ -313,7 +313,7 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
     for name, mine in sweeps.items():
         rows = speed_rows(mine)
         has_gpu = any(row.gpu for row in rows)
-        doc.add(f"### {name}", "", speed_table(rows), "")
+        doc.add(f"### {name}", "", speed_markdown(rows), "")
         what = (
             "speedup GPU/CPU (right)"
             if has_gpu

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from harness.core.registry import STRICT
 from harness.inputs import data
 from harness.inputs import problem as inputs
 from harness.records.schema import Record
@@ -50,8 +51,8 @@ def _row_label(row: SpeedRow, hosts: int) -> str:
     label = row.cell.framework
     if row.cell.mode != "eager":
         label += f" {row.cell.mode}"
-    if row.cell.precision_mode != "strict":
-        label += f"\nGPU {row.cell.precision_mode}"
+    if row.cell.precision != STRICT:
+        label += f"\nGPU {row.cell.precision}"
     if hosts > 1:
         label += f"\n{row.cell.host}"
     return label
@@ -159,14 +160,14 @@ def speedup_bars(rows: list[SpeedRow], claims: dict[str, SpeedupClaim | None]) -
     return fig
 
 
-def relative_difference(a: np.ndarray, b: np.ndarray, floor: float) -> np.ndarray:
-    """|a - b| / |b| over the common steps, clipped below at floor (for a log scale)."""
+def relative_difference(a: np.ndarray, b: np.ndarray, clip: float) -> np.ndarray:
+    """|a - b| / |b| over the common steps, clipped below at `clip` (for a log scale)."""
     n = min(len(a), len(b))
     a, b = a[:n], b[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.abs(a - b) / np.abs(b)
     rel = np.where(np.isfinite(rel), rel, np.inf)
-    return np.maximum(rel, floor)
+    return np.maximum(rel, clip)
 
 
 def block_maximum(values: np.ndarray, points: int = CURVE_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -177,14 +178,14 @@ def block_maximum(values: np.ndarray, points: int = CURVE_POINTS) -> tuple[np.nd
     return ends, np.array([b.max() for b in blocks])
 
 
-def _curve_panel(ax, pairs: Iterable[tuple[Record, Record]], sources: Sources, floor: float, title: str) -> bool:
+def _curve_panel(ax, pairs: Iterable[tuple[Record, Record]], sources: Sources, clip: float, title: str) -> bool:
     drawn = False
     for a, b in pairs:
         try:
             la, lb = sources.losses(a), sources.losses(b)
         except Unavailable:
             continue
-        rel = relative_difference(la, lb, floor)
+        rel = relative_difference(la, lb, clip)
         label = f"{run_label(a)} vs {'oracle' if b.framework == 'oracle' else run_label(b)}"
         equal = int(np.sum(la[: len(rel)] == lb[: len(rel)]))
         if equal:
@@ -205,25 +206,26 @@ def divergence(
     between: list[tuple[Record, Record]],
     sources: Sources,
     rtol: float | None,
-    floor: float,
+    clip: float,
     envelope: np.ndarray | None = None,
 ) -> Figure:
     """The relative loss difference per step, each run against the oracle and between runs,
-    with the lines that judge them: the envelope `factor * e(t) + floor` (every pair's
-    verdict), and the spec's own `loss_curve.rtol` where it states one (the horizon)."""
+    with the lines that judge them: the envelope `factor * e(t) + curve_floor` (every pair's
+    verdict), and the spec's own `loss_curve.rtol` where it states one (the horizon).
+    Differences below `clip` (exactly equal steps among them) are drawn at `clip`."""
     fig = Figure(figsize=(12, 4.4), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
-    drawn = _curve_panel(left, vs_oracle, sources, floor, "each run against the float64 oracle")
-    drawn |= _curve_panel(right, between, sources, floor, "between runs")
+    drawn = _curve_panel(left, vs_oracle, sources, clip, "each run against the float64 oracle")
+    drawn |= _curve_panel(right, between, sources, clip, "between runs")
     if not drawn:
         raise Unavailable("no loss curve could be read from the artifacts")
     for ax in (left, right):
         if envelope is not None:
             steps, allowed = block_maximum(np.asarray(envelope, dtype=np.float64))
-            ax.plot(steps, allowed, color="black", linewidth=1.4, label="tolerance: the envelope factor * e(t) + floor (the verdict)")
+            ax.plot(steps, allowed, color="black", linewidth=1.4, label="tolerance: the envelope factor * e(t) + curve_floor (the verdict)")
         if rtol is not None:
             ax.axhline(rtol, color="black", linestyle="--", linewidth=1, label=f"loss_curve.rtol = {rtol:g} (the horizon)")
-        ax.axhline(floor, color="0.6", linestyle=":", linewidth=1, label=f"floor {floor:g} (exactly equal)")
+        ax.axhline(clip, color="0.6", linestyle=":", linewidth=1, label=f"{clip:g}: drawn here when smaller (exactly equal among them)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, fontsize=7, frameon=False)
     left.set_ylabel("relative loss difference |a - b| / |b|")
     if any(len(sources.losses(a)) > CURVE_POINTS for a, _ in vs_oracle + between):
@@ -328,9 +330,9 @@ def _series(rows: list[SpeedRow], side: str) -> dict[str, tuple[list[int], list[
         value = _ms(getattr(row, side))
         if value is None:
             continue
-        mode = f" {row.cell.precision_mode}" if side == "gpu" and row.cell.precision_mode != "strict" else ""
+        mode = f" {row.cell.precision}" if side == "gpu" and row.cell.precision != STRICT else ""
         label = f"{row.cell.framework}@{side}{mode}" + (f" ({row.cell.host})" if hosts > 1 else "")
-        if side == "cpu" and any(label == known for known in lines) and row.cell.precision_mode != "strict":
+        if side == "cpu" and any(label == known for known in lines) and row.cell.precision != STRICT:
             continue  # the same CPU record stands against a TF32 GPU run too
         xs, ys = lines.setdefault(label, ([], []))
         if row.cell.n_train not in xs:
@@ -354,7 +356,7 @@ def sweep(spec_name: str, rows: list[SpeedRow], claim: SpeedupClaim | None) -> F
     speedups: dict[str, tuple[list[int], list[float]]] = {}
     for row in rows:
         if row.speedup is not None:
-            label = row.cell.framework + (f" {row.cell.precision_mode}" if row.cell.precision_mode != "strict" else "")
+            label = row.cell.framework + (f" {row.cell.precision}" if row.cell.precision != STRICT else "")
             xs, ys = speedups.setdefault(label, ([], []))
             xs.append(row.cell.n_train)
             ys.append(row.speedup)
@@ -381,9 +383,9 @@ def floor_bars(records) -> Figure:
     """Per spec one panel: per framework and device the measured time per step over the
     floor, eager and fast side by side (log scale)."""
     grouped: dict[str, list] = {}
-    for (spec_name, profile, n_train, framework, device, precision, _host), modes in bench_pairs(records).items():
-        label = f"{framework}\n{device}" + ("" if precision == "strict" else f" {precision}")
-        grouped.setdefault(f"{spec_name} ({profile}, {n_train:,} points)", []).append((label, modes))
+    for cell, modes in bench_pairs(records).items():
+        label = f"{cell.framework}\n{cell.device}" + ("" if cell.precision == STRICT else f" {cell.precision}")
+        grouped.setdefault(f"{cell.spec} ({cell.profile}, {cell.n_train:,} points)", []).append((label, modes))
     fig, panels = _panels(grouped)
     for ax, spec_name, cells in panels:
         for xi, (_label, modes) in enumerate(cells):

@@ -1,14 +1,16 @@
 """Row builders: a record (or a pair of records) as the cells of a table, shared by the
-report (Markdown) and the terminal (rich). Formatting only: nothing is read here.
+report (Markdown) and the terminal (rich). Records come in; the only other thing read is
+the spec a record names (its claims and data kind, through harness/records/store.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
-from harness.core.registry import ORACLE
+from harness.core.registry import FLOAT64, ORACLE, STRICT, Cell, RunKey, Verdict, gates, verdict_counts
 from harness.records.schema import CheckRecord, Record
-from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_label
+from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_key, run_label
 from harness.report.speed import SpeedRow
 
 ORACLE_LABEL = "oracle@cpu"
@@ -25,6 +27,15 @@ BENCH_HEADER = [
 
 def fmt(value: float | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def ms(seconds: float | None) -> str:
+    """A time per step in milliseconds, as every table shows one: three significant digits,
+    no exponent."""
+    if seconds is None:
+        return "-"
+    value = seconds * 1e3
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -71,7 +82,7 @@ def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
     calibration pair), the relative difference of the two final losses, saying so."""
     if record.framework == ORACLE:
         return "(reference)"
-    if record.precision_mode == "float64":  # a twin: its first steps against the oracle's same steps
+    if record.precision_mode == FLOAT64:  # a twin: its first steps against the oracle's same steps
         curve = oracle_check(record, "math_loss_curve")
         steps = record.timings.total_steps if record.timings else "its"
         return "-" if curve is None or curve.max_rel_error is None else f"{curve.max_rel_error:.2g} (curve, first {steps} steps)"
@@ -84,23 +95,21 @@ def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
     return f"{rel:.2g} (not judged)" if check else f"{rel:.2g}"
 
 
+def matrix_of(record: Record) -> Cell:
+    """The cell of a record's whole matrix: spec, profile, size and host (every framework,
+    device, precision and mode)."""
+    return Cell(record.spec.name, record.spec.profile, n_train=record.data.n_train, host=record.host.hostname)
+
+
 def oracle_of(record: Record, records: list[Record]) -> Record | None:
-    return next(
-        (
-            r
-            for r in records
-            if r.framework == ORACLE
-            and (r.spec.name, r.spec.profile, r.data.n_train, r.host.hostname)
-            == (record.spec.name, record.spec.profile, record.data.n_train, record.host.hostname)
-        ),
-        None,
-    )
+    return next((r for r in records if r.framework == ORACLE and matrix_of(r) == matrix_of(record)), None)
 
 
-def verdict_counts(record: Record) -> str:
-    counts = {v: sum(c.verdict == v for c in record.checks) for v in ("pass", "fail", "known", "skipped")}
+def check_counts(record: Record) -> str:
+    """`pass / fail / known / skipped`, in bold where a check fails."""
+    counts = verdict_counts(c.verdict for c in record.checks)
     text = " / ".join(str(n) for n in counts.values())
-    return f"**{text}**" if counts["fail"] else text
+    return f"**{text}**" if counts[Verdict.FAIL] else text
 
 
 def run_to_run(record: Record) -> str:
@@ -118,7 +127,7 @@ def status(record: Record) -> str:
         return "**FAILED**"
     if record.status == "skipped":
         return "*skipped*"
-    failing = sum(c.verdict == "fail" for c in record.checks)
+    failing = verdict_counts(c.verdict for c in record.checks)[Verdict.FAIL]
     return f"**ok, {failing} check{'s' * (failing > 1)} FAIL**" if failing else "ok"
 
 
@@ -133,14 +142,14 @@ def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
             accuracy(r),
             horizon_vs_oracle(r),
             final_loss_vs_oracle(r, oracle_of(r, records)),
-            verdict_counts(r),
+            check_counts(r),
             run_to_run(r),
         ]
         rows.append(row)
     return rows
 
 
-def verdict_table(records: list[Record]) -> str:
+def verdict_markdown(records: list[Record]) -> str:
     with_host = len({r.host.hostname for r in records}) > 1
     header = ["spec", "framework", "device", "precision", "mode", "dtype", *(["host"] * with_host), "status", "final loss"]
     header += ["accuracy", "loss-curve horizon vs oracle", "final loss rel. error vs oracle", "checks pass / fail / known / skip", "run-to-run"]
@@ -154,16 +163,16 @@ def problem_checks(records: Iterable[Record]) -> list[tuple[Record, CheckRecord]
     for r in records:
         for c in r.checks:
             pair = (r.spec.name, r.host.hostname, c.name, c.tensor, frozenset((run_label(r), c.against)))
-            if c.verdict in ("fail", "known") and pair not in seen:
+            if c.verdict in (Verdict.FAIL, Verdict.KNOWN) and pair not in seen:
                 seen.add(pair)
                 found.append((r, c))
     return found
 
 
 def gating(record: Record, check: CheckRecord) -> bool:
-    """Whether a failing check fails the run: not where a TF32 run is one side of it
-    (measured, not gated: checks.gating)."""
-    return record.precision_mode != "tf32" and "+tf32" not in check.against
+    """Whether a failing check fails the run (registry.gates, on the record's run and the
+    run the check was against)."""
+    return gates(run_key(record), RunKey.from_label(check.against))
 
 
 def problems_list(records: list[Record]) -> list[str]:
@@ -185,7 +194,7 @@ def per_step_ms(record: Record | None) -> str:
         return NOT_RUN
     if record.status != "ok" or record.timings is None:
         return record.status
-    return f"{record.timings.per_step_s * 1e3:.3g}"
+    return ms(record.timings.per_step_s)
 
 
 def claim_text(spec_name: str) -> str:
@@ -209,7 +218,7 @@ def over_floor(record: Record | None) -> str:
     return f"{record.floor.measured_over_floor:.3g}"
 
 
-def speed_table(rows: list[SpeedRow]) -> str:
+def speed_markdown(rows: list[SpeedRow]) -> str:
     header = ["spec", "framework", "mode", "host", "points", "CPU ms/step", "CPU measured / floor", "GPU ms/step"]
     header += ["GPU measured / floor", "GPU precision", "speedup GPU/CPU", "speedup with transfers", "article claims"]
     body = [
@@ -223,7 +232,7 @@ def speed_table(rows: list[SpeedRow]) -> str:
             over_floor(row.cpu),
             per_step_ms(row.gpu),
             over_floor(row.gpu),
-            row.cell.precision_mode if row.gpu else NOT_RUN,
+            row.cell.precision if row.gpu else NOT_RUN,
             speedup_text(row.speedup, row),
             speedup_text(row.speedup_with_transfers, row),
             claim_text(row.cell.spec),
@@ -246,13 +255,12 @@ def rows_of(rows: list[SpeedRow]) -> list[Record]:
     return [r for row in rows for r in (row.cpu, row.gpu) if r is not None]
 
 
-def bench_pairs(records: list[Record]) -> dict[tuple, dict[str, Record]]:
-    """(spec, profile, size, framework, device, precision, host) -> {mode: record}: eager
-    and fast side by side."""
-    cells: dict[tuple, dict[str, Record]] = {}
+def bench_pairs(records: list[Record]) -> dict[Cell, dict[str, Record]]:
+    """Each cell across modes -> {mode: record}: eager and fast side by side."""
+    cells: dict[Cell, dict[str, Record]] = {}
     for r in sorted(records, key=record_order):
-        if r.framework != ORACLE and r.precision_mode != "float64":  # a float64 twin is no speed run
-            cell = (r.spec.name, r.spec.profile, r.data.n_train, r.framework, r.device.kind, r.precision_mode, r.host.hostname)
+        if r.framework != ORACLE and r.precision_mode != FLOAT64:  # a float64 twin is no speed run
+            cell = replace(matrix_of(r), framework=r.framework, device=r.device.kind, precision=r.precision_mode)
             cells.setdefault(cell, {})[r.mode] = r
     return cells
 
@@ -262,10 +270,10 @@ def gating_verdicts(record: Record | None) -> str:
         return NOT_RUN
     if record.status != "ok":
         return status(record)
-    if record.precision_mode != "strict":
+    if record.precision_mode != STRICT:
         return "measured, not gated"
-    fails = sum(c.verdict == "fail" for c in record.checks)
-    known = sum(c.verdict == "known" for c in record.checks)
+    counts = verdict_counts(c.verdict for c in record.checks)
+    fails, known = counts[Verdict.FAIL], counts[Verdict.KNOWN]
     parts = [f"**{fails} FAIL**" if fails else "", f"{known} known" if known else ""]
     return ", ".join(p for p in parts if p) or "ok"
 
@@ -274,7 +282,7 @@ def bench_rows(records: list[Record]) -> list[list[str]]:
     """Eager and fast side by side per spec, size, framework, device and host: the median
     time per step, fast over eager, each against the floor, and the fast run's checks."""
     body = []
-    for (spec_name, profile, n_train, framework, device, precision, host), modes in bench_pairs(records).items():
+    for cell, modes in bench_pairs(records).items():
         eager, fast = modes.get("eager"), modes.get("fast")
         either = fast or eager
         ratio = "-"
@@ -283,16 +291,16 @@ def bench_rows(records: list[Record]) -> list[list[str]]:
         step_floor = either.floor
         body.append(
             [
-                spec_name,
-                profile,
-                f"{n_train:,}",
-                framework,
-                device if precision == "strict" else f"{device} {precision}",
-                host,
+                cell.spec,
+                cell.profile,
+                f"{cell.n_train:,}",
+                cell.framework,
+                cell.device if cell.precision == STRICT else f"{cell.device} {cell.precision}",
+                cell.host,
                 per_step_ms(eager),
                 per_step_ms(fast),
                 ratio,
-                "-" if step_floor is None else f"{step_floor.floor_s * 1e3:.3g}",
+                "-" if step_floor is None else ms(step_floor.floor_s),
                 "-" if step_floor is None else step_floor.bound,
                 over_floor(eager),
                 over_floor(fast),
@@ -302,7 +310,7 @@ def bench_rows(records: list[Record]) -> list[list[str]]:
     return body
 
 
-def bench_table(records: list[Record]) -> str:
+def bench_markdown(records: list[Record]) -> str:
     return md_table(BENCH_HEADER, bench_rows(records))
 
 
@@ -311,14 +319,14 @@ def floor_inputs(records: list[Record]) -> list[str]:
     lines, seen = [], set()
     for r in sorted(records, key=record_order):
         f = r.floor
-        key = (r.spec.name, r.spec.profile, r.data.n_train, r.device.kind, r.precision_mode, r.host.hostname)
+        key = replace(matrix_of(r), device=r.device.kind, precision=r.precision_mode)
         if f is None or key in seen:
             continue
         seen.add(key)
         launch = "" if f.launch_latency_s is None else f", launches {f.launch_s * 1e6:.3g} us"
         lines.append(
             f"- {r.spec.name} ({r.spec.profile}, {r.data.n_train:,} points) on {r.host.hostname} {r.device.kind}"
-            + ("" if r.precision_mode == "strict" else f" {r.precision_mode}")
+            + ("" if r.precision_mode == STRICT else f" {r.precision_mode}")
             + f": {f.flops_per_step / 1e6:.4g} MFLOP, {f.bytes_per_step / 1e6:.3g} MB fewest "
             f"({f.unfused_bytes_per_step / 1e6:.3g} MB unfused), {f.launches_per_step} launches per step; "
             f"arithmetic {f.compute_s * 1e6:.3g} us, bandwidth {f.memory_s * 1e6:.3g} us{launch}. "
@@ -331,7 +339,7 @@ def curve_pairs(records: list[Record]) -> tuple[list[tuple[Record, Record]], lis
     """(run, oracle) pairs, and (run, run) pairs: frameworks on one device, and CPU vs GPU of a
     framework. The float64 twins are left out: they run the first steps only, and are judged
     by math parity, not by the float32 envelope these curves are drawn against."""
-    ok = [r for r in records if r.status == "ok" and r.artifacts is not None and r.precision_mode != "float64"]
+    ok = [r for r in records if r.status == "ok" and r.artifacts is not None and r.precision_mode != FLOAT64]
     oracles = {r.host.hostname: r for r in ok if r.framework == ORACLE}
     runs = [r for r in ok if r.framework != ORACLE]
     vs_oracle = [(r, oracles[r.host.hostname]) for r in runs if r.host.hostname in oracles]
@@ -359,13 +367,13 @@ def sweep_agreement_table(records: list[Record]) -> str:
     """Per size and run: horizon against the oracle, check counts, and the failing checks."""
     rows = []
     for r in sorted(records, key=record_order):
-        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == "fail"})
+        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == Verdict.FAIL})
         rows.append(
             [
                 f"{r.data.n_train:,}",
                 run_label(r),
                 horizon_vs_oracle(r),
-                verdict_counts(r),
+                check_counts(r),
                 "; ".join(failing) or "-",
             ]
         )

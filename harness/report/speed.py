@@ -12,19 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from harness.core.registry import code_name
+from harness.core.registry import FLOAT64, ORACLE, STRICT, Cell, code_name
 from harness.records.schema import Record
-
-
-@dataclass(frozen=True)
-class Cell:
-    spec: str
-    profile: str
-    n_train: int
-    framework: str
-    precision_mode: str  # of the GPU side
-    host: str
-    mode: str = "eager"  # both sides run in the same mode
 
 
 @dataclass(frozen=True)
@@ -53,15 +42,17 @@ class SpeedRow:
         return (cpu.transfer_s + cpu.train_s) / (gpu.transfer_s + gpu.train_s)
 
 
-def _cell(record: Record, precision_mode: str) -> Cell:
+def _cell(record: Record, precision: str) -> Cell:
+    """A speed row's cell: the code a framework runs, on both devices (device left empty),
+    with the GPU side's precision; both sides run in the same mode."""
     return Cell(
         record.spec.name,
         record.spec.profile,
-        record.data.n_train,
-        code_name(record.framework),
-        precision_mode,
-        record.host.hostname,
-        record.mode,
+        n_train=record.data.n_train,
+        framework=code_name(record.framework),
+        precision=precision,
+        mode=record.mode,
+        host=record.host.hostname,
     )
 
 
@@ -72,20 +63,20 @@ def speed_rows(records: Iterable[Record]) -> list[SpeedRow]:
     cpu: dict[Cell, Record] = {}
     gpu: dict[Cell, Record] = {}
     for record in sorted(records, key=lambda r: r.created):
-        if record.framework == "oracle" or record.precision_mode == "float64":
+        if record.framework == ORACLE or record.precision_mode == FLOAT64:
             continue
         if record.device.kind == "gpu":
             gpu[_cell(record, record.precision_mode)] = record
-        elif record.precision_mode == "strict":
-            cpu[_cell(record, "strict")] = record
+        elif record.precision_mode == STRICT:
+            cpu[_cell(record, STRICT)] = record
     cells = set(cpu) | set(gpu)
     # A CPU run also stands against the TF32 GPU run of its framework.
     for cell in list(gpu):
-        if cell.precision_mode != "strict":
-            twin = replace(cell, precision_mode="strict")
+        if cell.precision != STRICT:
+            twin = replace(cell, precision=STRICT)
             if twin in cpu:
                 cpu[cell] = cpu[twin]
     rows = [SpeedRow(cell, cpu.get(cell), gpu.get(cell)) for cell in cells]
     return sorted(
-        rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.mode, r.cell.precision_mode, r.cell.host)
+        rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.mode, r.cell.precision, r.cell.host)
     )

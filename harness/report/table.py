@@ -10,9 +10,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness.core.registry import Verdict, verdict_counts
 from harness.records.schema import Record
 from harness.records.store import run_label
-from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, problem_checks, run_to_run
+from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
 
 
 class Shown(Protocol):
@@ -27,10 +28,12 @@ def _fmt(value: float | None, spec: str = ".6g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _counts(passed: int, failed: int, known: int, skipped: int) -> str:
+SAID = {Verdict.FAIL: "FAIL", Verdict.KNOWN: "known", Verdict.SKIPPED: "skip"}
+
+
+def _counts(counts: dict[Verdict, int]) -> str:
     """`12 ok`, then only the counts that are not zero: `2 FAIL`, `3 known`, `1 skip`."""
-    parts = [f"{passed} ok"] + [f"{n} {what}" for n, what in ((failed, "FAIL"), (known, "known"), (skipped, "skip")) if n]
-    return " ".join(parts)
+    return " ".join([f"{counts[Verdict.PASS]} ok"] + [f"{counts[v]} {said}" for v, said in SAID.items() if counts[v]])
 
 
 # Fits a 100-column terminal: the run labels are never cut (a calibration member's order
@@ -46,12 +49,12 @@ def _value(record: Record, *names: str) -> float | None:
 
 
 def _ms(record: Record) -> str:
-    return _fmt(record.timings.per_step_s * 1e3 if record.timings else None, ".3f")
+    return ms(record.timings.per_step_s if record.timings else None)
 
 
 def _run_row(record: Record) -> tuple[list[str], str | None]:
-    failed = sum(c.verdict == "fail" for c in record.checks)
-    counts = _counts(*(sum(c.verdict == v for c in record.checks) for v in ("pass", "fail", "known", "skipped")))
+    counted = verdict_counts(c.verdict for c in record.checks)
+    failed, counts = counted[Verdict.FAIL], _counts(counted)
     horizon = next(
         (
             c.horizon_steps
@@ -111,7 +114,7 @@ def failure_line(record: Record, c) -> str:
         measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
     if c.ratio is not None:
         measured += f", {c.ratio:.3g}x its tolerance"
-    tolerance = f" [{c.tolerance}]" if c.verdict == "fail" else ""
+    tolerance = f" [{c.tolerance}]" if c.verdict == Verdict.FAIL else ""
     return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
 
 
@@ -123,8 +126,8 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
     reasons: dict[str, str] = {}
     for result in results:
         for record, c in problem_checks(result.records):
-            _print(console, failure_line(record, c), "red" if c.verdict == "fail" else "yellow")
-            if c.verdict == "known" and c.reason:
+            _print(console, failure_line(record, c), "red" if c.verdict == Verdict.FAIL else "yellow")
+            if c.verdict == Verdict.KNOWN and c.reason:
                 reasons.setdefault((c.diagnosis or "").split(";")[0], c.reason)
         for record in [*result.records, *result.member_records]:
             if record.status != "ok":
@@ -135,7 +138,7 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
 
 def failed(results: Sequence[Shown]) -> bool:
     """Whether the run fails: a gating check failed, or a run (or member) failed."""
-    return any(c.verdict == "fail" and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
+    return any(c.verdict == Verdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
         r.status == "failed" for result in results for r in [*result.records, *result.member_records]
     )
 
@@ -156,9 +159,9 @@ def speed_table(written: list) -> Table | None:
             str(row.cell.n_train),
             row.cell.framework,
             row.cell.mode,
-            row.cell.precision_mode,
-            f"{row.cpu.timings.per_step_s * 1e3:.3f}",
-            f"{row.gpu.timings.per_step_s * 1e3:.3f}",
+            row.cell.precision,
+            ms(row.cpu.timings.per_step_s),
+            ms(row.gpu.timings.per_step_s),
             f"{row.speedup:.1f}x",
             f"{row.speedup_with_transfers:.1f}x",
         )

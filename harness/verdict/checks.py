@@ -1,5 +1,7 @@
-"""Agreement checks between runs of one spec, each with its measured error, its tolerance,
-a verdict that can fail, and, when it fails, a diagnosis (harness/verdict/diagnosis.py).
+"""The measures of agreement between runs of one spec: each check with its measured error,
+its tolerance (as prose, and as fields: `Bound`), a verdict that can fail, and, when it
+fails, a diagnosis (harness/verdict/diagnosis.py). Which checks a matrix takes, over which
+runs, is the list of rules in harness/verdict/rules.py.
 
 Every tolerance is calibrated on the spec itself (harness/verdict/calibration.py): factor times
 the spread of rounding-only runs, plus a floor of a few units of the dtype's rounding.
@@ -19,11 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from itertools import combinations
 
 import numpy as np
 
-from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, STRICT, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.calibration import TINY, Spread, relative_curve_distance, tensor_names, tensors
@@ -32,8 +33,25 @@ from harness.verdict.calibration import TINY, Spread, relative_curve_distance, t
 # epsilon) times the size of the reference: no difference below a few roundings of the
 # value itself is a failure, even where every member happened to round alike.
 ROUNDING_ULPS = 4
-EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
+EPS = {FLOAT32: float(np.finfo(np.float32).eps), FLOAT64: float(np.finfo(np.float64).eps)}
 MATH = "math_"  # the prefix of the math-parity checks
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A check's tolerance as fields, where its error is largest: `allowed` is factor *
+    spread + floor (calibrated), or atol + rtol * |b| (the spec's allclose override), or rtol
+    (the spec's horizon rule); the error over `allowed` is the check's ratio."""
+
+    rule: str  # the rule that made the check (harness/verdict/rules.py)
+    measure: str  # allclose, tensor_l2, relative_curve, max_abs, relative
+    allowed: float | None = None
+    factor: float | None = None
+    spread: float | None = None  # the calibration members' largest distance there
+    floor: float | None = None
+    rtol: float | None = None
+    members: int | None = None  # how many rounding-only runs the spread was measured over
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +59,7 @@ class Check:
     name: str
     a: RunKey
     b: RunKey
-    verdict: str  # pass, fail, known (an explained failure), skipped
+    verdict: Verdict
     tolerance: str
     max_abs_error: float | None = None
     max_rel_error: float | None = None
@@ -51,6 +69,7 @@ class Check:
     ratio: float | None = None  # the error over its tolerance, where it is largest (> 1: fails)
     tensor: str | None = None  # the parameter tensor whose ratio is largest (W1, b1, ...)
     diagnosis: str | None = None  # why a failing or known check fails (harness/verdict/diagnosis.py)
+    bound: Bound | None = None
 
     def involves(self, key: RunKey) -> bool:
         return key in (self.a, self.b)
@@ -74,6 +93,10 @@ def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(diff.max(initial=0.0)), float(rel.max(initial=0.0))
 
 
+def _verdict(holds: bool) -> Verdict:
+    return Verdict.PASS if holds else Verdict.FAIL
+
+
 def _ratio(error: float, allowed: float) -> float:
     return error / allowed if allowed > 0 else (0.0 if error == 0 else float("inf"))
 
@@ -83,11 +106,14 @@ def close_check(name: str, a: RunKey, b: RunKey, va: np.ndarray, vb: np.ndarray,
     va, vb = np.asarray(va, np.float64), np.asarray(vb, np.float64)
     rule = f"|a-b| <= {tol.atol:g} + {tol.rtol:g}*|b| (the spec's override)"
     if va.shape != vb.shape:
-        return Check(name, a, b, "fail", rule, reason=f"shapes differ: {va.shape} vs {vb.shape}")
+        return Check(name, a, b, Verdict.FAIL, rule, reason=f"shapes differ: {va.shape} vs {vb.shape}")
     max_abs, max_rel = _errors(va, vb)
-    allowed = tol.atol + tol.rtol * np.abs(vb)
-    ratio = max((_ratio(float(e), float(t)) for e, t in zip(np.abs(va - vb).ravel(), allowed.ravel())), default=0.0)
-    return Check(name, a, b, "pass" if ratio <= 1 else "fail", rule, max_abs, max_rel, ratio=ratio)
+    allowed = (tol.atol + tol.rtol * np.abs(vb)).ravel()
+    ratios = [_ratio(float(e), float(t)) for e, t in zip(np.abs(va - vb).ravel(), allowed)]
+    ratio = max(ratios, default=0.0)
+    at = float(allowed[int(np.argmax(ratios))]) if ratios else None
+    bound = Bound("", "allclose", allowed=at, floor=tol.atol, rtol=tol.rtol)
+    return Check(name, a, b, _verdict(ratio <= 1), rule, max_abs, max_rel, ratio=ratio, bound=bound)
 
 
 def tensor_check(
@@ -111,7 +137,7 @@ def tensor_check(
         f"of {cal.runs} {cal.dtype} runs summing in other orders from the oracle"
     )
     if [x.shape for x in va] != [y.shape for y in vb]:
-        return Check(name, a, b, "fail", rule, reason="shapes differ", first_failure_step=step)
+        return Check(name, a, b, Verdict.FAIL, rule, reason="shapes differ", first_failure_step=step)
     errors = [float(np.linalg.norm(x - y)) for x, y in zip(va, vb)]
     allowed = [factor * s + ROUNDING_ULPS * eps * float(np.linalg.norm(y)) for s, y in zip(spread, vb)]
     ratios = [_ratio(e, t) for e, t in zip(errors, allowed)]
@@ -124,13 +150,23 @@ def tensor_check(
         name,
         a,
         b,
-        "fail" if failed else "pass",
+        _verdict(not failed),
         rule + detail,
         max_abs,
         max_rel,
         first_failure_step=step if failed else None,
         ratio=ratios[worst],
         tensor=where,
+        bound=Bound(
+            "",
+            "tensor_l2",
+            allowed=allowed[worst],
+            factor=factor,
+            spread=float(spread[worst]),
+            floor=allowed[worst] - factor * spread[worst],
+            members=cal.runs,
+            dtype=cal.dtype,
+        ),
     )
 
 
@@ -145,37 +181,53 @@ def horizon_check(spec: Spec, a: RunKey, b: RunKey, la: np.ndarray, lb: np.ndarr
         "loss_curve_horizon",
         a,
         b,
-        "pass" if horizon >= need else "fail",
+        _verdict(horizon >= need),
         f"relative loss difference <= {rule.rtol:g} over {what} (the spec's rule)",
         float(np.abs(la - lb).max(initial=0.0)),
         float(rel.max(initial=0.0)),
         first_failure_step=int(outside[0]) if outside.size else None,
         horizon_steps=horizon,
         ratio=float(rel[:need].max(initial=0.0)) / rule.rtol,
+        bound=Bound("", "relative_curve", allowed=rule.rtol, rtol=rule.rtol),
     )
 
 
-def curve_check(name: str, a: RunKey, b: RunKey, la, lb, allowed: np.ndarray, rule: str) -> Check:
-    """The relative loss distance against a per-step allowance."""
+def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: Spread, floor: float, rule: str) -> Check:
+    """The relative loss distance against the per-step allowance factor * e(t) + floor, e(t)
+    the members' spread of the curve."""
+    allowed = factor * spread.curve + floor
     rel = relative_curve_distance(la, lb)
     outside = np.flatnonzero(~(rel <= allowed))
-    ratio = max((_ratio(float(r), float(t)) for r, t in zip(rel, allowed)), default=0.0)
+    ratios = [_ratio(float(r), float(t)) for r, t in zip(rel, allowed)]
+    ratio = max(ratios, default=0.0)
+    worst = int(np.argmax(ratios)) if ratios else len(allowed) - 1
+    bound = Bound(
+        "",
+        "relative_curve",
+        allowed=float(allowed[worst]),
+        factor=factor,
+        spread=float(spread.curve[worst]),
+        floor=floor,
+        members=spread.runs,
+        dtype=spread.dtype,
+    )
     return Check(
         name,
         a,
         b,
-        "fail" if outside.size else "pass",
+        _verdict(not outside.size),
         rule,
         float(np.abs(la - lb).max(initial=0.0)),
         float(rel.max(initial=0.0)),
         first_failure_step=int(outside[0]) if outside.size else None,
         horizon_steps=int(outside[0]) if outside.size else len(rel),
         ratio=ratio,
+        bound=bound,
     )
 
 
 def _skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> list[Check]:
-    return [Check(n, a, b, "skipped", rule, reason=reason) for n in names]
+    return [Check(n, a, b, Verdict.SKIPPED, rule, reason=reason) for n in names]
 
 
 NO_CALIBRATION = "no calibration: needs ok runs of numpy@cpu (float32, and its members) and the oracle"
@@ -201,7 +253,9 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             b.key,
             a.losses,
             b.losses,
-            envelope(spec, cal),
+            rule.factor,
+            cal,
+            rule.curve_floor,
             f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, "
             f"e(t) = float32-vs-float64 distance, max of {cal.runs} runs (the plain run and "
             f"{cal.runs - 1} summing in other orders; final e = {cal.curve[-1]:.3g})",
@@ -214,11 +268,12 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             "final_outputs",
             a.key,
             b.key,
-            "pass" if max_abs <= allowed else "fail",
+            _verdict(max_abs <= allowed),
             f"max |a-b| <= {rule.factor:g} * {cal.final_outputs_max:.3g} + {rule.output_floor:g} = {allowed:.3g}",
             max_abs,
             max_rel,
             ratio=_ratio(max_abs, allowed),
+            bound=Bound("", "max_abs", allowed, rule.factor, cal.final_outputs_max, rule.output_floor, members=cal.runs, dtype=cal.dtype),
         )
     )
     allowed_rel = rule.factor * cal.curve[-1]
@@ -230,11 +285,12 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
                 f"final_{metric}",
                 a.key,
                 b.key,
-                "pass" if diff <= allowed else "fail",
+                _verdict(diff <= allowed),
                 f"|a-b| <= {rule.factor:g} * {cal.curve[-1]:.3g} * |b| + {rule.metric_floor:g} = {allowed:.3g}",
                 diff,
                 diff / max(abs(b.metrics[metric]), TINY),
                 ratio=_ratio(diff, allowed),
+                bound=Bound("", "relative", allowed, rule.factor, float(cal.curve[-1]), rule.metric_floor, members=cal.runs, dtype=cal.dtype),
             )
         )
     return checks
@@ -278,19 +334,11 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
             flat_a, flat_b = np.concatenate([x.ravel() for x in va]), np.concatenate([y.ravel() for y in vb])
             checks.append(close_check(prefix + name, a.key, b.key, flat_a, flat_b, override))
         elif cal is None or spread_of(cal) is None:
-            checks.append(Check(prefix + name, a.key, b.key, "skipped", "calibrated", reason=NO_CALIBRATION))
+            checks.append(Check(prefix + name, a.key, b.key, Verdict.SKIPPED, "calibrated", reason=NO_CALIBRATION))
         else:
             labels = names if name.startswith("params") else None
             checks.append(tensor_check(prefix + name, a.key, b.key, va, vb, spread_of(cal), factor, cal, labels, step))
     return checks
-
-
-def pair_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
-    """Every check of float32 run a against run b (b is the reference where it is the oracle)."""
-    checks = short_horizon_checks(spec, a, b, cal)
-    if spec.checks.loss_curve is not None:
-        checks.append(horizon_check(spec, a.key, b.key, a.losses, b.losses))
-    return [*checks, *envelope_checks(spec, a, b, cal)]
 
 
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
@@ -311,7 +359,9 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             ORACLE_KEY,
             twin.losses,
             reference.losses,
-            factor * spread.curve + ROUNDING_ULPS * eps,
+            factor,
+            spread,
+            ROUNDING_ULPS * eps,
             f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g}, e64(t) = the largest "
             f"distance of {spread.runs} float64 runs summing in other orders from the oracle "
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
@@ -329,47 +379,4 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             spread,
         )
     )
-    return checks
-
-
-def _judged_pair(a: RunKey, b: RunKey) -> bool:
-    """A TF32 run is measured against the oracle only: what TF32 costs in agreement, not a
-    cross product of expected failures. A float64 twin is judged by math parity alone."""
-    if FLOAT64 in (a.precision, b.precision):
-        return False
-    return (a.precision == STRICT and b.precision == STRICT) or ORACLE_KEY in (a, b)
-
-
-def gating(check: Check) -> bool:
-    """Whether a failing check fails the run: every check but those of TF32 runs, which
-    measure a precision mode the float32 tolerances are not meant for."""
-    return check.a.precision != "tf32" and check.b.precision != "tf32"
-
-
-def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration) -> list[Check]:
-    """Every pair of successful float32 runs (each framework against the oracle and against
-    each other) and every float64 twin against the oracle, as measured: known differences
-    and diagnoses are applied by harness.verdict.diagnosis.verdicts."""
-    ok = [o for o in outcomes.values() if o.status == "ok"]
-    # The oracle is always the reference (b) of its pairs.
-    ok.sort(key=lambda o: o.key == ORACLE_KEY)
-    pairs = [(a, b) for a, b in combinations(ok, 2) if _judged_pair(a.key, b.key)]
-    checks = [check for a, b in pairs for check in pair_checks(spec, a, b, cal.float32)]
-    for twin in ok:
-        if twin.key.precision == FLOAT64:
-            checks.extend(math_parity_checks(spec, twin, cal))
-    reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
-    for twin in outcomes.values():
-        if twin.key.precision == FLOAT64 and twin.failed_at_step is not None and reference_ok:
-            checks.append(
-                Check(
-                    f"{MATH}divergence",
-                    twin.key,
-                    ORACLE_KEY,
-                    "fail",
-                    "a float64 twin trains wherever the oracle does",
-                    first_failure_step=twin.failed_at_step,
-                    reason=twin.reason,
-                )
-            )
     return checks

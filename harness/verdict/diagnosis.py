@@ -27,10 +27,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
-from harness.core.registry import FLOAT64, ORACLE
+from harness.core.registry import FLOAT64, ORACLE, Verdict
 from harness.spec.model import KnownDifference, LibraryDifference, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
-from harness.verdict.checks import MATH, Calibration, Check, check_all
+from harness.verdict.checks import MATH, Calibration, Check
+from harness.verdict.rules import check_all
 
 
 @functools.cache
@@ -88,24 +89,24 @@ def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
     marked = []
     for check in checks:
         known = next((e for e in entries if covers(e, check)), None)
-        if known and check.verdict == "fail":
+        if known and check.verdict == Verdict.FAIL:
             check = dataclasses.replace(
                 check,
-                verdict="known",
+                verdict=Verdict.KNOWN,
                 reason=f"known difference: {known.reason}",
                 diagnosis=f"known ({_label(known)})",
             )
         marked.append(check)
     for known in entries:
-        judged = [c for c in checks if covers(known, c) and c.verdict != "skipped"]
-        if known.strict and judged and not any(c.verdict == "fail" for c in judged):
+        judged = [c for c in checks if covers(known, c) and c.verdict != Verdict.SKIPPED]
+        if known.strict and judged and not any(c.verdict == Verdict.FAIL for c in judged):
             first = judged[0]
             marked.append(
                 Check(
                     "known_difference_absent",
                     first.a,
                     first.b,
-                    "fail",
+                    Verdict.FAIL,
                     f"lists {_label(known)} as a known difference",
                     reason="the listed difference did not occur: remove it from known_differences",
                     diagnosis="stale known difference",
@@ -118,9 +119,9 @@ def _parity(checks: list[Check]) -> dict[tuple[str, str], list[Check]]:
     """(framework, device) of each float64 twin -> its failing math-parity checks."""
     parity: dict[tuple[str, str], list[Check]] = {}
     for c in checks:
-        if c.a.precision == FLOAT64 and c.verdict != "skipped":
+        if c.a.precision == FLOAT64 and c.verdict != Verdict.SKIPPED:
             parity.setdefault((c.a.framework, c.a.device), [])
-            if c.verdict == "fail":
+            if c.verdict == Verdict.FAIL:
                 parity[(c.a.framework, c.a.device)].append(c)
     return parity
 
@@ -135,7 +136,7 @@ def _where(check: Check, pair: list[Check]) -> str:
         (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
         key=lambda c: int(c.name.rsplit("_", 1)[1]),
     )
-    grown = next((c for c in snapshots if c.verdict != "pass"), snapshots[0] if snapshots else None)
+    grown = next((c for c in snapshots if c.verdict != Verdict.PASS), snapshots[0] if snapshots else None)
     if grown is not None:
         step = grown.name.rsplit("_", 1)[1]
         parts.append(f"largest in {grown.tensor} after step {step} ({grown.ratio:.3g}x its tolerance)")
@@ -170,9 +171,9 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
     parity = _parity(checks)
     out = []
     for check in checks:
-        if check.verdict in ("fail", "known"):
+        if check.verdict in (Verdict.FAIL, Verdict.KNOWN):
             pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
-            why = check.diagnosis if check.verdict == "known" else _diagnosis(check, parity)
+            why = check.diagnosis if check.verdict == Verdict.KNOWN else _diagnosis(check, parity)
             where = _where(check, pair)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)

@@ -1,0 +1,163 @@
+"""The verdict rules, as objects in one list. Each rule names the runs it judges together
+(a pair of float32 runs, or one float64 twin against the oracle's first steps) and makes
+its checks over them (harness/verdict/checks.py measures each one); every check it makes
+carries the rule's name and its tolerance as fields (`checks.Bound`). A new kind of
+verdict is one more entry in RULES, not a fork of an existing rule.
+
+Which runs are judged together:
+- float32 pairs: every pair of successful strict float32 runs, each against the oracle and
+  against each other, the oracle always the reference (b). A TF32 run is judged against the
+  oracle only: what TF32 costs in agreement, not a cross product of expected failures.
+- twins: each float64 twin, against the oracle over the twins' first steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import combinations
+from typing import ClassVar, Protocol
+
+from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.run.runner import Outcome
+from harness.spec.model import Spec
+from harness.verdict.checks import (
+    MATH,
+    Bound,
+    Calibration,
+    Check,
+    envelope_checks,
+    horizon_check,
+    math_parity_checks,
+    short_horizon_checks,
+)
+
+FLOAT32_PAIRS = "float32 pairs"
+TWINS = "twins"
+
+
+class Rule(Protocol):
+    name: ClassVar[str]
+    over: ClassVar[str]  # FLOAT32_PAIRS or TWINS: which runs it judges together
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]: ...
+
+
+@dataclass(frozen=True)
+class ShortHorizon:
+    """Outputs and loss at step 0, parameters after step 1 and after step k, per tensor,
+    against the float32 members' spread (or the spec's hand-set override)."""
+
+    name: ClassVar[str] = "short_horizon"
+    over: ClassVar[str] = FLOAT32_PAIRS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        a, b = runs
+        return short_horizon_checks(spec, a, b, cal.float32)
+
+
+@dataclass(frozen=True)
+class LossCurveHorizon:
+    """The spec's own horizon rule, where it states one: the loss curves within rtol over
+    the first steps."""
+
+    name: ClassVar[str] = "loss_curve_horizon"
+    over: ClassVar[str] = FLOAT32_PAIRS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        a, b = runs
+        return [] if spec.checks.loss_curve is None else [horizon_check(spec, a.key, b.key, a.losses, b.losses)]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The whole run: the loss at every step, the final outputs and each final metric within
+    factor times the float32 members' spread, plus a floor."""
+
+    name: ClassVar[str] = "envelope"
+    over: ClassVar[str] = FLOAT32_PAIRS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        a, b = runs
+        return envelope_checks(spec, a, b, cal.float32)
+
+
+@dataclass(frozen=True)
+class MathParity:
+    """A float64 twin against the oracle over the twins' first steps, calibrated on the
+    oracle's own reordered members: a failure here is different math."""
+
+    name: ClassVar[str] = "math_parity"
+    over: ClassVar[str] = TWINS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        (twin,) = runs
+        return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
+
+
+@dataclass(frozen=True)
+class TwinDivergence:
+    """A float64 twin trains wherever the oracle does: one that stops on a non-finite value
+    where the oracle's first steps ran is different math."""
+
+    name: ClassVar[str] = "twin_divergence"
+    over: ClassVar[str] = TWINS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        (twin,) = runs
+        reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
+        if twin.failed_at_step is None or not reference_ok:
+            return []
+        check = Check(
+            f"{MATH}divergence",
+            twin.key,
+            ORACLE_KEY,
+            Verdict.FAIL,
+            "a float64 twin trains wherever the oracle does",
+            first_failure_step=twin.failed_at_step,
+            reason=twin.reason,
+        )
+        return [check]
+
+
+RULES: tuple[Rule, ...] = (ShortHorizon(), LossCurveHorizon(), Envelope(), MathParity(), TwinDivergence())
+
+
+def judged_pair(a: RunKey, b: RunKey) -> bool:
+    """Whether two float32 runs are judged against each other (a float64 twin is judged by
+    math parity alone; a TF32 run against the oracle only)."""
+    if FLOAT64 in (a.precision, b.precision):
+        return False
+    return (a.precision == STRICT and b.precision == STRICT) or ORACLE_KEY in (a, b)
+
+
+def groups(over: str, outcomes: dict[RunKey, Outcome]) -> list[tuple[Outcome, ...]]:
+    """The runs each rule `over` that kind judges together, in a fixed order."""
+    if over == TWINS:
+        return [(o,) for o in outcomes.values() if o.key.precision == FLOAT64]
+    ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == ORACLE_KEY)  # the oracle last: b
+    return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key)]
+
+
+def _stamped(rule: Rule, checks: Iterable[Check]) -> list[Check]:
+    """Each check with the rule that made it named in its bound."""
+    return [dataclasses.replace(c, bound=dataclasses.replace(c.bound or Bound("", "none"), rule=rule.name)) for c in checks]
+
+
+def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration, rules: tuple[Rule, ...] = RULES) -> list[Check]:
+    """Every rule's checks over the runs it judges, as measured: known differences and
+    diagnoses are applied by harness.verdict.diagnosis.verdicts. The checks of one group
+    of runs stand together, in the order of the rules."""
+    found = []
+    for over in (FLOAT32_PAIRS, TWINS):
+        for runs in groups(over, outcomes):
+            for rule in rules:
+                if rule.over == over:
+                    found.extend(_stamped(rule, rule.judge(spec, runs, cal)))
+    return found
+
+
+def pair_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration) -> list[Check]:
+    """Every check of float32 run a against run b (b is the reference where it is the oracle)."""
+    return [c for rule in RULES if rule.over == FLOAT32_PAIRS for c in _stamped(rule, rule.judge(spec, (a, b), cal))]
