@@ -77,7 +77,7 @@ def _cuda_major(session: nox.Session) -> str:
 
 @nox.session
 def cpu(session: nox.Session) -> None:
-    """Every spec, full size, in every framework plus the float64 oracle, on the CPU; records in results/."""
+    """Every spec, full size, in every framework plus the float64 oracle, on the CPU; records in runs/ (git-ignored)."""
     _install(session, "torch", "jax")
     session.run("python", "-m", "harness", "run", "--devices", "cpu", *_mnist_options(session), *session.posargs)
 
@@ -101,7 +101,7 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Eager and fast modes side by side on the CPU: time per step, fast/eager, measured/floor; records in results/."""
+    """Eager and fast modes side by side on the CPU: time per step, fast/eager, measured/floor; records in runs/ (git-ignored)."""
     _install(session, "torch", "jax")
     session.run("python", "-m", "harness", "bench", "--devices", "cpu", *_mnist_options(session), *session.posargs)
 

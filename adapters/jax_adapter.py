@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from adapters.protocol import State
+from harness.core.registry import FLOAT64, TF32
 from harness.reference import xp_mlp
 
 NAME = "jax"
@@ -36,10 +37,10 @@ def _jax(precision: str | None = None):
         return jax
     # float32 dots on Ampere and later default to TF32 on the GPU: ask for full precision,
     # or for TF32 by name when that variant is the point.
-    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if precision == "tf32" else "highest")
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if precision == TF32 else "highest")
     # The float64 twin needs x64; every other run must not have it, or optax's float32
     # arithmetic (its bias corrections) would silently become float64.
-    jax.config.update("jax_enable_x64", precision == "float64")
+    jax.config.update("jax_enable_x64", precision == FLOAT64)
     return jax
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from adapters import timing
 from adapters.protocol import State
+from harness.core.registry import TF32
 from harness.reference import xp_mlp
 
 NAME = "torch"
@@ -51,7 +52,7 @@ def unavailable(key) -> str | None:
 def _configure(torch, precision: str) -> None:
     """Deterministic kernels, and full float32 products unless TF32 was asked for (the
     flags are the process's: set again by every build, for the run it builds)."""
-    tf32 = precision == "tf32"
+    tf32 = precision == TF32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -414,7 +415,7 @@ def rates(device: str, precision: str) -> dict[str, float]:
     if device == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device")
     dev = _device(device)
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == TF32
     sync = torch.cuda.synchronize if device == "gpu" else lambda: None
     n = timing.matmul_n(device)
     a = torch.rand(n, n, device=dev)

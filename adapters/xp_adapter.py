@@ -13,6 +13,7 @@ import numpy as np
 
 from adapters import timing, xp_fast
 from adapters.protocol import State
+from harness.core.registry import TF32
 from harness.reference import xp_mlp
 
 NAME = "xp"
@@ -25,7 +26,7 @@ def _xp(key):
 def _cupy(precision: str):
     """cupy, with TF32 allowed or not: CuPy reads CUPY_TF32 when it creates its cuBLAS
     handle, so it is set before the first product (each run has a process of its own)."""
-    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"
+    os.environ["CUPY_TF32"] = "1" if precision == TF32 else "0"
     import cupy
 
     return cupy

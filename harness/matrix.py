@@ -12,14 +12,14 @@ import numpy as np
 from rich.console import Console
 
 from harness.core import provenance
-from harness.core.registry import CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
-from harness.inputs.problem import Problem, truncated
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
+from harness.inputs.problem import Problem
 from harness.records.build import build_record
 from harness.records.schema import Record
 from harness.records.write import new_id, write_record
 from harness.run import plan, progress
 from harness.run.execute import GPU_MIN_REPEATS, cell_path, run_group, run_one
-from harness.run.floor import Rates
+from harness.run.floor import Rates, floor_of
 from harness.run.runner import Outcome, run
 from harness.spec.model import LoadedSpec
 from harness.verdict import calibration, diagnosis
@@ -71,6 +71,7 @@ def run_spec(
     inputs takes it instead of running it again: a long matrix can be split over several
     calls (a time-limited GPU lease) or resumed after a crash."""
     run_id = run_id or new_id()
+    short = plan.twin_problem(problem)
 
     def cell(p: Problem, key: RunKey, runs: int) -> Path | None:
         return None if work_dir is None else cell_path(work_dir, loaded, p, key, runs)
@@ -93,25 +94,25 @@ def run_spec(
         labels = {key: f"{loaded.name} {key.label}" for key in group}
         cells = {key: cell(problem, key, runs) for key in group}
         outcomes.update(run_group(problem, labels, runs, console, isolate, cells))
-    members32 = members(problem, "float32", "calibration: its sums in another order")
-    cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], "float32")
+    members32 = members(problem, FLOAT32, "calibration: its sums in another order")
+    cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], FLOAT32)
     members64, reference, cal64, twins_run = [], None, None, []
     if twins:
-        short = truncated(problem, plan.twin_steps(problem))
         first = RunKey(ORACLE, "cpu", f"first{short.total_steps}")
         reference = run_one(short, first, 1, f"{loaded.name} {first.label} (math parity's reference)", console, isolate, cell(short, first, 1))
-        members64 = members(short, "float64", "math parity's calibration")
-        cal64 = calibration.measure(reference, members64, "float64")
+        members64 = members(short, FLOAT64, "math parity's calibration")
+        cal64 = calibration.measure(reference, members64, FLOAT64)
         for key in plan.twin_keys(keys):
             label = f"{loaded.name} {key.label} (float64 twin, first {short.total_steps} steps)"
             outcomes[key] = run_one(short, key, 1, label, console, isolate, cell(short, key, 1))
             twins_run.append(key)
+    floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     cal = Calibration(cal32, cal64, reference)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     where = provenance.collect()
     for key in [*keys, *twins_run]:
-        record, artifact = build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, rates)
+        record, artifact = build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key))
         result.records.append(record)
         if results_dir is not None:
             result.paths.append(write_record(results_dir, record, artifact))

@@ -109,10 +109,10 @@ def _parity(verdict: str, framework: str = "torch") -> checks.Check:
     [("fail", "implementation: the float64 twin of torch@cpu"), ("pass", "rounding: float32 only, 2.5x"), (None, "undiagnosed")],
 )
 def test_every_failing_check_gets_a_diagnosis(twin, expected):
-    failing = checks.Check("params_after_step_1", TORCH, ORACLE_KEY, "fail", "rule", first_failure_step=1, ratio=2.5, tensor="W2")
+    failing = checks.Check("params_after_step_1", TORCH, ORACLE_KEY, "fail", "rule", first_failure_step=1, ratio=2.5, tensor="dense2.weight")
     found = diagnosis.diagnose(ADAM, [failing, *([_parity(twin)] if twin else [])])
     assert found[0].diagnosis.startswith(expected)
-    assert "starts at step 1" in found[0].diagnosis and "largest in W2 after step 1" in found[0].diagnosis
+    assert "starts at step 1" in found[0].diagnosis and "largest in dense2.weight after step 1" in found[0].diagnosis
     if twin == "fail":
         assert found[1].diagnosis.startswith("implementation: the float64 twin differs from the oracle")
 

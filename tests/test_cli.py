@@ -123,7 +123,7 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "peaks_mlp oracle@cpu step 100/100" in done.stdout  # the oracle's training shows progress
     with np.load(out) as arrays:
-        assert arrays["x_train"].shape == (2500, 2) and arrays["W0"].shape == (2, 20)
+        assert arrays["x_train"].shape == (2500, 2) and arrays["dense1.weight"].shape == (2, 20)
         assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"
 
 

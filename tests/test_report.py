@@ -17,6 +17,7 @@ import pytest
 from harness import cli
 from harness.core import registry
 from harness.core.registry import Verdict
+from harness.inputs.problem import from_named
 from harness.records import store
 from harness.records.schema import Device, Record
 from harness.records.store import read_record
@@ -88,17 +89,13 @@ def fake(
         }
     )
     losses = arrays["losses"] * (1 + perturb * np.cos(np.arange(len(arrays["losses"]))))
-    params = [(arrays[f"W{i}"], arrays[f"b{i}"]) for i in range(len(record_layers(arrays)))]
+    params = from_named(arrays)
     if record.status != "ok":
         record = record.model_copy(update={"timings": None, "metrics": None, "checks": [], "artifacts": None})
         path = write_record(results, record)
     else:
         path = write_record(results, record, artifact_bytes(losses, params, envelope if envelope is not None else arrays.get("envelope")))
     return read_record(path)
-
-
-def record_layers(arrays: dict[str, np.ndarray]) -> list[str]:
-    return [k for k in arrays if k.startswith("W")]
 
 
 def build(results: Path, profile: str = "full") -> tuple[str, Path]:
@@ -182,7 +179,9 @@ def test_gpu_records_give_the_expected_speedups(tmp_path):
 
 def test_failed_check_and_skipped_run_are_visible(tmp_path):
     template, _ = committed("peaks_mlp", "torch")
-    checks = [c.model_copy(update={"verdict": Verdict.FAIL}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks]
+    checks = [
+        c.model_copy(update={"verdict": Verdict.FAIL}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks
+    ]
     fake(tmp_path, "peaks_mlp", "torch", checks=checks)
     fake(tmp_path, "peaks_mlp", "oracle")
     fake(tmp_path, "peaks_mlp", "jax", status="failed", reason="RuntimeError: the adapter crashed at step 7")

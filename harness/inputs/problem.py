@@ -7,6 +7,7 @@ stores them the other way (torch.nn.Linear) transpose on the way in and out.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +19,33 @@ from harness.inputs import data, resources
 from harness.spec.model import LoadedSpec, Spec, batch_bounds, check_batching
 
 Params = list[tuple[np.ndarray, np.ndarray]]
+# Records and artifacts written before 2026-11-24 named a layer's tensors W0, b0, W1, ...
+OLD_NAMES = re.compile(r"([Wb])(\d+)")
+
+
+def param_names(layers: int) -> list[str]:
+    """Each tensor's name, the same in the checks, the diagnosis, the artifacts and the
+    export: dense1.weight, dense1.bias, dense2.weight, ... (a weight stored fan_in x fan_out)."""
+    return [f"dense{i}.{kind}" for i in range(1, layers + 1) for kind in ("weight", "bias")]
+
+
+def named(params: Params) -> dict[str, np.ndarray]:
+    """The parameters by name (param_names), in order."""
+    return dict(zip(param_names(len(params)), (a for pair in params for a in pair)))
+
+
+def from_named(arrays: dict[str, np.ndarray]) -> Params:
+    """The parameters named in `arrays` (an artifact or an export), layer by layer; the
+    older names W0, b0, ... read as well. Empty where it holds none."""
+    renamed = {}
+    for key, value in arrays.items():
+        old = OLD_NAMES.fullmatch(key)
+        renamed[f"dense{int(old[2]) + 1}.{'weight' if old[1] == 'W' else 'bias'}" if old else key] = value
+    params = []
+    while f"dense{len(params) + 1}.weight" in renamed:
+        i = len(params) + 1
+        params.append((renamed[f"dense{i}.weight"], renamed[f"dense{i}.bias"]))
+    return params
 
 
 @dataclass(frozen=True)

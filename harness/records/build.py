@@ -9,11 +9,11 @@ import dataclasses
 import numpy as np
 
 from harness.core.provenance import Provenance
-from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, RunKey
 from harness.inputs.problem import Problem
 from harness.records import schema
 from harness.records.write import artifact_bytes, new_id, now
-from harness.run.floor import Rates, floor
+from harness.run.floor import Floor
 from harness.run.runner import Outcome
 from harness.spec.model import LoadedSpec
 from harness.verdict import checks as checks_mod
@@ -32,12 +32,11 @@ def implementation(key: RunKey, describe: dict) -> str:
     return f"{describe.get('library', key.adapter)} adapter{fast}"
 
 
-def floor_record(problem: Problem, outcome: Outcome, rates: Rates | None) -> schema.FloorRecord | None:
-    """The step's floor on the run's device; none for the float64 oracle (the floor counts
-    float32 bytes and rates) or where the device's rates were not measured."""
-    if rates is None or outcome.key.dtype != "float32":
+def floor_record(outcome: Outcome, f: Floor | None) -> schema.FloorRecord | None:
+    """The step's floor on the run's device (run.floor.floor_of), and this run against it."""
+    if f is None:
         return None
-    f = floor(problem, rates)
+    rates = f.rates
     measured = outcome.timings.get("per_step_s") if outcome.status == "ok" and outcome.timings else None
     return schema.FloorRecord(
         flops_per_step=f.cost.flops,
@@ -94,12 +93,12 @@ def build_record(
     cal: Calibration | None,
     run_id: str,
     provenance: Provenance,
-    rates: dict[tuple[str, str], Rates] | None = None,
+    step_floor: Floor | None = None,
 ) -> tuple[schema.Record, bytes | None]:
     """The record of one run, from the spec, the problem, its outcome and the checks (those
     that involve the run are kept), the calibration that set their tolerances, and where it
-    ran (asked once per run: core.provenance.collect). `rates` maps (device, precision) to
-    that device's measured rates."""
+    ran (asked once per run: core.provenance.collect), and the floor of its step on its
+    device, where that was measured."""
     key, spec = outcome.key, loaded.spec
     metrics = None
     if outcome.losses is not None and outcome.status == "ok":
@@ -171,7 +170,7 @@ def build_record(
         repeats_first_diff_step=outcome.repeats_first_diff_step,
         failed_at_step=outcome.failed_at_step,
         artifacts=None,
-        floor=floor_record(problem, outcome, (rates or {}).get((key.device, key.precision))),
+        floor=floor_record(outcome, step_floor),
         calibration=calibration_record(spec, cal),
     )
     artifact = None
@@ -183,6 +182,6 @@ def build_record(
 def envelope_curve(spec, cal: Calibration | None, key: RunKey) -> np.ndarray | None:
     """The relative loss tolerance per step that judged a float32 run's curve against any
     other's: factor * e(t) + curve_floor (checks.envelope_checks); None for a float64 run."""
-    if cal is None or cal.float32 is None or key.dtype != "float32":
+    if cal is None or cal.float32 is None or key.dtype != FLOAT32:
         return None
     return checks_mod.envelope(spec, cal.float32)

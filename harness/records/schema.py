@@ -126,7 +126,8 @@ class CheckRecord(Frozen):
     horizon_steps: int | None
     reason: str | None
     # the error over its tolerance where it is largest (> 1 fails), the parameter tensor
-    # where that is (W1, b1, ...), and for a failing or known check why (harness/verdict/diagnosis.py)
+    # where that is (dense1.weight, dense1.bias, ...; W1, b1, ... in records before
+    # 2026-11-24), and for a failing or known check why (harness/verdict/diagnosis.py)
     ratio: float | None = None
     tensor: str | None = None
     diagnosis: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,10 +25,12 @@ from harness.core.errors import HarnessError, RecordError, SpecError
 from harness.core.git import checked_revision, file_at
 from harness.core.paths import PROJECT_ROOT
 from harness.core.registry import ORACLE, Cell, RunKey, current_label, current_name
+from harness.inputs.problem import from_named
 from harness.records.schema import SCHEMA_VERSION, Record
 from harness.spec import model as spec_mod
 
 FRAMEWORK_PREFERENCE = ("torch", "jax", "numpy", "cupy")
+OLD_CHECK_TENSOR = re.compile(r"([Wb])([1-9]\d*)")
 
 
 def read_record(path: Path) -> Record:
@@ -42,12 +45,20 @@ def read_record(path: Path) -> Record:
         raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): {key}: {first['msg']}") from None
 
 
+def current_tensor(name: str | None) -> str | None:
+    """A check's tensor under its current name: records before 2026-11-24 said W1, b1, ...
+    for dense1.weight, dense1.bias, ..."""
+    old = OLD_CHECK_TENSOR.fullmatch(name or "")
+    return f"dense{old[2]}.{'weight' if old[1] == 'W' else 'bias'}" if old else name
+
+
 def read(path: Path) -> Record:
-    """One record, validated against the schema, under its framework's current name: a
-    record written before NumPy had its own name says `cupy` for NumPy on the CPU."""
+    """One record, validated against the schema, under its framework's and its tensors'
+    current names: a record written before NumPy had its own name says `cupy` for NumPy on
+    the CPU."""
     record = read_record(path)
     name = current_name(record.framework, record.device.kind)
-    checks = [c.model_copy(update={"against": current_label(c.against)}) for c in record.checks]
+    checks = [c.model_copy(update={"against": current_label(c.against), "tensor": current_tensor(c.tensor)}) for c in record.checks]
     return record.model_copy(update={"framework": name, "checks": checks})
 
 
@@ -180,11 +191,8 @@ class Sources:
 
 
 def final_params(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(W, b) per layer from an artifact, W stored (fan_in, fan_out)."""
-    params = []
-    while f"W{len(params)}" in arrays:
-        i = len(params)
-        params.append((arrays[f"W{i}"].astype(np.float64), arrays[f"b{i}"].astype(np.float64)))
+    """(weight, bias) per layer from an artifact, in float64, the weight stored (fan_in, fan_out)."""
+    params = [(w.astype(np.float64), b.astype(np.float64)) for w, b in from_named(arrays)]
     if not params:
         raise Unavailable("the artifact holds no final parameters")
     return params

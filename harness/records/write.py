@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError, RecordError
+from harness.inputs.problem import named
 from harness.records.schema import Artifact, Record
 
 
@@ -52,8 +53,7 @@ def artifact_bytes(losses: np.ndarray, params, envelope: np.ndarray | None = Non
     arrays = {"losses": np.asarray(losses)}
     if envelope is not None:
         arrays["envelope"] = np.asarray(envelope, dtype=np.float64)
-    for i, (w, b) in enumerate(params or []):
-        arrays[f"W{i}"], arrays[f"b{i}"] = w, b
+    arrays.update(named(params or []))
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return buf.getvalue()

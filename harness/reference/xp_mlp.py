@@ -24,7 +24,7 @@ def jitter_function(xp, seed: int) -> Jitter:
     """Each call moves every element of an array, at random, by at most two units in its
     last place (a + a*u rounded, u uniform in [-eps, eps], seeded; the sign kept, zero
     kept): another honest rounding of every value, as an implementation computing
-    it by another formula would give. The calibration members (harness.inputs.problem.reordered) run
+    it by another formula would give. The calibration members (harness.inputs.members.reordered) run
     with it over their first steps."""
     rng = np.random.default_rng(seed)
 

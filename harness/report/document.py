@@ -24,7 +24,7 @@ import numpy as np
 
 from harness.core.atomic import ensure_replaceable
 from harness.core.errors import HarnessError, RecordError
-from harness.core.registry import ORACLE
+from harness.core.registry import FLOAT32, ORACLE
 from harness.records.schema import Record
 from harness.records.store import Sources, Unavailable, current_spec, newest_per_cell, record_order, record_spec
 from harness.report.rows import (
@@ -245,7 +245,7 @@ def horizon_rtol(record: Record) -> float | None:
 def envelope_of(pairs: list[tuple[Record, Record]], sources: Sources) -> np.ndarray | None:
     """The envelope that judged these curves, as the first float32 run's artifact keeps it
     (records written before it was kept have none: the figure then shows no envelope)."""
-    for record in (r for pair in pairs for r in pair if r.dtype == "float32"):
+    for record in (r for pair in pairs for r in pair if r.dtype == FLOAT32):
         try:
             arrays = sources.artifact(record)
         except Unavailable:

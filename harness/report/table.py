@@ -169,7 +169,7 @@ def speed_table(written: list) -> Table | None:
 
 
 def bench_table(written: list) -> Table:
-    """The report's eager-and-fast table (harness.report.document.bench_rows), in the terminal."""
+    """The report's eager-and-fast table (harness.report.rows.bench_rows), in the terminal."""
     table = Table(title="Eager and fast modes against the hardware floor (median time per step, compile excluded)")
     for column in BENCH_HEADER:
         table.add_column(column, justify="right" if "ms" in column or "/" in column else "left")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.registry import FLOAT32, RunKey
 from harness.inputs.problem import Problem
 
 BYTES = 4  # float32 values, int32 labels and row indices
@@ -120,3 +121,10 @@ def floor(problem: Problem, rates: Rates) -> Floor:
         memory_s=cost.bytes / rates.bandwidth_bytes_per_s,
         launch_s=cost.launches * (rates.launch_latency_s or 0.0),
     )
+
+
+def floor_of(problem: Problem, key: RunKey, rates: dict[tuple[str, str], Rates] | None) -> Floor | None:
+    """The floor of a run's step on its device: none for a float64 run (the floor counts
+    float32 bytes and rates) or where the device's rates were not measured."""
+    measured = (rates or {}).get((key.device, key.precision))
+    return None if measured is None or key.dtype != FLOAT32 else floor(problem, measured)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from adapters.timing import GRAPH_KERNELS, REPEATS, copy_bytes, matmul_n
 from harness.core import registry
 from harness.core.errors import HarnessError
+from harness.core.registry import STRICT
 from harness.run.floor import Rates
 from harness.run.fresh import ProcessDied, in_fresh_process
 
@@ -48,7 +49,7 @@ def _measure_here(device: str, precision: str) -> Rates:
     )
 
 
-def measure(device: str, precision: str = "strict") -> Rates:
+def measure(device: str, precision: str = STRICT) -> Rates:
     """The rates of this host's `device`, measured in a fresh process."""
     try:
         return in_fresh_process(_measure_here, device, precision)

@@ -4,9 +4,11 @@ and the float64 twins. Nothing runs here."""
 
 from __future__ import annotations
 
-from harness.core.registry import CALIBRATION, CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, RunKey, runs_on
+from dataclasses import replace
+
+from harness.core.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT32, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
 from harness.inputs.members import reordered
-from harness.inputs.problem import Problem
+from harness.inputs.problem import Problem, truncated
 
 
 def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
@@ -16,7 +18,7 @@ def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, m
     it is the slowest."""
     keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
-        keys += [RunKey(f, "gpu", precision="tf32", mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
+        keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
     if CALIBRATION_KEY not in keys:
         keys.append(CALIBRATION_KEY)
     keys.append(ORACLE_KEY)
@@ -26,18 +28,18 @@ def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, m
 def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     """The keys that differ only in mode, together, in order of first appearance: their
     repeats take turns in one process (harness bench). Every other key is a group of one."""
-    groups: dict[tuple, list[RunKey]] = {}
+    groups: dict[RunKey, list[RunKey]] = {}
     for key in keys:
-        groups.setdefault((key.framework, key.device, key.variant, key.precision), []).append(key)
+        groups.setdefault(replace(key, mode=EAGER), []).append(key)
     return list(groups.values())
 
 
-def calibration_members(problem: Problem, dtype: str = "float32") -> list[tuple[RunKey, Problem]]:
+def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, Problem]]:
     """The calibration members: the array-module code on the problem with its sums in
     another order (members.reordered), each with its own seed. float32: the envelope's
     members (long_run.members, whole runs); float64: math parity's (math_parity.members,
     the oracle's code over the twins' first steps)."""
-    if dtype == "float32":
+    if dtype == FLOAT32:
         count, framework = problem.spec.checks.long_run.members, CALIBRATION
     else:
         count, framework = problem.spec.checks.math_parity.members, ORACLE
@@ -52,3 +54,9 @@ def twin_keys(keys: list[RunKey]) -> list[RunKey]:
 
 def twin_steps(problem: Problem) -> int:
     return min(problem.total_steps, problem.spec.checks.math_parity.steps)
+
+
+def twin_problem(problem: Problem) -> Problem:
+    """The problem the float64 twins, the oracle's first steps and math parity's members
+    train: its first `twin_steps` steps."""
+    return truncated(problem, twin_steps(problem))

@@ -39,18 +39,14 @@ class Spread:
     curve: np.ndarray  # running maximum of the relative loss distance, per step
     initial_outputs: float  # L2 distance of the probe outputs before training
     initial_loss: float  # |difference| of the step-0 loss
-    params: dict[int, list[float]]  # step -> L2 distance per tensor (W1, b1, W2, ...)
+    params: dict[int, list[float]]  # step -> L2 distance per tensor (problem.param_names)
     final_outputs: float  # L2 distance of the probe outputs after the last step
     final_outputs_max: float  # the same, as the largest |difference| of one output
 
 
 def tensors(params: Params) -> list[np.ndarray]:
-    """W1, b1, W2, b2, ... as float64 arrays."""
+    """Each tensor, in the order of problem.param_names, as a float64 array."""
     return [np.asarray(a, np.float64) for pair in params for a in pair]
-
-
-def tensor_names(params: Params) -> list[str]:
-    return [f"{kind}{i}" for i in range(1, len(params) + 1) for kind in ("W", "b")]
 
 
 def relative_curve_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey, Verdict
+from harness.inputs.problem import param_names
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
-from harness.verdict.calibration import TINY, Spread, relative_curve_distance, tensor_names, tensors
+from harness.verdict.calibration import TINY, Spread, relative_curve_distance, tensors
 
 # The floor of every calibrated check, in units of the compared dtype's rounding (machine
 # epsilon) times the size of the reference: no difference below a few roundings of the
@@ -67,7 +68,7 @@ class Check:
     horizon_steps: int | None = None
     reason: str | None = None
     ratio: float | None = None  # the error over its tolerance, where it is largest (> 1: fails)
-    tensor: str | None = None  # the parameter tensor whose ratio is largest (W1, b1, ...)
+    tensor: str | None = None  # the parameter tensor whose ratio is largest (dense1.weight, ...)
     diagnosis: str | None = None  # why a failing or known check fails (harness/verdict/diagnosis.py)
     bound: Bound | None = None
 
@@ -301,7 +302,7 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
     reference has): calibrated on `cal`, or the spec's override (float32 pairs only)."""
     c = spec.checks
     factor = c.long_run.factor
-    names = tensor_names(next(iter(b.snapshots.values()), None) or b.final_params or [])
+    names = param_names(len(next(iter(b.snapshots.values()), None) or b.final_params or []))
     overrides = (
         {}
         if prefix
@@ -350,7 +351,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
         reason = "no float64 calibration: needs ok runs of the oracle's first steps and its reordered members"
         return _skipped(names, twin.key, ORACLE_KEY, "math parity", reason)
     factor = spec.checks.long_run.factor
-    eps = EPS["float64"]
+    eps = EPS[FLOAT64]
     checks = [dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
     checks.append(
         curve_check(

@@ -181,6 +181,6 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
 
 
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
-    """Every check of a spec's matrix (checks.check_all), known differences applied, and a
+    """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
     return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal)))
