@@ -17,11 +17,12 @@ from rich.console import Console
 
 from harness.core.atomic import atomic_write, ensure_replaceable
 from harness.core.errors import HarnessError
-from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, RUNS_DIR
+from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, RUNS_DIR, SPECS_DIR
 from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, ONLY_ON, STRICT, runs_on
 from harness.inputs import resources
 from harness.records import schema, write
 from harness.run import progress
+from harness.spec import load as spec_load
 from harness.spec import model as spec_mod
 
 EXIT_FAILED = 1
@@ -111,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--data-dir", type=Path, help="folder with data files (default: $HARNESS_DATA_DIR, else a cache folder)")
         p.add_argument("--data-source", help="a named data source of the spec, e.g. test-set for MNIST offline")
         p.add_argument("--download", action="store_true", help="download missing data files from the fixed mirrors")
-        p.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
+        p.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
     def matrix_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -169,12 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     gpu_options(sweep)
     limit_options(sweep)
     sweep.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
-    sweep.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
+    sweep.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
     validate.add_argument("specs", nargs="*")
     limit_options(validate)
-    validate.add_argument("--specs-dir", type=Path, default=spec_mod.SPECS_DIR, help=argparse.SUPPRESS)
+    validate.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
     export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
     export.add_argument("spec")
@@ -207,8 +208,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
     if names:
-        return [spec_mod.resolve_spec(n, specs_dir) for n in names]
-    paths = list(spec_mod.spec_paths(specs_dir).values())
+        return [spec_load.resolve_spec(n, specs_dir) for n in names]
+    paths = list(spec_load.spec_paths(specs_dir).values())
     if not paths:
         raise HarnessError(f"{specs_dir}: no spec files (*.yaml)")
     return paths
@@ -276,7 +277,7 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
     from harness import matrix
     from harness.inputs import problem as inputs
 
-    loaded = [spec_mod.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
+    loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args)
     problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, _limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
@@ -309,14 +310,14 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
     points = []  # (the spec at one point of its sweep, the swept value); all valid before anything runs
     for path in _spec_paths(args.specs, args.specs_dir):
-        spec = spec_mod.load_spec(path).spec
+        spec = spec_load.load_spec(path).spec
         if spec.sweep is None:
             if args.specs:
                 raise HarnessError(f"{path}: sweep: the spec declares no sweep")
             continue
         for value in args.values or spec.sweep.values:
-            (extra,) = spec_mod.sweep_overrides(spec, [value])
-            point = spec_mod.load_spec(path, spec.sweep.profile, extra)
+            (extra,) = spec_load.sweep_overrides(spec, [value])
+            point = spec_load.load_spec(path, spec.sweep.profile, extra)
             resources.check(point, _limits(args))
             points.append((point, value))
     results_dir, keys = _prepare(args)
@@ -333,12 +334,12 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     for path in _spec_paths(args.specs, args.specs_dir):
-        loaded = spec_mod.load_spec(path)
+        loaded = spec_load.load_spec(path)
         profiles = [spec_mod.FULL_PROFILE, *loaded.spec.profiles]
         for profile in profiles:  # and each point of its sweep: within the resource limits
-            resources.check(spec_mod.load_spec(path, profile), _limits(args))
-        for extra in spec_mod.sweep_overrides(loaded.spec):
-            resources.check(spec_mod.load_spec(path, loaded.spec.sweep.profile, extra), _limits(args))
+            resources.check(spec_load.load_spec(path, profile), _limits(args))
+        for extra in spec_load.sweep_overrides(loaded.spec):
+            resources.check(spec_load.load_spec(path, loaded.spec.sweep.profile, extra), _limits(args))
         console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)})", highlight=False)
     return 0
 
@@ -349,7 +350,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from harness import matrix
     from harness.inputs import problem as inputs
 
-    loaded = spec_mod.load_spec(spec_mod.resolve_spec(args.spec, args.specs_dir), args.profile)
+    loaded = spec_load.load_spec(spec_load.resolve_spec(args.spec, args.specs_dir), args.profile)
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
     problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, _limits(args))
@@ -403,7 +404,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     targets = {
-        spec_mod.SPECS_DIR / "schema.json": spec_mod.json_schema(),
+        SPECS_DIR / "schema.json": spec_load.json_schema(),
         PROJECT_ROOT / REFERENCE_DIR / "schema.json": schema.json_schema(),
     }
     stale = []
@@ -422,7 +423,7 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    for name, path in spec_mod.spec_paths().items():
+    for name, path in spec_load.spec_paths().items():
         console.print(f"spec {name}: {path}", highlight=False)
     console.print(f"frameworks: {', '.join(ADAPTERS)} (+ oracle: the array-module code in float64)")
     console.print(f"devices: {', '.join(DEVICES)}")

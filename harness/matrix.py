@@ -21,7 +21,7 @@ from harness.run import plan, progress
 from harness.run.execute import GPU_MIN_REPEATS, cell_path, run_group, run_one
 from harness.run.floor import Rates, floor_of
 from harness.run.runner import Outcome, run
-from harness.spec.model import LoadedSpec
+from harness.spec.load import LoadedSpec
 from harness.verdict import calibration, diagnosis
 from harness.verdict.checks import Calibration, Check
 

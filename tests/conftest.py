@@ -18,10 +18,12 @@ if DETERMINISTIC_FLAG not in os.environ.get("XLA_FLAGS", "").split():
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DETERMINISTIC_FLAG}".strip()
 
 from harness.core import registry  # noqa: E402
+from harness.core.paths import SPECS_DIR  # noqa: E402
 from harness.core.registry import RunKey  # noqa: E402
 from harness.inputs import data
 from harness.inputs import problem as inputs
-from harness.spec.model import SPECS_DIR, Close, load_spec  # noqa: E402
+from harness.spec.load import load_spec  # noqa: E402
+from harness.spec.model import Close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # The unit tests' own allclose tolerances for one adapter against the oracle over a step or

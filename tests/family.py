@@ -23,7 +23,8 @@ from harness.core import registry
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
 from harness.matrix import SpecResult
-from harness.spec.model import LoadedSpec, total_steps, validate_document
+from harness.spec.load import LoadedSpec, validate_document
+from harness.spec.model import total_steps
 from harness.verdict.calibration import tensors
 
 REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters

@@ -142,7 +142,8 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     from rich.console import Console
 
     from harness.core import registry
-    from harness.spec.model import SPECS_DIR, load_spec
+    from harness.core.paths import SPECS_DIR
+    from harness.spec.load import load_spec
 
     monkeypatch.setitem(registry.ADAPTERS, "absent", "adapters.no_such_framework")
     loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")

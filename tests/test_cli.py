@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from harness.core import paths
-from harness.spec.model import SPECS_DIR
+from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
 
 

@@ -111,10 +111,11 @@ def other_host(tmp_path_factory):
     from rich.console import Console
 
     from harness import matrix
+    from harness.core.paths import SPECS_DIR
     from harness.inputs import members
     from harness.inputs import problem as inputs
     from harness.run import plan
-    from harness.spec.model import SPECS_DIR, load_spec
+    from harness.spec.load import load_spec
     from tests.test_injected_bugs import register_copy, torch_single_threaded
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")

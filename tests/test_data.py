@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from harness.core.errors import DataError
+from harness.core.paths import SPECS_DIR
 from harness.inputs import data
-from harness.spec.model import SPECS_DIR, PeaksData, load_spec
+from harness.spec.load import load_spec
+from harness.spec.model import PeaksData
 
 
 def test_peaks_grid_matches_the_article():

@@ -13,11 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from harness.core import registry  # noqa: E402
+from harness.core.paths import SPECS_DIR  # noqa: E402
 from harness.core.registry import RunKey  # noqa: E402
 from harness.inputs import problem as inputs  # noqa: E402
 from harness.reference import xp_mlp  # noqa: E402
 from harness.run import runner  # noqa: E402
-from harness.spec.model import SPECS_DIR, load_spec  # noqa: E402
+from harness.spec.load import load_spec  # noqa: E402
 from tests.conftest import UNIT_TOLERANCES, key_for, problem_or_skip, quick_problem, trainer_of  # noqa: E402
 
 SPECS = ["peaks_mlp", "moons_net", "mnist_mlp"]

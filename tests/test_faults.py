@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from harness.core import provenance
 from harness.core.errors import RecordError, SpecError
+from harness.core.paths import SPECS_DIR
 from harness.records import store, write
-from harness.spec.model import MAX_DEPTH, SPECS_DIR, parse_document, validate_document
+from harness.spec.load import parse_document, validate_document
+from harness.spec.yamlsafe import MAX_DEPTH
 from tests.conftest import ROOT
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
@@ -214,7 +216,7 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     from harness.core.registry import RunKey
     from harness.inputs import problem as inputs
     from harness.run import execute
-    from harness.spec.model import load_spec
+    from harness.spec.load import load_spec
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
     problem = inputs.build_problem(loaded)

@@ -9,12 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.inputs import members
 from harness.inputs import problem as inputs
 from harness.reference import xp_mlp
 from harness.run import plan, runner
-from harness.spec.model import SPECS_DIR, load_spec
+from harness.spec.load import load_spec
 from harness.verdict import calibration, checks, rules
 from tests.conftest import quick_problem
 
@@ -60,8 +61,9 @@ def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
     """torch.compile's mean of the 5,000 per-example losses is what leaves the envelope on
     moons (fast mode), not the per-example values: those are as accurate as eager torch's."""
     torch = pytest.importorskip("torch")
+    from harness.core.paths import SPECS_DIR
     from harness.inputs import problem as inputs
-    from harness.spec.model import SPECS_DIR, load_spec
+    from harness.spec.load import load_spec
 
     problem = inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "bench"))  # the full 5,000 points
     (w1, b1), (w2, b2) = problem.initial_params

@@ -15,7 +15,7 @@ FRAMEWORKS = ("torch", "jax", "jaxlib", "cupy", "optax")
 PROGRAM = f"""
 import sys
 import harness, harness.cli, harness.matrix, harness.verdict.checks, harness.records.schema
-from harness.spec.model import load_spec, spec_paths
+from harness.spec.load import load_spec, spec_paths
 for path in spec_paths().values():
     load_spec(path)
 loaded = sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)

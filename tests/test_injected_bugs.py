@@ -25,12 +25,13 @@ import pytest
 from rich.console import Console
 
 from harness.core import registry
+from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import build_problem
 from harness.matrix import SpecResult, run_spec
 from harness.reference import xp_mlp
 from harness.run.plan import matrix_keys
-from harness.spec.model import SPECS_DIR, LoadedSpec, load_spec, parse_document, validate_document
+from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
 from harness.verdict.checks import Check
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).

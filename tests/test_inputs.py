@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.core.paths import SPECS_DIR
 from harness.inputs.problem import batch_order, initial_params
-from harness.spec.model import SPECS_DIR, load_spec
+from harness.spec.load import load_spec
 
 
 def spec(name: str):

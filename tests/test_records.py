@@ -26,7 +26,8 @@ from tests.conftest import ROOT, quick_problem
 
 @pytest.fixture(scope="module")
 def moons_result(tmp_path_factory):
-    from harness.spec.model import SPECS_DIR, load_spec
+    from harness.core.paths import SPECS_DIR
+    from harness.spec.load import load_spec
 
     loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
     problem = quick_problem("moons_net")

@@ -16,6 +16,7 @@ import pytest
 
 from harness import cli
 from harness.core import registry
+from harness.core.paths import SPECS_DIR
 from harness.core.registry import Verdict
 from harness.inputs.problem import from_named
 from harness.records import store
@@ -25,7 +26,6 @@ from harness.records.write import artifact_bytes, write_record
 from harness.report import document as report
 from harness.report import rows
 from harness.report.speed import speed_rows
-from harness.spec.model import SPECS_DIR
 from tests.conftest import ROOT
 
 pytest.importorskip("matplotlib")

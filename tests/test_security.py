@@ -23,11 +23,11 @@ import yaml
 from harness import cli
 from harness.core import git as gitrev
 from harness.core.errors import DataError, HarnessError
+from harness.core.paths import SPECS_DIR
 from harness.core.registry import RunKey
 from harness.inputs import data
 from harness.run import workdir
 from harness.run.runner import Outcome
-from harness.spec.model import SPECS_DIR
 from tests.conftest import ROOT
 
 

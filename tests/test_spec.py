@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from harness.core.errors import SpecError
-from harness.spec.model import SPECS_DIR, json_schema, load_spec, resolve_spec, spec_paths, sweep_overrides, total_steps
+from harness.core.paths import SPECS_DIR
+from harness.spec.load import json_schema, load_spec, resolve_spec, spec_paths, sweep_overrides
+from harness.spec.model import total_steps
 
 PEAKS = SPECS_DIR / "peaks_mlp.yaml"
 

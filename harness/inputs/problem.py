@@ -16,7 +16,8 @@ import numpy as np
 
 from harness.core.errors import DataError
 from harness.inputs import data, resources
-from harness.spec.model import LoadedSpec, Spec, batch_bounds, check_batching
+from harness.spec.load import LoadedSpec
+from harness.spec.model import Spec, batch_bounds, check_batching
 
 Params = list[tuple[np.ndarray, np.ndarray]]
 # Records and artifacts written before 2026-11-24 named a layer's tensors W0, b0, W1, ...

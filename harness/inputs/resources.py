@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.errors import HarnessError
-from harness.spec.model import FULL_PROFILE, LoadedSpec, Spec, total_steps
+from harness.spec.load import LoadedSpec
+from harness.spec.model import FULL_PROFILE, Spec, total_steps
 
 GIB = 2**30
 DEFAULT_MAX_MEMORY_GB = 8.0

@@ -15,7 +15,7 @@ from harness.records import schema
 from harness.records.write import artifact_bytes, new_id, now
 from harness.run.floor import Floor
 from harness.run.runner import Outcome
-from harness.spec.model import LoadedSpec
+from harness.spec.load import LoadedSpec
 from harness.verdict import checks as checks_mod
 from harness.verdict.checks import Calibration, Check
 

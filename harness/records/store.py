@@ -23,10 +23,11 @@ from pydantic import ValidationError
 
 from harness.core.errors import HarnessError, RecordError, SpecError
 from harness.core.git import checked_revision, file_at
-from harness.core.paths import PROJECT_ROOT
+from harness.core.paths import PROJECT_ROOT, SPECS_DIR
 from harness.core.registry import ORACLE, Cell, RunKey, current_label, current_name
 from harness.inputs.problem import from_named
 from harness.records.schema import SCHEMA_VERSION, Record
+from harness.spec import load as spec_load
 from harness.spec import model as spec_mod
 
 FRAMEWORK_PREFERENCE = ("torch", "jax", "numpy", "cupy")
@@ -206,7 +207,7 @@ def _spec_candidates(path: str, commit: str | None) -> Iterable[tuple[str, bytes
     specs/, then that file in git at the record's commit."""
     named = Path(path)
     local = named if named.is_absolute() else PROJECT_ROOT / named
-    for candidate in dict.fromkeys([local, spec_mod.SPECS_DIR / named.name]):
+    for candidate in dict.fromkeys([local, SPECS_DIR / named.name]):
         yield str(candidate), candidate.read_bytes() if candidate.is_file() else None
     if commit:
         repo_path = f"specs/{named.name}"
@@ -226,9 +227,9 @@ def _record_spec(path: str, sha256: str, commit: str | None, overrides_json: str
         if raw is None or hashlib.sha256(raw).hexdigest() != sha256:
             continue
         try:
-            doc = spec_mod.parse_document(Path(where), raw.decode("utf-8"))
+            doc = spec_load.parse_document(Path(where), raw.decode("utf-8"))
             extra = json.loads(overrides_json) or None
-            spec, _ = spec_mod.validate_document(Path(where), doc, spec_mod.FULL_PROFILE, extra)
+            spec, _ = spec_load.validate_document(Path(where), doc, spec_mod.FULL_PROFILE, extra)
         except (SpecError, UnicodeDecodeError) as exc:
             raise Unavailable(f"{where}: the spec no longer validates: {exc}") from None
         return spec
@@ -236,12 +237,12 @@ def _record_spec(path: str, sha256: str, commit: str | None, overrides_json: str
 
 
 @cache
-def current_spec(name: str, specs_dir: Path = spec_mod.SPECS_DIR) -> spec_mod.Spec | None:
+def current_spec(name: str, specs_dir: Path = SPECS_DIR) -> spec_mod.Spec | None:
     """The spec file of that name in specs/ today (for its claims and its sweep)."""
     path = specs_dir / f"{name}.yaml"
     if not path.is_file():
         return None
     try:
-        return spec_mod.load_spec(path).spec
+        return spec_load.load_spec(path).spec
     except SpecError:
         return None

@@ -27,7 +27,8 @@ from harness.records.store import Sources, Unavailable, final_params, record_ord
 from harness.reference.xp_mlp import forward
 from harness.report.rows import CURVE_POINTS, NOT_RUN, bench_pairs
 from harness.report.speed import SpeedRow
-from harness.spec.model import LoadedSpec, Spec, SpeedupClaim
+from harness.spec.load import LoadedSpec
+from harness.spec.model import Spec, SpeedupClaim
 
 DPI = 100
 PEAKS_FIGURE_POINTS = 40  # the article's coarser grid for the figure

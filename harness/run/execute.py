@@ -17,7 +17,7 @@ from harness.inputs.problem import Problem
 from harness.run import progress, workdir
 from harness.run.fresh import ProcessDied, in_fresh_process
 from harness.run.runner import Outcome, prepared_adapter, run_alternating
-from harness.spec.model import LoadedSpec
+from harness.spec.load import LoadedSpec
 
 GPU_MIN_REPEATS = 2
 

@@ -14,14 +14,15 @@ Which runs are judged together:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import combinations
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
+from harness.verdict.calibration import Spread
 from harness.verdict.checks import (
     MATH,
     Bound,
@@ -38,90 +39,69 @@ TWINS = "twins"
 
 
 class Rule(Protocol):
-    name: ClassVar[str]
-    over: ClassVar[str]  # FLOAT32_PAIRS or TWINS: which runs it judges together
+    name: str
+    over: str  # FLOAT32_PAIRS or TWINS: which runs it judges together
 
     def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]: ...
 
 
 @dataclass(frozen=True)
-class ShortHorizon:
-    """Outputs and loss at step 0, parameters after step 1 and after step k, per tensor,
-    against the float32 members' spread (or the spec's hand-set override)."""
+class PairRule:
+    """A rule over two float32 runs (b the reference), calibrated on the float32 members."""
 
-    name: ClassVar[str] = "short_horizon"
-    over: ClassVar[str] = FLOAT32_PAIRS
+    name: str
+    measure: Callable[[Spec, Outcome, Outcome, Spread | None], list[Check]]
+    over: str = FLOAT32_PAIRS
 
     def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
         a, b = runs
-        return short_horizon_checks(spec, a, b, cal.float32)
+        return self.measure(spec, a, b, cal.float32)
 
 
 @dataclass(frozen=True)
-class LossCurveHorizon:
+class TwinRule:
+    """A rule over one float64 twin, against the oracle's first steps."""
+
+    name: str
+    measure: Callable[[Spec, Outcome, Calibration], list[Check]]
+    over: str = TWINS
+
+    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
+        (twin,) = runs
+        return self.measure(spec, twin, cal)
+
+
+def spec_horizon(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
     """The spec's own horizon rule, where it states one: the loss curves within rtol over
     the first steps."""
-
-    name: ClassVar[str] = "loss_curve_horizon"
-    over: ClassVar[str] = FLOAT32_PAIRS
-
-    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
-        a, b = runs
-        return [] if spec.checks.loss_curve is None else [horizon_check(spec, a.key, b.key, a.losses, b.losses)]
+    return [] if spec.checks.loss_curve is None else [horizon_check(spec, a.key, b.key, a.losses, b.losses)]
 
 
-@dataclass(frozen=True)
-class Envelope:
-    """The whole run: the loss at every step, the final outputs and each final metric within
-    factor times the float32 members' spread, plus a floor."""
-
-    name: ClassVar[str] = "envelope"
-    over: ClassVar[str] = FLOAT32_PAIRS
-
-    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
-        a, b = runs
-        return envelope_checks(spec, a, b, cal.float32)
-
-
-@dataclass(frozen=True)
-class MathParity:
+def math_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
     oracle's own reordered members: a failure here is different math."""
-
-    name: ClassVar[str] = "math_parity"
-    over: ClassVar[str] = TWINS
-
-    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
-        (twin,) = runs
-        return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
+    return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
 
 
-@dataclass(frozen=True)
-class TwinDivergence:
+def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin trains wherever the oracle does: one that stops on a non-finite value
     where the oracle's first steps ran is different math."""
-
-    name: ClassVar[str] = "twin_divergence"
-    over: ClassVar[str] = TWINS
-
-    def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
-        (twin,) = runs
-        reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
-        if twin.failed_at_step is None or not reference_ok:
-            return []
-        check = Check(
-            f"{MATH}divergence",
-            twin.key,
-            ORACLE_KEY,
-            Verdict.FAIL,
-            "a float64 twin trains wherever the oracle does",
-            first_failure_step=twin.failed_at_step,
-            reason=twin.reason,
-        )
-        return [check]
+    reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
+    if twin.failed_at_step is None or not reference_ok:
+        return []
+    rule = "a float64 twin trains wherever the oracle does"
+    return [Check(f"{MATH}divergence", twin.key, ORACLE_KEY, Verdict.FAIL, rule, first_failure_step=twin.failed_at_step, reason=twin.reason)]
 
 
-RULES: tuple[Rule, ...] = (ShortHorizon(), LossCurveHorizon(), Envelope(), MathParity(), TwinDivergence())
+# short_horizon: outputs and loss at step 0, parameters after step 1 and after step k, per
+# tensor; envelope: the loss at every step, the final outputs and each final metric.
+RULES: tuple[Rule, ...] = (
+    PairRule("short_horizon", short_horizon_checks),
+    PairRule("loss_curve_horizon", spec_horizon),
+    PairRule("envelope", envelope_checks),
+    TwinRule("math_parity", math_parity),
+    TwinRule("twin_divergence", twin_divergence),
+)
 
 
 def judged_pair(a: RunKey, b: RunKey) -> bool:

@@ -1,0 +1,165 @@
+"""Loading a spec: its YAML parsed with the safe loader, its profile (and a sweep point)
+merged in, every profile validated by the model's rules (harness/spec/model.py), and each
+error named by file and key path."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.core.errors import SpecError
+from harness.core.paths import SPECS_DIR
+from harness.spec.model import FULL_PROFILE, Spec
+from harness.spec.yamlsafe import Refused, load_yaml
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    # Drop the discriminator tags pydantic inserts ("data.peaks_grid.noise" -> "data.noise").
+    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd")]
+    return ".".join(parts) or "(document)"
+
+
+def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        key = _format_loc(e["loc"])
+        key = f"{prefix}{key}" if prefix else key
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "missing key"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
+                lines.append(f"{path}: {prefix}{msg}")
+                continue
+        lines.append(f"{path}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec with the profile applied, and where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    spec: Spec
+    path: Path
+    sha256: str
+    profile: str
+    overrides: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def parse_document(path: Path, text: str) -> dict[str, Any]:
+    try:
+        doc = load_yaml(text)
+    except Refused as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+        raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: (document): a spec is a mapping of keys, got {type(doc).__name__}")
+    return doc
+
+
+def validate_document(
+    path: Path, doc: dict[str, Any], profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None
+) -> tuple[Spec, dict[str, Any]]:
+    """Validate the document and every profile in it; return the spec with `profile` (and
+    `extra`, one point of a sweep) applied, and the overrides that made it."""
+    try:
+        base = Spec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(_validation_message(path, exc)) from None
+    except (TypeError, ValueError) as exc:  # a non-string key and the like
+        raise SpecError(f"{path}: (document): {exc}") from None
+    shrunk = {}
+    for name, overrides in base.profiles.items():
+        if "profiles" in overrides or "name" in overrides:
+            raise SpecError(f"{path}: profiles.{name}: a profile may not override 'name' or 'profiles'")
+        try:
+            shrunk[name] = Spec.model_validate(_deep_merge(doc, overrides))
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"profiles.{name}.")) from None
+    if profile != FULL_PROFILE and profile not in shrunk:
+        known = ", ".join([FULL_PROFILE, *sorted(shrunk)])
+        raise SpecError(f"{path}: profile {profile!r} is not defined (known: {known})")
+    overrides = base.profiles.get(profile, {})
+    if extra:  # one point of a sweep: the profile plus one more override, validated alike
+        overrides = _deep_merge(overrides, extra)
+        try:
+            return Spec.model_validate(_deep_merge(doc, overrides)), overrides
+        except ValidationError as exc:
+            raise SpecError(_validation_message(path, exc, prefix=f"sweep point {extra}: ")) from None
+    return (base, {}) if profile == FULL_PROFILE else (shrunk[profile], overrides)
+
+
+def sweep_overrides(spec: Spec, values: list[int] | None = None) -> list[dict[str, Any]]:
+    """The extra overrides of each point of the spec's sweep (or of the given values),
+    e.g. {"data": {"points_per_axis": 10}}."""
+    if spec.sweep is None:
+        return []
+    section, key = spec.sweep.key.split(".")
+    return [{section: {key: value}} for value in (values or spec.sweep.values)]
+
+
+def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, Any] | None = None) -> LoadedSpec:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: (document): not UTF-8 text") from None
+    spec, overrides = validate_document(path, parse_document(path, text), profile, extra)
+    return LoadedSpec(
+        spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides
+    )
+
+
+def spec_paths(specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+    """Spec name (file stem) -> path, for every YAML file in the specs folder."""
+    return {p.stem: p for p in sorted(specs_dir.glob("*.yaml"))}
+
+
+def resolve_spec(name_or_path: str, specs_dir: Path = SPECS_DIR) -> Path:
+    """A spec given by name ("peaks_mlp") or by path ("specs/peaks_mlp.yaml")."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise SpecError(f"{candidate}: no such spec file")
+        return candidate
+    known = spec_paths(specs_dir)
+    if name_or_path not in known:
+        raise SpecError(f"unknown spec {name_or_path!r} (known: {', '.join(known) or 'none'})")
+    return known[name_or_path]
+
+
+def json_schema() -> str:
+    """The JSON Schema of a spec file, for editors."""
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Reproducibility-harness workload spec"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
