@@ -32,14 +32,20 @@ def test_reordered_is_the_same_training_summed_in_another_order(name):
         assert not np.array_equal(moved.batch_order, problem.batch_order)
         for start, stop in problem.bounds:
             assert np.array_equal(np.sort(moved.batch_order[:, start:stop]), np.sort(problem.batch_order[:, start:stop]))
-    for key, exact in ((ORACLE_KEY, True), (CALIBRATION_KEY, False)):
+    curve, outputs = {}, {}
+    for key in (ORACLE_KEY, CALIBRATION_KEY):
         plain, member = (runner.run(p, key) for p in (problem, moved))
-        rel = checks.relative_curve_distance(member.losses, plain.losses)
-        if exact:  # float64: the same training (peaks is chaotic, so 1e-16 grows over the run)
-            assert rel[:20].max() < 1e-14 and rel.max() < 1e-9
-            assert np.allclose(member.final_outputs, plain.final_outputs, rtol=1e-9, atol=1e-12)
-        else:  # float32: another rounding
-            assert rel.max() > 1e-8
+        curve[key.dtype] = np.maximum.accumulate(checks.relative_curve_distance(member.losses, plain.losses))
+        outputs[key.dtype] = float(np.abs(member.final_outputs - plain.final_outputs).max())
+    # float64: the same training, to its rounding over the first steps; after them a chaotic
+    # workload (peaks) carries any rounding up at its own rate, which the BLAS kernels set
+    # (1.05e-9 relative in the final outputs on Haswell kernels, 2.4e-10 on SkylakeX). So the
+    # rule for the whole run is relative to float32's, which grows at the same rate: float64
+    # stays within 1e-6 of float32's distance at every step (measured 1.3e-8 at most, on
+    # SkylakeX, Haswell and Sandybridge kernels; eps64 / eps32 is 1.9e-9).
+    assert curve["float64"][20] < 1e-14
+    assert np.all(curve["float64"] <= 1e-6 * curve["float32"]) and outputs["float64"] <= 1e-6 * outputs["float32"]
+    assert curve["float32"][-1] > 1e-8  # float32: another rounding
     assert np.array_equal(reordered(problem, seed=1).initial_params[0][0], moved.initial_params[0][0])
     restored = in_plain_order(moved.initial_params, moved.unit_orders)
     assert all(np.array_equal(x, y) for a, b in zip(restored, problem.initial_params) for x, y in zip(a, b))
