@@ -185,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
     comp.add_argument("new", type=Path, nargs="?", default=RUNS_DIR, help=f"folder of new records (default: {RUNS_DIR})")
+    comp.add_argument("--all", action="store_true", help="print every finding as a table, not the summary")
     comp.add_argument(
         "--baseline", required=True, help=f"folder of baseline records, or git:REV for {REFERENCE_DIR}/ at REV (a sha or a ref)"
     )
@@ -379,18 +380,23 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from harness.gate import compare
 
     findings = compare.compare(args.new, args.baseline)
-    table = Table(title=f"{args.new} against {args.baseline}")
-    for column in ("spec", "run", "profile", "what", "baseline", "new", "verdict"):
-        table.add_column(column)
-    styles = {"regression": "red", "improved": "green", "ok": None}
-    for f in findings:
-        table.add_row(f.spec, f.run, f.profile, f.what, f.baseline, f.new, f.verdict, style=styles.get(f.verdict, "yellow"))
-    console.print(table)
+    if args.all:
+        table = Table(title=f"{args.new} against {args.baseline}")
+        for column in ("spec", "run", "profile", "what", "baseline", "new", "verdict"):
+            table.add_column(column)
+        styles = {"regression": "red", "improved": "green", "ok": None}
+        for f in findings:
+            table.add_row(f.spec, f.run, f.profile, f.what, f.baseline, f.new, f.verdict, style=styles.get(f.verdict, "yellow"))
+        console.print(table)
+    else:
+        for line in compare.summary(findings):
+            style = "red" if line.startswith("REGRESSION") else "green" if line.startswith("IMPROVED") else None
+            console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
     regressions = sum(f.verdict == "regression" for f in findings)
-    compared = sum(not f.verdict.startswith("not compared") for f in findings)
+    compared = sum(not f.verdict.startswith(compare.NOT_COMPARED) for f in findings)
     console.print(f"{regressions} regression(s) in {compared} comparison(s)")
     if compared == 0:
-        raise HarnessError(f"{args.new}: no record matched the baseline {args.baseline}")
+        raise HarnessError(f"{args.new}: no record matched the baseline {args.baseline} ({compare.holdings(args.new, args.baseline)})")
     return EXIT_FAILED if regressions else 0
 
 

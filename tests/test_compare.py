@@ -171,7 +171,10 @@ def test_honest_records_of_another_host_pass_and_a_bug_fails(other_host):
     honest = [f for f in compare.compare(other_host["honest"], str(BASELINE)) if f.spec == "peaks_mlp"]
     assert honest and "regression" not in verdicts(honest), [f for f in honest if f.verdict == "regression"]
     assert any(f.what == "host fingerprint" for f in honest)
-    assert any(f.what.startswith("final ") and f.verdict == "ok" and f.baseline != f.new for f in honest)
+    # peaks is chaotic: across hosts the calibrated rule allows more than the final loss
+    # itself, which is said (not judged), not passed as ok; math parity still judges the math
+    finals = [f for f in honest if f.what.startswith("final ")]
+    assert finals and all(f.verdict.startswith("not judged: chaotic beyond the float32 horizon") for f in finals)
     assert all(f.verdict.startswith("not compared: another host") for f in honest if f.what == "time per step")
     bug = [f for f in compare.compare(other_host["bug"], str(BASELINE)) if f.verdict == "regression"]
     assert bug and {f.run for f in bug} >= {"torch@cpu", "torch@cpu+float64"}
@@ -201,3 +204,77 @@ def test_single_repeat_times_are_not_judged(tmp_path):
     edit_one(new, "oracle", slower)
     findings = [f for f in compare.compare(new, str(BASELINE)) if f.run == "oracle@cpu" and f.what == "time per step"]
     assert findings and all(f.verdict.startswith("not compared: a single repeat") for f in findings)
+
+
+def nan_time(doc):
+    doc["timings"]["per_step_s"] = float("nan")
+
+
+def negative_time(doc):
+    doc["timings"]["per_step_s"] = -1.0
+
+
+def no_checks(doc):
+    doc["checks"] = []
+
+
+def no_metrics(doc):
+    doc["metrics"] = None
+
+
+def pass_far_beyond(doc):
+    check = next(c for c in doc["checks"] if c["ratio"] is not None)
+    check["verdict"], check["ratio"] = "pass", 1e6
+
+
+@pytest.mark.parametrize("change", [nan_time, negative_time, no_checks, no_metrics, pass_far_beyond])
+def test_a_record_that_contradicts_itself_is_a_regression(tmp_path, change):
+    """The gate judges what a record measured, not what it concludes: each of these records
+    says `ok` and passes every check it still carries."""
+    new = copy_baseline(tmp_path)
+    edit_one(new, "torch", change)
+    regressions = [f for f in compare.compare(new, str(BASELINE)) if f.verdict == "regression"]
+    assert regressions and {f.run for f in regressions} == {"torch@cpu"}, regressions
+
+
+def test_a_run_that_stopped_running_is_a_regression(tmp_path):
+    new = copy_baseline(tmp_path)
+    gone = sorted(new.rglob("*_jax_cpu_*.json"))
+    for path in gone:
+        path.unlink()
+    missing = [f for f in compare.compare(new, str(BASELINE)) if f.new == "missing"]
+    assert missing and all(f.verdict == "regression" and f.run.startswith("jax@cpu") for f in missing)
+    assert len({(f.spec, f.run) for f in missing}) == len(gone)
+
+
+def test_an_allowance_larger_than_the_value_judges_nothing(tmp_path):
+    """A chaotic spec across hosts: the calibrated rule allows more than the value itself,
+    so the metric is said not judged, not ok."""
+    new = copy_baseline(tmp_path)
+
+    def chaotic(doc):
+        doc["calibration"]["float32_final_curve"] = 0.5  # factor 10 x 0.5: allowed 5x the value
+        doc["host"]["cpu_model"] = "Some Other CPU"
+
+    edit_one(new, "torch", chaotic)
+    findings = [f for f in compare.compare(new, str(BASELINE)) if f.run == "torch@cpu" and f.what.startswith("final ")]
+    assert findings and all(f.verdict.startswith("not judged: chaotic beyond the float32 horizon") for f in findings)
+    assert any(line.startswith("NOT JUDGED") for line in compare.summary(findings))
+
+
+def test_records_of_another_profile_say_what_each_side_holds(tmp_path):
+    new = copy_baseline(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "harness", "compare", str(new), "--baseline", "git:HEAD"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2
+    assert "holds quick: mnist_mlp, moons_net, peaks_mlp" in done.stderr and "holds bench:" in done.stderr
+    assert "--baseline baselines/cpu-quick" in done.stderr
+
+
+def test_the_summary_has_a_line_per_regression_and_counts_the_rest(tmp_path):
+    new = copy_baseline(tmp_path)
+    edit_one(new, "torch", metric_moved)
+    findings = compare.compare(new, str(BASELINE))
+    lines = compare.summary(findings)
+    regressions = [f for f in findings if f.verdict == "regression"]
+    assert len([line for line in lines if line.startswith("REGRESSION")]) == len(regressions) >= 1
+    assert len(lines) < len(findings) / 2 and lines[-1].startswith("findings: ")

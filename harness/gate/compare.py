@@ -30,6 +30,7 @@ from harness.core.git import checked_revision, folder_at
 from harness.core.paths import REFERENCE_DIR
 from harness.core.provenance import fingerprint
 from harness.core.registry import Cell, Verdict
+from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
 
@@ -39,6 +40,9 @@ from harness.records.schema import Record
 # the code. Runs of a single repeat record no spread: their times are not judged (the
 # oracle runs once; so do specs whose runs take minutes).
 TIME_NOISE_FLOOR = 0.5
+NOT_COMPARED = "not compared"
+QUICK_BASELINE = Path("baselines/cpu-quick")  # the committed baseline of the quick profile (nox -s regress)
+NOT_JUDGED = "not judged"
 
 
 @dataclass(frozen=True)
@@ -122,9 +126,15 @@ def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
     for name, old in base.metrics.values.items():
         value = new.metrics.values.get(name)
         if value is None:
+            findings.append(finding(f"final {name}", f"{old:.7g}", "missing", "regression"))
             continue
         allowed = factor * spread * abs(old) + floor
-        verdict = "ok" if abs(value - old) <= allowed else "regression"
+        if abs(value - old) > allowed:
+            verdict = "regression"
+        elif allowed >= abs(old):  # an allowance as large as the value itself can catch nothing
+            verdict = f"{NOT_JUDGED}: chaotic beyond the float32 horizon (allowed {allowed:.3g} on a value of {abs(old):.3g})"
+        else:
+            verdict = "ok"
         findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g} (allowed {allowed:.3g})", verdict))
     return findings
 
@@ -163,6 +173,12 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
         verdict = "regression" if base.status == "ok" else "improved" if new.status == "ok" else "changed"
         findings.append(finding("status", base.status, new.status, verdict))
 
+    for problem in record_problems(new):
+        findings.append(finding("the record itself", "", problem, "regression"))
+    new_checks = {(c.name, c.against) for c in new.checks}
+    for check in base.checks:
+        if (check.name, check.against) not in new_checks and new.status == "ok":
+            findings.append(finding(f"{check.name} vs {check.against}", check.verdict, "missing", "regression"))
     base_checks = {(c.name, c.against): c for c in base.checks}
     for check in new.checks:
         old = base_checks.get((check.name, check.against))
@@ -200,7 +216,53 @@ def compare(new_dir: Path, baseline: str) -> list[Finding]:
     for key, new in sorted(new_records.items()):
         base = base_records.get(key)
         if base is None:
-            findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", "not compared: no baseline"))
+            findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", f"{NOT_COMPARED}: no baseline"))
             continue
         findings.extend(compare_pair(base, new, labels[new.record_id]))
+    run_matrices = {(r.spec.name, r.spec.profile) for r in new_records.values()}
+    for key, base in sorted(base_records.items()):
+        if key not in new_records and (base.spec.name, base.spec.profile) in run_matrices:  # a run that stopped running
+            findings.append(Finding(base.spec.name, store.run_label(base), base.spec.profile, "the whole run", base.status, "missing", "regression"))
     return findings
+
+
+def profiles(records: dict[Cell, Record]) -> str:
+    """Which specs each profile holds in a set of records: `full: mnist_mlp, peaks_mlp`."""
+    held = sorted({(r.spec.profile, r.spec.name) for r in records.values()})
+    by_profile: dict[str, list[str]] = {}
+    for profile, name in held:
+        by_profile.setdefault(profile, []).append(name)
+    return "; ".join(f"{profile}: {', '.join(names)}" for profile, names in by_profile.items()) or "nothing"
+
+
+def holdings(new_dir: Path, baseline: str) -> str:
+    """What each side holds, for a comparison that matched nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = profiles(newest_in(baseline_folder(baseline, Path(tmp))))
+    new = profiles(newest_in(new_dir))
+    hint = ""
+    if QUICK_BASELINE.is_dir() and "quick:" in new and "quick:" not in base:
+        hint = f"; quick records compare with --baseline {QUICK_BASELINE}"
+    return f"{new_dir} holds {new}; {baseline} holds {base}{hint}"
+
+
+def summary(findings: list[Finding]) -> list[str]:
+    """One line per regression, change or improvement; each other host fingerprint and each
+    metric not judged said once; counts for the rest."""
+    lines, said, counts = [], set(), Counter()
+    for f in findings:
+        if f.verdict in ("regression", "improved") or f.verdict.startswith("changed") and f.what != "host fingerprint":
+            head = f.verdict.split(":")[0].upper()
+            lines.append(f"{head} {f.spec} {f.run} ({f.profile}): {f.what}: {f.baseline or '-'} -> {f.new}")
+        elif f.what == "host fingerprint" and f.new not in said:
+            said.add(f.new)
+            lines.append(f"another host fingerprint than the baseline's ({f.new}): bits judged by the calibrated rule, times not compared")
+        elif f.verdict.startswith(NOT_JUDGED):
+            key = (f.spec, f.profile, f.what)
+            if key not in said:
+                said.add(key)
+                runs = sum((g.spec, g.profile, g.what) == key and g.verdict.startswith(NOT_JUDGED) for g in findings)
+                lines.append(f"NOT JUDGED {f.spec} ({f.profile}) {f.what}, {runs} run(s): {f.verdict.split(': ', 1)[1]}")
+        counts[f.verdict.split(":")[0]] += 1
+    tally = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+    return [*lines, f"findings: {tally}"]

@@ -281,6 +281,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
     for metric in sorted(b.metrics):
         diff = abs(a.metrics[metric] - b.metrics[metric])
         allowed = allowed_rel * abs(b.metrics[metric]) + rule.metric_floor
+        spread = float(cal.curve[-1]) * abs(b.metrics[metric])  # e(T) * |b|: the spread in the metric's own units
         checks.append(
             Check(
                 f"final_{metric}",
@@ -291,7 +292,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
                 diff,
                 diff / max(abs(b.metrics[metric]), TINY),
                 ratio=_ratio(diff, allowed),
-                bound=Bound("", "relative", allowed, rule.factor, float(cal.curve[-1]), rule.metric_floor, members=cal.runs, dtype=cal.dtype),
+                bound=Bound("", "relative", allowed, rule.factor, spread, rule.metric_floor, members=cal.runs, dtype=cal.dtype),
             )
         )
     return checks
