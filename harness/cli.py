@@ -18,7 +18,7 @@ from rich.console import Console
 from harness.core.atomic import atomic_write, ensure_replaceable
 from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, ONLY_ON, STRICT, runs_on
+from harness.core.registry import ADAPTERS, CALIBRATION_KEY, DEVICES, EAGER, FAST, MODES, ONLY_ON, ORACLE_KEY, STRICT, runs_on
 from harness.inputs import resources
 from harness.records import schema, write
 from harness.run import progress
@@ -143,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
     matrix_options(run)
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
+    run.add_argument("--members", action="store_true", help="a row per calibration member in the table (folded into one by default)")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
     speed_options(run, [EAGER])
@@ -198,7 +199,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"records folder (default: {REFERENCE_DIR}, the committed reference records; {RUNS_DIR} for your own)",
     )
     rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
-    rep.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="profile of the main tables (default: full)")
+    rep.add_argument("--profile", help="profile of the main tables (default: full, or the one profile the records hold)")
 
     schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
     schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
@@ -234,11 +235,24 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         write.ensure_writable(results_dir)
-    if args.require_gpu:
-        if "gpu" not in args.devices:
-            raise HarnessError("--require-gpu: add gpu to --devices")
+    if args.require_gpu and "gpu" not in args.devices:
+        raise HarnessError("--require-gpu: add gpu to --devices")
+    if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
         execute.require_gpu(args.frameworks)
-    return results_dir, plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
+    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
+    return results_dir, keys
+
+
+def _also_runs(frameworks: list[str], keys: list, console: Console) -> None:
+    """What runs besides the frameworks asked for, said before it runs: every verdict is
+    judged against these (README, "The verdict rule")."""
+    also = [] if CALIBRATION_KEY.framework in frameworks else [f"{CALIBRATION_KEY.label} (the float32 calibration run, recorded)"]
+    also += [
+        f"{ORACLE_KEY.label} (the float64 reference, recorded)",
+        "the calibration members (~orderN, shown in the table, not recorded)",
+        "a float64 twin of each framework and device (+float64, its first steps, recorded)",
+    ]
+    console.print(f"besides {', '.join(frameworks)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
 
 
 def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
@@ -261,10 +275,10 @@ def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
     return rates
 
 
-def _finish_run(console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
+def _finish_run(args: argparse.Namespace, console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
     from harness.report import table
 
-    console.print(table.verdict_table(results))
+    console.print(table.verdict_table(results, members=getattr(args, "members", False)))
     table.print_failures(console, results)
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])
@@ -280,6 +294,7 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args)
+    _also_runs(args.frameworks, keys, console)
     problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, _limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
     run_id = write.new_id()
@@ -293,14 +308,14 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     results, results_dir, run_id = _run_matrix(args, console)
-    return _finish_run(console, results, results_dir, run_id)
+    return _finish_run(args, console, results, results_dir, run_id)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.report import table
 
     results, results_dir, run_id = _run_matrix(args, console)
-    code = _finish_run(console, results, results_dir, run_id)
+    code = _finish_run(args, console, results, results_dir, run_id)
     console.print(table.bench_table([record for r in results for record in r.records]))
     return code
 
@@ -330,7 +345,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         key = loaded.spec.sweep.key
         console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
         results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir, rates))
-    return _finish_run(console, results, results_dir, run_id)
+    return _finish_run(args, console, results, results_dir, run_id)
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -355,6 +370,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
     problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, _limits(args))
+    console.print(f"training the float64 oracle over {problem.total_steps:,} steps for the export's loss curve", highlight=False)
     arrays = {
         "x_train": problem.x_train,
         "y_train": problem.y_train,
@@ -404,7 +420,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from harness.report import document as report
 
     out, doc = report.report(args.results, args.out, args.profile)
-    console.print(f"wrote {out} and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
+    console.print(f"wrote {out} (profile {doc.profile}) and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
     return 0
 
 

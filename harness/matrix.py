@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 
 from harness.core import provenance
+from harness.core.errors import HarnessError
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
 from harness.inputs.problem import Problem
 from harness.records.build import build_record
@@ -111,14 +112,28 @@ def run_spec(
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     where = provenance.collect()
-    for key in [*keys, *twins_run]:
-        record, artifact = build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key))
-        result.records.append(record)
-        if results_dir is not None:
-            result.paths.append(write_record(results_dir, record, artifact))
+    made = [build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key)) for key in [*keys, *twins_run]]
+    result.records = [record for record, _ in made]
+    if results_dir is not None:
+        result.paths = write_together(results_dir, made)
     # the members, for the terminal's table: they calibrate the checks and are not written
     result.member_records = [build_record(loaded, problem, m, [], cal, run_id, where)[0] for m in [*members32, *members64]]
     return result
+
+
+def write_together(results_dir: Path, made: list[tuple[Record, bytes | None]]) -> list[Path]:
+    """Write a spec's records, all or none: where one cannot be written (a full disk), those
+    already written are taken back, with their artifacts, and the error goes on."""
+    paths: list[Path] = []
+    try:
+        for record, artifact in made:
+            paths.append(write_record(results_dir, record, artifact))
+    except HarnessError:
+        for path in paths:
+            path.unlink(missing_ok=True)
+            path.with_suffix(".npz").unlink(missing_ok=True)
+        raise
+    return paths
 
 
 def oracle_curve(problem: Problem, out: Console | None = None) -> np.ndarray:

@@ -23,6 +23,9 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
+    said = " ".join(done.stdout.split())  # what runs besides the frameworks asked for, said first
+    assert "besides numpy, this runs oracle@cpu (the float64 reference, recorded)" in said
+    assert "members of numpy@cpu, oracle@cpu" in said and "numpy@cpu~order1" not in said.split("Verdicts")[1]  # members folded
     assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # numpy, the oracle, numpy's float64 twin
     from harness.records.store import read_record
 
@@ -247,7 +250,7 @@ def test_a_log_gets_a_progress_line_by_steps_and_at_least_every_ten_seconds(monk
     log(75, 0.7)  # 40 s: a line
     log(500, 0.1)  # the last step: a line
     assert buffer.getvalue().splitlines() == [
-        "  moons_net torch@cpu step 50/500 loss 0.8",
-        "  moons_net torch@cpu step 75/500 loss 0.7",
-        "  moons_net torch@cpu step 500/500 loss 0.1",
+        "  moons_net torch@cpu step 50/500 step loss 0.8",
+        "  moons_net torch@cpu step 75/500 step loss 0.7",
+        "  moons_net torch@cpu step 500/500 step loss 0.1",
     ]

@@ -147,6 +147,16 @@ def test_require_gpu_without_a_gpu_stops_with_one_line_and_writes_nothing(tmp_pa
     assert not list(tmp_path.rglob("*.json"))
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has a GPU: the no-GPU path cannot be shown here")
+def test_gpu_alone_without_a_gpu_stops_before_any_work(tmp_path):
+    """`run --devices gpu` asks for nothing the CPU would run: without a GPU it stops before
+    any calibration, as --require-gpu does."""
+    done = _harness("run", "peaks_mlp", "--devices", "gpu", "--results", str(tmp_path / "r"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().startswith("error: no usable CUDA GPU on this host") and len(done.stderr.strip().splitlines()) == 1
+    assert "calibration" not in done.stdout and not list(tmp_path.rglob("*.json"))
+
+
 def test_require_gpu_needs_the_gpu_device():
     done = _harness("run", "peaks_mlp", "--require-gpu", "--no-records")
     assert done.returncode == 2 and "--require-gpu: add gpu to --devices" in done.stderr

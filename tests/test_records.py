@@ -164,3 +164,40 @@ def test_each_check_keeps_its_rule_and_tolerance_as_fields(moons_result):
     c = calibrated[0]
     bent = c.model_copy(update={"bound": c.bound.model_copy(update={"allowed": 2 * c.bound.allowed})})
     assert check_problems(bent) and check_problems(c.model_copy(update={"ratio": 2.0, "verdict": "pass"}))
+
+
+def test_leftovers_of_an_interrupted_writer_are_swept_and_nothing_else(tmp_path):
+    """A kill -9 between a record's .npz and its .json leaves an orphan .npz (and maybe a
+    temporary file): the next write into the folder removes them once they are old enough
+    that no writer is still at work; a user's files and complete records stay."""
+    folder = tmp_path / "peaks_mlp"
+    folder.mkdir()
+    orphan = folder / "20261124T091820Z_torch_cpu_quick_0fb44ae220bd.npz"
+    temporary = folder / ".20261124T091820Z_torch_cpu_quick_0fb44ae220bd.json.abcd1234.tmp"
+    complete = [folder / "20261124T091820Z_jax_cpu_quick_af2bb730ac14.json", folder / "20261124T091820Z_jax_cpu_quick_af2bb730ac14.npz"]
+    mine = [folder / "notes.npz", folder / "my.tmp"]
+    for path in [orphan, temporary, *complete, *mine]:
+        path.write_bytes(b"x")
+    young = write.sweep_leftovers(folder)
+    assert young == []  # a writer may still be at work
+    later = write.sweep_leftovers(folder, now=orphan.stat().st_mtime + write.LEFTOVER_AGE_S + 1)
+    assert sorted(later) == sorted([orphan, temporary])
+    assert all(p.exists() for p in [*complete, *mine])
+
+
+def test_a_specs_records_are_written_together_or_not_at_all(moons_result, tmp_path, monkeypatch):
+    """A full disk at the second record: the first is taken back with its artifact."""
+    result, _ = moons_result
+    made = [(r.model_copy(update={"record_id": f"{i:012x}", "artifacts": None}), b"npz") for i, r in enumerate(result.records)]
+    real, calls = write.write_record, []
+
+    def full_at_the_second(results_dir, record, artifact=None):
+        calls.append(record)
+        if len(calls) == 2:
+            raise RecordError(f"{results_dir}: cannot write: No space left on device")
+        return real(results_dir, record, artifact)
+
+    monkeypatch.setattr(matrix, "write_record", full_at_the_second)
+    with pytest.raises(RecordError, match="No space left"):
+        matrix.write_together(tmp_path, made)
+    assert len(calls) == 2 and not [p for p in tmp_path.rglob("*") if p.is_file()]

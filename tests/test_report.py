@@ -244,12 +244,45 @@ def test_report_is_deterministic_and_every_png_is_there(tmp_path):
     text, out = build(results)
     pngs = {p.name: p.read_bytes() for p in figure_paths(text, out)}
     assert pngs and all(payload.startswith(PNG_MAGIC) for payload in pngs.values())
-    assert sorted(pngs) == sorted(p.name for p in (out.parent / "figures").iterdir())
+    assert sorted(pngs) == sorted(p.name for p in (out.parent / "figures").iterdir() if p.name != report.WRITTEN)
     assert {"moons_moons_net.png", "peaks_peaks_mlp.png", "divergence_moons_net.png", "speedup.png"} <= set(pngs)
     again, _ = build(results)
     assert again == text
     assert {p.name: p.read_bytes() for p in figure_paths(again, out)} == pngs
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(".report")]  # no staging left
+    assert not [p for p in out.parent.rglob(".*") if p.name != report.WRITTEN]  # no temporary file left
+
+
+def test_a_report_removes_only_the_figures_it_wrote(tmp_path):
+    """`report --out X/REPORT.md` into a folder that holds the user's own files: they stay;
+    a figure an earlier report wrote and this one does not is removed."""
+    results = tmp_path / "results"
+    fake(results, "peaks_mlp", "torch")
+    out = tmp_path / "mine" / "REPORT.md"
+    figures = out.parent / "figures"
+    figures.mkdir(parents=True)
+    (figures / "my_plot.png").write_bytes(b"mine")
+    (out.parent / "notes.txt").write_text("mine")
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    written = set((figures / report.WRITTEN).read_text().split())
+    assert written and (figures / "my_plot.png").read_bytes() == b"mine" and (out.parent / "notes.txt").read_text() == "mine"
+    (figures / report.WRITTEN).write_text("".join(f"{n}\n" for n in [*written, "gone_figure.png"]))
+    (figures / "gone_figure.png").write_bytes(b"an earlier report's")
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    assert not (figures / "gone_figure.png").exists() and (figures / "my_plot.png").read_bytes() == b"mine"
+
+
+def test_report_picks_the_one_profile_the_records_hold_or_says_which(tmp_path, capsys):
+    """`report --results runs` after a quick run reports the quick profile and says so; a
+    profile the records do not hold is one line and exit 2, naming what they hold."""
+    results = tmp_path / "results"
+    fake(results, "peaks_mlp", "torch", profile="quick")
+    fake(results, "peaks_mlp", "oracle", profile="quick")
+    assert cli.main(["report", "--results", str(results)]) == 0
+    assert "(profile quick)" in capsys.readouterr().out
+    assert "## Verdicts" in (results / "REPORT.md").read_text() and "No records of profile" not in (results / "REPORT.md").read_text()
+    assert cli.main(["report", "--results", str(results), "--profile", "full"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the records hold profiles quick" in err
 
 
 def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):

@@ -8,6 +8,8 @@ import datetime as dt
 import hashlib
 import io
 import os
+import re
+import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +20,11 @@ from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError, RecordError
 from harness.inputs.problem import named
 from harness.records.schema import Artifact, Record
+
+# A record's file name (record_path), and an atomic write's temporary file (core/atomic.py).
+RECORD_NAME = re.compile(r"\d{8}T\d{6}Z?_[\w-]+_(cpu|gpu)_[\w-]+_[0-9a-f]{12}\.(json|npz)")
+TEMPORARY_NAME = re.compile(r"\..+\.[\w-]{8}\.tmp")
+LEFTOVER_AGE_S = 600
 
 
 def now() -> str:
@@ -72,10 +79,31 @@ def _write_new(path: Path, payload: bytes) -> None:
         raise RecordError(str(exc)) from None
 
 
+def sweep_leftovers(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove what an interrupted writer of records left in `folder` (a kill -9 between a
+    record's .npz and its .json, or inside a write): a record's .npz without its .json, and
+    a temporary file of an atomic write, each older than LEFTOVER_AGE_S (a writer that is
+    still at work is younger). Only files of the harness's own names go; returns them."""
+    now = time.time() if now is None else now
+    gone = []
+    for path in folder.iterdir() if folder.is_dir() else []:
+        ours = (RECORD_NAME.fullmatch(path.name) and path.suffix == ".npz" and not path.with_suffix(".json").exists()) or (
+            TEMPORARY_NAME.fullmatch(path.name)
+        )
+        if not ours or path.is_symlink() or not path.is_file():
+            continue
+        if now - path.stat().st_mtime > LEFTOVER_AGE_S:
+            path.unlink(missing_ok=True)
+            gone.append(path)
+    return gone
+
+
 def write_record(results_dir: Path, record: Record, artifact: bytes | None = None) -> Path:
-    """Validate and write a record (and its .npz artifact first, if any)."""
+    """Validate and write a record (and its .npz artifact first, if any), after sweeping
+    what an interrupted writer left in its folder."""
     path = record_path(results_dir, record)
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(path.parent)
     if artifact is not None:
         npz = path.with_suffix(".npz")
         _write_new(npz, artifact)

@@ -3,6 +3,7 @@ rendered with the report's row builders (harness/report/rows.py)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -86,7 +87,15 @@ def _member_row(record: Record) -> list[str]:
     return [run_label(record), status, _fmt(_value(record, "train_loss"), ".5g"), acc, "-", "calibrates", "-", _ms(record)]
 
 
-def verdict_table(results: Sequence[Shown]) -> Table:
+def _members_row(records: list[Record]) -> list[str]:
+    """The calibration members of one spec, folded into one row: how many, and their status."""
+    ok = sum(r.status == "ok" for r in records)
+    status = "member" if ok == len(records) else f"{len(records) - ok} not ok"
+    labels = sorted({run_label(r).split("~")[0] for r in records})
+    return [f"{len(records)} members of {', '.join(labels)}", status, "-", "-", "-", "calibrates", "-", "-"]
+
+
+def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
     table = Table(title="Verdicts", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for column in COLUMNS:
         table.add_column(
@@ -100,8 +109,11 @@ def verdict_table(results: Sequence[Shown]) -> Table:
         for record in result.records:
             cells, style = _run_row(record)
             table.add_row(*cells, style=style)
-        for record in result.member_records:
-            table.add_row(*_member_row(record), style="dim")
+        if members:
+            for record in result.member_records:
+                table.add_row(*_member_row(record), style="dim")
+        elif result.member_records:
+            table.add_row(*_members_row(result.member_records), style="dim")
     return table
 
 
@@ -118,8 +130,13 @@ def failure_line(record: Record, c) -> str:
     return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
 
 
+WIDTH = 100  # the columns a line of the verdicts fits, as the table does
+
+
 def _print(console: Console, line: str, style: str | None = None) -> None:
-    console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
+    """One finding, wrapped to WIDTH columns, its continuation lines indented."""
+    wrapped = textwrap.fill(line, width=min(WIDTH, console.width or WIDTH), subsequent_indent="    ", break_long_words=False)
+    console.print(wrapped, style=style, highlight=False, soft_wrap=True, markup=False)
 
 
 def print_failures(console: Console, results: Sequence[Shown]) -> None:

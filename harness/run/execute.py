@@ -116,7 +116,7 @@ def run_group(
         if outcome.status != "ok":
             console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
         else:
-            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g}")
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
         cell = cells.get(key)
         if cell is not None and outcome.status == "ok":
             workdir.keep(cell, outcome, console)

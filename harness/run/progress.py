@@ -27,7 +27,7 @@ def printer(out: Console, label: str, total: int, every: int):
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("step loss {task.fields[loss]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=out,
@@ -49,6 +49,6 @@ def printer(out: Console, label: str, total: int, every: int):
         nonlocal last
         if step % every == 0 or step >= total or time.monotonic() - last >= LOG_SECONDS:
             last = time.monotonic()
-            out.print(f"  {label} step {step}/{total} loss {loss:.7g}", highlight=False)
+            out.print(f"  {label} step {step}/{total} step loss {loss:.7g}", highlight=False)
 
     return log
