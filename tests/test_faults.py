@@ -288,3 +288,19 @@ def test_a_fresh_process_dies_with_its_parent_even_on_sigkill(tmp_path):
         pytest.fail("the fresh process outlived its SIGKILLed parent")
     finally:
         parent.kill()
+
+
+def test_ctrl_c_ends_a_fresh_process_without_its_traceback(tmp_path):
+    """Ctrl-C reaches the whole process group: the child ends by SIGINT's default action, so
+    only the parent's own line is printed, also when it lands as the child starts."""
+    from harness.run.fresh import in_fresh_process
+
+    assert in_fresh_process(signal.getsignal, signal.SIGINT) == signal.SIG_DFL
+    for delay in (0.02, 0.1, 0.3, 0.6, 1.0):  # during the child's start, and once it runs
+        program = (
+            "import os, signal, threading, time; from harness.run.fresh import in_fresh_process\n"
+            f"threading.Timer({delay}, lambda: os.killpg(0, signal.SIGINT)).start()\n"
+            "try:\n    in_fresh_process(time.sleep, 20)\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
+        )
+        done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120, start_new_session=True)
+        assert done.stdout.strip() == "interrupted" and "Traceback" not in done.stderr, (delay, done.stdout, done.stderr)

@@ -201,3 +201,23 @@ def test_a_specs_records_are_written_together_or_not_at_all(moons_result, tmp_pa
     with pytest.raises(RecordError, match="No space left"):
         matrix.write_together(tmp_path, made)
     assert len(calls) == 2 and not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_a_dangling_results_link_is_refused_before_any_run(tmp_path):
+    link = tmp_path / "results"
+    link.symlink_to(tmp_path / "gone" / "nowhere")
+    with pytest.raises(RecordError, match="is a link to nothing"):
+        write.ensure_writable(link)
+    with pytest.raises(RecordError, match="is a link to nothing"):
+        write.ensure_writable(link / "deeper")
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "..", "a/b.npz", "x.json"])
+def test_a_record_naming_an_artifact_outside_its_folder_does_not_read(tmp_path, name):
+    record = store.read_record(next((ROOT / "results").rglob("*_torch_cpu_full_*.json")))
+    doc = json.loads(record.model_dump_json())
+    doc["artifacts"]["file"] = name
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(RecordError, match=r"r\.json: not a harness record \(schema 1\): artifacts\.file"):
+        store.read_record(path)

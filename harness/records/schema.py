@@ -148,7 +148,7 @@ class CalibrationRecord(Frozen):
 
 
 class Artifact(Frozen):
-    file: str
+    file: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\.npz$", max_length=200)]  # beside the record, never a path
     sha256: str
 
 

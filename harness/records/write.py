@@ -40,6 +40,8 @@ def ensure_writable(results_dir: Path) -> None:
     run that then fails on its data leaves no empty folder behind (write_record makes it)."""
     existing = results_dir
     while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a link to nowhere: mkdir would fail after every run
+            raise RecordError(f"{results_dir}: the results folder cannot be written: {existing} is a link to nothing")
         existing = existing.parent
     try:
         if not existing.is_dir():

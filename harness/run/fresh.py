@@ -23,7 +23,12 @@ class ProcessDied(Exception):
 
 
 def _die_with_parent(parent: int) -> None:
-    """In the child, first: ask the kernel for SIGKILL when the parent goes (Linux)."""
+    """In the child, first: ask the kernel for SIGKILL when the parent goes (Linux); and
+    let Ctrl-C end the child without a word: the default action, not Python's
+    KeyboardInterrupt (its traceback would cross the parent's one line). SIGINT came
+    blocked from the parent, so one that arrived while the child started ends it now."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -35,7 +40,14 @@ def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
     """call(*args) in a new process; its result, its exception, or ProcessDied."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+        # The child starts with SIGINT blocked (a mask is inherited across exec) until
+        # _die_with_parent has set its default action.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return pool.submit(call, *args).result()
+            future = pool.submit(call, *args)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        try:
+            return future.result()
         except BrokenProcessPool:
             raise ProcessDied from None
