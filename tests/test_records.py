@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -162,7 +163,7 @@ def test_each_check_keeps_its_rule_and_tolerance_as_fields(moons_result):
     assert calibrated and all(c.bound.members and c.bound.dtype in ("float32", "float64") for c in calibrated)
     # the check can fail: a tolerance that does not add up, and a pass beyond its tolerance
     c = calibrated[0]
-    bent = c.model_copy(update={"bound": c.bound.model_copy(update={"allowed": 2 * c.bound.allowed})})
+    bent = c.model_copy(update={"bound": dataclasses.replace(c.bound, allowed=2 * c.bound.allowed)})
     assert check_problems(bent) and check_problems(c.model_copy(update={"ratio": 2.0, "verdict": "pass"}))
 
 

@@ -4,8 +4,6 @@ of its .npz."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from harness.core.provenance import Provenance
@@ -119,7 +117,7 @@ def build_record(
             **{name: getattr(c, name) for name in CHECK_FIELDS},
             against=c.other(key).label,
             ratio=None if c.ratio is None or c.ratio == float("inf") else c.ratio,
-            bound=None if c.bound is None else schema.BoundRecord(**dataclasses.asdict(c.bound)),
+            bound=c.bound,
         )
         for c in checks
         if c.involves(key)

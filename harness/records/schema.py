@@ -14,6 +14,7 @@ from pydantic import Field
 
 from harness.core.provenance import Frozen, Git, Host
 from harness.core.registry import Verdict
+from harness.verdict.bound import Bound
 
 SCHEMA_VERSION = 1
 
@@ -99,22 +100,6 @@ class Metrics(Frozen):
     values: dict[str, float]
 
 
-class BoundRecord(Frozen):
-    """A check's tolerance as fields (harness/verdict/checks.py, Bound): the rule that made
-    the check, what it measures, and, where its error is largest, the allowance factor *
-    spread + floor (or atol + rtol * |b|, or rtol) it was held to."""
-
-    rule: str
-    measure: str
-    allowed: float | None = None
-    factor: float | None = None
-    spread: float | None = None
-    floor: float | None = None
-    rtol: float | None = None
-    members: int | None = None
-    dtype: str | None = None
-
-
 class CheckRecord(Frozen):
     name: str
     against: str
@@ -131,7 +116,7 @@ class CheckRecord(Frozen):
     ratio: float | None = None
     tensor: str | None = None
     diagnosis: str | None = None
-    bound: BoundRecord | None = None  # absent in records written before 2026-11-24
+    bound: Bound | None = None  # the tolerance as fields (verdict/checks.py); absent in records before 2026-11-24
 
 
 class CalibrationRecord(Frozen):

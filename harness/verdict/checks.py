@@ -28,6 +28,7 @@ from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY,
 from harness.inputs.problem import param_names
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
+from harness.verdict.bound import Bound
 from harness.verdict.calibration import TINY, Spread, relative_curve_distance, tensors
 
 # The floor of every calibrated check, in units of the compared dtype's rounding (machine
@@ -36,23 +37,6 @@ from harness.verdict.calibration import TINY, Spread, relative_curve_distance, t
 ROUNDING_ULPS = 4
 EPS = {FLOAT32: float(np.finfo(np.float32).eps), FLOAT64: float(np.finfo(np.float64).eps)}
 MATH = "math_"  # the prefix of the math-parity checks
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A check's tolerance as fields, where its error is largest: `allowed` is factor *
-    spread + floor (calibrated), or atol + rtol * |b| (the spec's allclose override), or rtol
-    (the spec's horizon rule); the error over `allowed` is the check's ratio."""
-
-    rule: str  # the rule that made the check (harness/verdict/rules.py)
-    measure: str  # allclose, tensor_l2, relative_curve, max_abs, relative
-    allowed: float | None = None
-    factor: float | None = None
-    spread: float | None = None  # the calibration members' largest distance there
-    floor: float | None = None
-    rtol: float | None = None
-    members: int | None = None  # how many rounding-only runs the spread was measured over
-    dtype: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from typing import Protocol
 from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
+from harness.verdict.bound import Bound
 from harness.verdict.calibration import Spread
 from harness.verdict.checks import (
     MATH,
-    Bound,
     Calibration,
     Check,
     envelope_checks,
