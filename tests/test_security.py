@@ -13,6 +13,7 @@ import os
 import pickle
 import stat
 import struct
+import subprocess
 import tracemalloc
 from pathlib import Path
 
@@ -450,3 +451,21 @@ def test_report_out_refuses_a_fifo_and_writes_nothing(tmp_path, capsys):
     assert code == 2
     one_line_error(err, str(fifo), "not a regular file")
     assert sorted(tmp_path.iterdir()) == [fifo] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("target", ["/etc", "../../outside"])
+def test_a_baseline_tree_with_a_link_out_of_its_folder_is_one_line(tmp_path, capsys, monkeypatch, target):
+    """`compare --baseline git:REV` unpacks results/ at REV: a crafted tree whose link points
+    out of the folder is refused in one line, and nothing is written outside."""
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    (repo / "results" / "escape").symlink_to(target)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "crafted"], check=True)
+    monkeypatch.chdir(repo)
+    code, _, err = harness(capsys, "compare", ROOT / "baselines" / "cpu-quick", "--baseline", "git:HEAD")
+    assert code == 2
+    one_line_error(err, "git:HEAD", "cannot unpack results/")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
