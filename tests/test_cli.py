@@ -25,7 +25,7 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
     said = " ".join(done.stdout.split())  # what runs besides the frameworks asked for, said first
     assert "besides numpy, this runs oracle@cpu (the float64 reference, recorded)" in said
-    assert "members of numpy@cpu, oracle@cpu" in said and "numpy@cpu~order1" not in said.split("Verdicts")[1]  # members folded
+    assert "4 members member" in said and "numpy@cpu~order1" not in said.split("Verdicts")[1]  # members folded
     assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # numpy, the oracle, numpy's float64 twin
     from harness.records.store import read_record
 
@@ -215,9 +215,11 @@ def test_bench_refuses_an_unknown_mode(tmp_path):
 
 
 def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():
-    """The verdict table's natural width fits a 100-column terminal, no cell wrapped."""
+    """The verdict table's natural width fits a 100-column terminal, no cell wrapped, also
+    with a row per calibration member (--members; folded into one row by default)."""
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "peaks_mlp", "--profile", "quick", "--frameworks", "numpy,jax", "--no-records", "--no-floor"],
+        [sys.executable, "-m", "harness", "run", "peaks_mlp", "--profile", "quick", "--frameworks", "numpy,jax", "--no-records", "--no-floor"]
+        + ["--members"],
         capture_output=True,
         text=True,
         cwd=ROOT,

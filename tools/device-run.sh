@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (the `device` tool; see README, "On a lent GPU machine").
+# One call on a lent GPU machine (the `device` tool; see docs/gpu-machine.md).
 # Runs `harness run --devices cpu,gpu --tf32 --require-gpu` (or, with `bench` first,
 # `harness bench --devices cpu,gpu --require-gpu`: eager and fast modes against the floor)
 # with a time budget, keeping every finished run in a work folder, and leaves two archives

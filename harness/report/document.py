@@ -349,7 +349,7 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
         )
         doc.add(
             "Agreement at each size (the same checks, tolerances and known differences as the full "
-            "runs; failing checks by name, `against` the other run; the README's findings explain "
+            "runs; failing checks by name, `against` the other run; the findings in docs/findings.md explain "
             "them, with evidence in `tests/test_findings.py`):",
             "",
             sweep_agreement_table(mine),
