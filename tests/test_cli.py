@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from harness import arguments
 from harness.core import paths
 from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
@@ -83,9 +84,8 @@ def test_runs_go_to_a_git_ignored_folder_and_the_report_reads_the_reference_reco
     """A user's runs never touch the committed records: run, bench and sweep write to runs/
     (git-ignored) unless told otherwise; the report and `compare --baseline git:REV` read
     the reference records in results/."""
-    from harness import cli
 
-    parser = cli._parser()
+    parser = arguments.parser()
     for command in ("run", "bench", "sweep"):
         assert parser.parse_args([command]).results == paths.RUNS_DIR
     assert parser.parse_args(["compare", "--baseline", "b"]).new == paths.RUNS_DIR

@@ -1,0 +1,191 @@
+"""The command line's arguments: every subcommand's options, each checked as it is parsed
+(a bad value is one line and exit code 2, before any work)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from harness.core.paths import REFERENCE_DIR, RUNS_DIR, SPECS_DIR
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES
+from harness.inputs import resources
+from harness.spec import model as spec_mod
+
+
+def _csv(allowed: tuple[str, ...], what: str):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in allowed]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}")
+        return list(dict.fromkeys(items))  # each once: jax,jax is jax
+
+    return parse
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"values must be positive: {text!r}")
+    return values
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive and finite: {text!r}")
+        return value
+
+    return parse
+
+
+def limit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-memory-gb",
+        type=_positive(float),
+        default=resources.DEFAULT_MAX_MEMORY_GB,
+        help=f"refuse a spec estimated to need more memory (default: {resources.DEFAULT_MAX_MEMORY_GB:g} GiB)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=_positive(int),
+        default=resources.DEFAULT_MAX_STEPS,
+        help=f"refuse a spec of more training steps (default: {resources.DEFAULT_MAX_STEPS:,})",
+    )
+
+
+def limits(args: argparse.Namespace) -> resources.Limits:
+    return resources.Limits(args.max_memory_gb, args.max_steps)
+
+
+def gpu_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tf32", action="store_true", help="also run each framework on the GPU with TF32 allowed (measured, not gated)")
+    p.add_argument("--require-gpu", action="store_true", help="stop with one line, before any run, if no framework finds a GPU")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep each finished run here; a later call with the same inputs reuses it (split a long matrix, resume a crash)",
+    )
+
+
+def speed_options(p: argparse.ArgumentParser, modes: list[str]) -> None:
+    p.add_argument(
+        "--modes",
+        type=_csv(MODES, "mode"),
+        default=modes,
+        help=f"eager (the article-style code), fast (each framework's compiled mode), or both (default: {','.join(modes)})",
+    )
+    p.add_argument("--no-floor", action="store_true", help="skip measuring the devices' rates: the records carry no floor")
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def data_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--profile", default=spec_mod.FULL_PROFILE, help="a profile defined in the spec (default: full)")
+        p.add_argument("--data-dir", type=Path, help="folder with data files (default: $HARNESS_DATA_DIR, else a cache folder)")
+        p.add_argument("--data-source", help="a named data source of the spec, e.g. test-set for MNIST offline")
+        p.add_argument("--download", action="store_true", help="download missing data files from the fixed mirrors")
+        p.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
+
+    def matrix_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--frameworks",
+            type=_csv(tuple(ADAPTERS), "framework"),
+            default=None,
+            metavar="LIST",
+            help=f"comma-separated, of {', '.join(ADAPTERS)} (default: all; numpy runs on the CPU only, cupy on "
+            "the GPU only: the same array-module code). The float64 oracle, its "
+            "reordered calibration members and the float64 twins of the frameworks chosen always run "
+            "too: every verdict is judged against them",
+        )
+        p.add_argument(
+            "--devices",
+            type=_csv(DEVICES, "device"),
+            default=["cpu"],
+            metavar="LIST",
+            help=f"comma-separated, of {', '.join(DEVICES)} (default: cpu)",
+        )
+        p.add_argument(
+            "--results",
+            type=Path,
+            default=RUNS_DIR,
+            help=f"records folder (default: {RUNS_DIR}/, git-ignored; the committed reference records are in {REFERENCE_DIR}/)",
+        )
+
+    run = sub.add_parser("run", help="run specs through adapters and devices, check, write records")
+    run.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
+    matrix_options(run)
+    run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
+    run.add_argument("--members", action="store_true", help="a row per calibration member in the table (folded into one by default)")
+    run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
+    speed_options(run, [EAGER])
+    gpu_options(run)
+    limit_options(run)
+    data_options(run)
+
+    bench = sub.add_parser("bench", help="eager and fast modes side by side: time per step, fast/eager and measured/floor; records as usual")
+    bench.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
+    matrix_options(bench)
+    bench.add_argument("--no-records", action="store_true", help="print the tables, write nothing")
+    bench.add_argument("--repeats", type=int, default=5, help="timing repeats of each run (default: 5)")
+    speed_options(bench, [EAGER, FAST])
+    gpu_options(bench)
+    limit_options(bench)
+    data_options(bench)
+    bench.set_defaults(profile=spec_mod.BENCH_PROFILE)
+
+    sweep = sub.add_parser("sweep", help="run a spec's crossover sweep (e.g. peaks over 100..160,000 points); records as usual")
+    sweep.add_argument("specs", nargs="*", help="spec names or paths (default: every spec that declares a sweep)")
+    matrix_options(sweep)
+    sweep.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
+    speed_options(sweep, [EAGER])
+    gpu_options(sweep)
+    limit_options(sweep)
+    sweep.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    sweep.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
+
+    validate = sub.add_parser("validate", help="validate specs and every profile in them")
+    validate.add_argument("specs", nargs="*")
+    limit_options(validate)
+    validate.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
+
+    export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
+    export.add_argument("spec")
+    export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
+    limit_options(export)
+    data_options(export)
+
+    comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
+    comp.add_argument("new", type=Path, nargs="?", default=RUNS_DIR, help=f"folder of new records (default: {RUNS_DIR})")
+    comp.add_argument("--all", action="store_true", help="print every finding as a table, not the summary")
+    comp.add_argument(
+        "--baseline", required=True, help=f"folder of baseline records, or git:REV for {REFERENCE_DIR}/ at REV (a sha or a ref)"
+    )
+
+    rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
+    rep.add_argument(
+        "--results",
+        type=Path,
+        default=REFERENCE_DIR,
+        help=f"records folder (default: {REFERENCE_DIR}, the committed reference records; {RUNS_DIR} for your own)",
+    )
+    rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
+    rep.add_argument("--profile", help="profile of the main tables (default: full, or the one profile the records hold)")
+
+    schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
+    schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
+
+    sub.add_parser("list", help="list specs, adapters and devices")
+    return parser
