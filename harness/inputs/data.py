@@ -12,6 +12,7 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -19,6 +20,7 @@ from typing import BinaryIO
 import numpy as np
 
 from harness.core.errors import DataError
+from harness.core.files import DEFLATE_MAX_RATIO, open_regular
 from harness.spec.model import IdxData, IdxFile, PeaksData
 
 DATA_DIR_ENV = "HARNESS_DATA_DIR"
@@ -31,6 +33,11 @@ IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f
 IDX_MAX_DIMS = 8
 IDX_MAX_BYTES = 2 * 2**30  # an IDX file's data, decompressed: MNIST's largest is 47 MB
 IDX_CHUNK = 1 << 20
+# The images become float32 features (4 bytes a pixel), then the training and validation
+# rows are copied out of them: twice that, at once. The limit is resources' (8 GiB unless
+# --max-memory-gb says otherwise): a 2 GiB file of bytes made 8 GiB of features, and more.
+FEATURE_COPIES = 2
+DEFAULT_FEATURES_MAX_BYTES = 8 * 2**30
 
 
 # --- peaks ------------------------------------------------------------------------------
@@ -89,7 +96,8 @@ def make_moons(n_samples: int, noise: float, seed: int) -> tuple[np.ndarray, np.
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    f, _ = open_regular(path, "data file", error=DataError)
+    with f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -107,7 +115,7 @@ def _read_at_most(stream: BinaryIO, count: int) -> bytearray:
     return got
 
 
-def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int) -> np.ndarray:
+def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, compressed: bool) -> np.ndarray:
     magic = _read_at_most(stream, 4)
     if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES or magic[3] == 0:
         raise DataError(f"{path}: not an IDX file (wrong magic number {magic.hex() or 'none'})")
@@ -118,29 +126,51 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int) -> np.ndarray:
     if len(dims) < 4 * ndim:
         raise DataError(f"{path}: truncated IDX header")
     shape = struct.unpack(f">{ndim}I", dims)
+    # The data's size, from the header alone, checked before anything is allocated: against
+    # the limit, and against what the file can hold (a raw file holds exactly its size less
+    # the header; a gzip stream at most DEFLATE_MAX_RATIO times its compressed size).
     expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if expected > max_bytes:
         raise DataError(f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than the {max_bytes:,} allowed")
-    body = _read_at_most(stream, expected + 1)  # one byte more tells an oversized file
-    if len(body) != expected:
-        found = f"more than {expected}" if len(body) > expected else str(len(body))
+    if compressed and expected > DEFLATE_MAX_RATIO * file_size:
+        raise DataError(
+            f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than a gzip file of {file_size:,} bytes can hold"
+        )
+    if not compressed and file_size - 4 - 4 * ndim != expected:
+        held = file_size - 4 - 4 * ndim
+        found = f"more than {expected}" if held > expected else str(held)
         raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
-    return np.frombuffer(body, dtype=dtype).reshape(shape)
+    body = np.empty(expected, dtype=np.uint8)  # not touched: memory is taken as it is filled
+    view, got = memoryview(body), 0
+    while got < expected:
+        n = stream.readinto(view[got : got + IDX_CHUNK])
+        if not n:
+            break
+        got += n
+    if got == expected and stream.read(1):  # one byte more tells an oversized file
+        got += 1
+    if got != expected:
+        found = f"more than {expected}" if got > expected else str(got)
+        raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
+    return body.view(dtype).reshape(shape)
 
 
 def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
-    """Read an IDX file (gzip-compressed or raw) into a NumPy array of its declared shape.
-    The header's size is checked against `max_bytes` before the data is read, and a gzip
-    stream is decompressed no further than the header's size (plus one byte)."""
+    """Read an IDX file (gzip-compressed or raw, a regular file) into a NumPy array of its
+    declared shape. The header's size is checked against `max_bytes` and against the
+    file's size before the data is allocated or read, and a gzip stream is decompressed no
+    further than the header's size (plus one byte)."""
     path = Path(path)
+    f, file_size = open_regular(path, "data file", error=DataError)
     try:
-        with open(path, "rb") as f:
+        with f:
             compressed = f.read(2) == b"\x1f\x8b"
             f.seek(0)
             if not compressed:
-                return _parse_idx(path, f, max_bytes)
+                return _parse_idx(path, f, max_bytes, file_size, compressed=False)
             try:
-                return _parse_idx(path, gzip.GzipFile(fileobj=f, mode="rb"), max_bytes)
+                with gzip.GzipFile(fileobj=f, mode="rb") as stream:
+                    return _parse_idx(path, stream, max_bytes, file_size, compressed=True)
             except (OSError, EOFError, zlib.error) as exc:
                 raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
     except OSError as exc:
@@ -212,9 +242,19 @@ class IdxSplit:
     files: tuple[UsedFile, ...]
 
 
-def load_idx(section: IdxData, source: str, data_dir: Path, download: bool = False) -> IdxSplit:
+def load_idx(
+    section: IdxData,
+    source: str,
+    data_dir: Path,
+    download: bool = False,
+    max_bytes: int = DEFAULT_FEATURES_MAX_BYTES,
+    admit: Callable[[int], None] | None = None,
+) -> IdxSplit:
     """Read a source's image and label files, scale and flatten the images, and split them
-    at random (seeded) into train and validation."""
+    at random (seeded) into train and validation. Before the features are made, `admit`
+    is given the number of training examples (the run's resource check), and the images
+    are refused where their features would take more than `max_bytes` (FEATURE_COPIES
+    float32 copies: images wider than the model's input are seen here first)."""
     if source not in section.sources:
         raise DataError(f"data.sources: no source {source!r} (known: {', '.join(sorted(section.sources))})")
     chosen = section.sources[source]
@@ -237,7 +277,16 @@ def load_idx(section: IdxData, source: str, data_dir: Path, download: bool = Fal
         raise DataError(f"{used[0].path}: images hold NaN or infinite values")
     if chosen.validation >= len(images):
         raise DataError(f"data.sources.{source}.validation: {chosen.validation} leaves no training examples of {len(images)}")
-    features = (images.reshape(len(images), -1).astype(np.float32) / np.float32(section.scale)).astype(np.float32)
+    if admit is not None:
+        admit(len(images) - chosen.validation)
+    need = FEATURE_COPIES * images.size * np.dtype(np.float32).itemsize
+    if need > max_bytes:
+        raise DataError(
+            f"{used[0].path}: {len(images):,} images of {images[0].size:,} pixels make {need / 2**30:,.1f} GiB of float32 features, "
+            f"more than the {max_bytes / 2**30:g} GiB allowed (--max-memory-gb raises it)"
+        )
+    features = images.reshape(len(images), -1).astype(np.float32)
+    features /= np.float32(section.scale)  # in place: the same float32 quotients as features / scale
     order = np.random.default_rng(section.split_seed).permutation(len(images))
     val, train = order[: chosen.validation], order[chosen.validation :]
     targets = labels.astype(np.int64)

@@ -181,8 +181,8 @@ def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:
     return np.stack([rng.permutation(n_train) for _ in range(training.epochs)])
 
 
-def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: bool):
-    section = spec.data
+def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, download: bool, limits: resources.Limits):
+    spec, section = loaded.spec, loaded.spec.data
     if section.kind == "peaks_grid":
         x, y = data.peaks_grid(section)
         return x, y, None, None, (), None
@@ -190,7 +190,12 @@ def _load_data(spec: Spec, data_dir: Path | None, source: str | None, download: 
         x, y = data.make_moons(section.n_samples, section.noise, section.seed)
         return x, y, None, None, (), None
     source = source or section.source
-    split = data.load_idx(section, source, data_dir or data.default_data_dir(), download)
+    max_bytes = int(limits.memory_gb * resources.GIB)  # the images' features, before they are made
+
+    def admit(n_train: int) -> None:
+        resources.check(loaded, limits, n_train)
+
+    split = data.load_idx(section, source, data_dir or data.default_data_dir(), download, max_bytes, admit)
     if split.x_train.shape[1] != spec.model.input_width:
         raise DataError(f"model.input_width: {spec.model.input_width}, but the {source} images have {split.x_train.shape[1]} pixels")
     n_classes = spec.model.layers[-1].width
@@ -208,11 +213,11 @@ def build_problem(
 ) -> Problem:
     """Make the data, the initial weights and the batch order of a spec, once; refused
     before anything is made when it is past the resource limits (for an IDX data set,
-    again once its files are read and its size is known)."""
+    again once its files are read and its size is known, before its features are made)."""
     spec = loaded.spec
     start = time.perf_counter()
     resources.check(loaded, limits)
-    x_train, y_train, x_val, y_val, files, used_source = _load_data(spec, data_dir, source, download)
+    x_train, y_train, x_val, y_val, files, used_source = _load_data(loaded, data_dir, source, download, limits)
     resources.check(loaded, limits, len(x_train))
     try:
         check_batching(spec.training, len(x_train))

@@ -9,10 +9,8 @@ its sha256, else git at the record's commit). `compare`, `report`, `figures`, `s
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
-import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -22,6 +20,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from harness.core.errors import HarnessError, RecordError, SpecError
+from harness.core.files import BadNpz, npz_arrays, read_regular
 from harness.core.git import checked_revision, file_at
 from harness.core.paths import PROJECT_ROOT, SPECS_DIR
 from harness.core.registry import ORACLE, Cell, RunKey, current_label, current_name
@@ -32,14 +31,43 @@ from harness.spec import model as spec_mod
 
 FRAMEWORK_PREFERENCE = ("torch", "jax", "numpy", "cupy")
 OLD_CHECK_TENSOR = re.compile(r"([Wb])([1-9]\d*)")
+# The largest record and artifact read. A record is tens of kilobytes (the committed ones
+# reach 34 KB; its loss curve is sampled every loss_every steps); an artifact holds the
+# full loss curve and the final parameters (the committed ones reach 190 KB), and 2 GiB is
+# the largest IDX data file read. A record and its artifact are read only from a regular
+# file, never through a link (the harness writes none; a link could lead to /dev/zero).
+RECORD_MAX_BYTES = 64 * 2**20
+ARTIFACT_MAX_BYTES = 2 * 2**30
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names a key twice (json.loads would keep the last silently)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(key)
+        found[key] = value
+    return found
 
 
 def read_record(path: Path) -> Record:
-    """One record as written, validated against the schema."""
+    """One record as written, validated against the schema: a regular file of at most
+    RECORD_MAX_BYTES, JSON that names no key twice."""
+    path = Path(path)
+    raw = read_regular(path, RECORD_MAX_BYTES, "record", follow_links=False, error=RecordError)
     try:
-        return Record.model_validate_json(Path(path).read_bytes())
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        doc = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except DuplicateKey as exc:
+        raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): duplicate key {str(exc)!r}") from None
+    except RecursionError:
+        raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): (document): nested too deep") from None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): (document): Invalid JSON: {exc}") from None
+    try:
+        return Record.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"]) or "(document)"
@@ -175,17 +203,13 @@ class Sources:
         if record.artifacts is None:
             raise Unavailable(f"{run_label(record)} ({record.record_id}) has no artifact ({record.status})")
         path = self.paths[record.record_id].with_name(record.artifacts.file)
-        try:
-            payload = path.read_bytes()
-        except OSError as exc:
-            raise Unavailable(f"{path.name}: cannot read: {exc.strerror or exc}") from None
+        payload = read_regular(path, ARTIFACT_MAX_BYTES, "record's artifact", follow_links=False, error=Unavailable)
         if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
             raise Unavailable(f"{path.name}: sha256 differs from the record's; artifact not used")
         try:
-            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-                return {key: npz[key] for key in npz.files}
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:  # its sha256 matched, yet it is not an .npz
-            raise Unavailable(f"{path.name}: not a readable .npz ({type(exc).__name__}: {exc})") from None
+            return npz_arrays(payload, ARTIFACT_MAX_BYTES)
+        except BadNpz as exc:  # its sha256 matched, yet it is not an .npz the harness writes
+            raise Unavailable(f"{path.name}: not a readable .npz ({exc})") from None
 
     def losses(self, record: Record) -> np.ndarray:
         return np.asarray(self.artifact(record)["losses"], dtype=np.float64)
@@ -208,7 +232,11 @@ def _spec_candidates(path: str, commit: str | None) -> Iterable[tuple[str, bytes
     named = Path(path)
     local = named if named.is_absolute() else PROJECT_ROOT / named
     for candidate in dict.fromkeys([local, SPECS_DIR / named.name]):
-        yield str(candidate), candidate.read_bytes() if candidate.is_file() else None
+        try:  # the path comes from the record: a FIFO, a device or a huge file is no match
+            raw = read_regular(candidate, spec_load.SPEC_MAX_BYTES, "spec file") if candidate.is_file() else None
+        except HarnessError:
+            raw = None
+        yield str(candidate), raw
     if commit:
         repo_path = f"specs/{named.name}"
         yield f"git {commit[:10]}:{repo_path}", _spec_text_at(commit, repo_path)

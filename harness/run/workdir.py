@@ -17,7 +17,6 @@ import io
 import json
 import types
 import typing
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,18 @@ from rich.console import Console
 
 from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError
+from harness.core.files import BadNpz, npz_arrays, read_regular
 from harness.core.registry import RunKey
 from harness.run.runner import Outcome
 
 FORMAT = 1
 JSON_SCALARS = (str, int, float, bool, type(None))
+# The largest kept run read: a .json of scalars and names (a few kilobytes) and an .npz of
+# a run's arrays (its whole loss curve, snapshots, outputs, parameters), as a record and
+# its artifact (harness/records/store.py). Both are the harness's own: never read through
+# a link, nor from a FIFO (it would block) or a device.
+CELL_MAX_BYTES = 64 * 2**20
+CELL_NPZ_MAX_BYTES = 2 * 2**30
 
 
 class Unusable(Exception):
@@ -108,6 +114,8 @@ def decode(value: Any, hint: Any, arrays: dict[str, np.ndarray]) -> Any:
         _expect(value, str, hint)
         if value not in arrays:
             raise Unusable(f"array {value!r} missing from the .npz")
+        if not isinstance(arrays[value], np.ndarray):
+            raise Unusable(f"{value!r} in the .npz is not an array")
         return arrays[value]
     if hint is Any:
         return value
@@ -137,7 +145,10 @@ def decode(value: Any, hint: Any, arrays: dict[str, np.ndarray]) -> Any:
         return origin(decode(v, h, arrays) for v, h in zip(value, items))
     if hint is float:
         _expect(value, (int, float), hint)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 309 digits or more
+            raise Unusable(f"{hint}: {str(value)[:20]}... is out of a float's range") from None
     if hint in (str, int, bool):
         _expect(value, hint, hint)
         return value
@@ -166,21 +177,27 @@ def save(cell: Path, outcome: Outcome) -> None:
 
 
 def load(cell: Path, key: RunKey) -> Outcome:
-    """The outcome kept in `cell` for `key`; Unusable if anything does not verify."""
+    """The outcome kept in `cell` for `key`; Unusable if anything does not verify or does
+    not decode, whatever the content (a digest that matches says nothing of what is in
+    the files: they may have been written by hand, or be incomplete)."""
     try:
-        doc = json.loads(cell.read_bytes())
+        doc = json.loads(read_regular(cell, CELL_MAX_BYTES, "work-folder cell", follow_links=False, error=Unusable))
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise Unusable(f"not a kept run of format {FORMAT}")
-        payload = npz_path(cell).read_bytes()
+        payload = read_regular(npz_path(cell), CELL_NPZ_MAX_BYTES, "work-folder cell", follow_links=False, error=Unusable)
         if hashlib.sha256(payload).hexdigest() != doc.get("npz_sha256"):
             raise Unusable("the .npz does not match the sha256 the .json names")
-        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
+        try:
+            arrays = npz_arrays(payload, CELL_NPZ_MAX_BYTES)
+        except BadNpz as exc:
+            raise Unusable(f"the .npz is not read: {exc}") from None
         outcome = decode(doc.get("outcome"), Outcome, arrays)
-    except (OSError, ValueError, TypeError, KeyError, EOFError, RecursionError, zipfile.BadZipFile) as exc:
+        if outcome.key != key:
+            raise Unusable(f"it holds {outcome.key.label}, not {key.label}")
+    except Unusable:
+        raise
+    except Exception as exc:  # any content that does not decode: the run goes again, never a traceback
         raise Unusable(" ".join(f"{type(exc).__name__}: {exc}".split())[:200]) from None
-    if outcome.key != key:
-        raise Unusable(f"it holds {outcome.key.label}, not {key.label}")
     return outcome
 
 

@@ -17,6 +17,27 @@ FULL_PROFILE = "full"
 BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
 
 PositiveInt = Annotated[int, Field(gt=0)]
+
+# Upper bounds of the counts a spec gives, each far above the shipped specs' values (in
+# brackets) and far below what would stall a run. The sizes of the data and the model and
+# the number of epochs are not bounded here: harness/inputs/resources.py refuses them by
+# the memory and the steps they make, limits that --max-memory-gb and --max-steps raise.
+MAX_REPEATS = 100  # timing.repeats (1-3): each repeat is a whole timed training run
+# A step or a number of steps named by a check or by logging (1,000 at most): 100 times
+# the default --max-steps (10,000,000), so that the step limit is the one that binds, and
+# an int64 whatever array it is put in.
+MAX_STEP = 10**9
+MAX_PROBE = 65_536  # checks.probe_size (256): rows whose outputs every run keeps
+MAX_LAYERS = 64  # model.layers (2-3): each is a Python-level step of every forward pass
+MAX_PROFILES = 32  # profiles (2-3): each is merged and validated whenever the spec loads
+MAX_SWEEP_POINTS = 64  # sweep.values (8): each is a set of runs
+# data.noise (0.2): the standard deviation of the noise added to moons of radius 1; at 1
+# the two classes already overlap. The report's decision-boundary figure draws a mesh of
+# step 0.01 over the data's range: its points grow with the square of the noise (a noise
+# of 1e6 asked for some 10^17 points; at 1, about a million).
+MAX_MOONS_NOISE = 1.0
+
+StepCount = Annotated[int, Field(gt=0, le=MAX_STEP)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 Rate = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -59,7 +80,7 @@ class MoonsData(Strict):
 
     kind: Literal["moons"]
     n_samples: Annotated[int, Field(ge=2)]
-    noise: NonNegative
+    noise: Annotated[float, Field(ge=0, le=MAX_MOONS_NOISE)]
     seed: Seed
 
     @property
@@ -122,7 +143,7 @@ class ModelSection(Strict):
     """A multi-layer perceptron: y = act(x W + b) per layer, W stored (fan_in, fan_out)."""
 
     input_width: PositiveInt
-    layers: Annotated[list[Layer], Field(min_length=1)]
+    layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)]
 
 
 class InitSection(Strict):
@@ -171,8 +192,8 @@ class TrainingSection(Strict):
 
 
 class LoggingSection(Strict):
-    loss_every: PositiveInt
-    print_every: PositiveInt
+    loss_every: StepCount
+    print_every: StepCount
 
 
 # --- checks -------------------------------------------------------------------------------
@@ -189,7 +210,7 @@ class Close(Strict):
 class StepCheck(Strict):
     """The parameters after `step` steps; calibrated unless rtol and atol override it."""
 
-    step: PositiveInt = 10
+    step: StepCount = 10
     rtol: NonNegative | None = None
     atol: NonNegative | None = None
 
@@ -209,7 +230,7 @@ class Horizon(Strict):
     (null: the whole run). The first step where they stop agreeing is the horizon."""
 
     rtol: Rate
-    must_hold_for: PositiveInt | None
+    must_hold_for: StepCount | None
 
 
 class Envelope(Strict):
@@ -232,14 +253,14 @@ class MathParity(Strict):
     float64 runs that sum in other orders (long_run.factor times their spread). A difference
     there is different math, not rounding."""
 
-    steps: PositiveInt = 100
+    steps: StepCount = 100
     members: Annotated[int, Field(ge=1, le=16)] = 3
 
 
 class ChecksSection(Strict):
     """What is compared, and optional hand-set overrides of the calibrated tolerances."""
 
-    probe_size: PositiveInt = 256
+    probe_size: Annotated[int, Field(gt=0, le=MAX_PROBE)] = 256
     initial_outputs: Close | None = None
     initial_loss: Close | None = None
     params_after_first_step: Close | None = None
@@ -292,7 +313,7 @@ class LibraryDifference(KnownDifference):
 
 
 class TimingSection(Strict):
-    repeats: PositiveInt
+    repeats: Annotated[int, Field(gt=0, le=MAX_REPEATS)]
 
 
 class SpeedupClaim(Strict):
@@ -318,7 +339,7 @@ class Sweep(Strict):
     of points), with a profile that shortens training; every point is an ordinary record."""
 
     key: Literal["data.points_per_axis", "data.n_samples"]
-    values: Annotated[list[PositiveInt], Field(min_length=1)]
+    values: Annotated[list[PositiveInt], Field(min_length=1, max_length=MAX_SWEEP_POINTS)]
     profile: Name
 
 
@@ -337,7 +358,7 @@ class Spec(Strict):
     checks: ChecksSection = ChecksSection()
     timing: TimingSection
     known_differences: list[KnownDifference] = []
-    profiles: dict[Name, dict[str, Any]] = {}
+    profiles: Annotated[dict[Name, dict[str, Any]], Field(max_length=MAX_PROFILES)] = {}
     claims: Claims = Claims()
     sweep: Sweep | None = None
 
