@@ -344,7 +344,7 @@ LABELS = np.arange(10, dtype=np.uint8)
         (gzip_bomb(idx(IMAGES, 0x08)[:16], 1), gzip.compress(idx(LABELS, 0x08)), "truncated or oversized IDX data: more than 7840 bytes"),
         (gzip.compress(idx(IMAGES[:0], 0x08, (2**32 - 1,) * 3)), gzip.compress(idx(LABELS, 0x08)), "more than the 2,147,483,648 allowed"),
         (gzip.compress(idx(IMAGES, 0x08)), gzip.compress(idx(np.arange(-1, 9, dtype=np.int8), 0x09)), "labels must be class indices"),
-        (gzip.compress(idx(IMAGES, 0x08)), gzip.compress(idx(LABELS * 20, 0x08)), "but the labels go up to 180"),
+        (gzip.compress(idx(IMAGES, 0x08)), gzip.compress(idx(LABELS * 20, 0x08)), "labels go up to 180, but"),
     ],
     ids=["gzip-bomb", "header-overflow", "negative-labels", "labels-past-the-outputs"],
 )
@@ -469,3 +469,57 @@ def test_a_baseline_tree_with_a_link_out_of_its_folder_is_one_line(tmp_path, cap
     assert code == 2
     one_line_error(err, "git:HEAD", "cannot unpack results/")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def idx_spec(folder: Path, labels: np.ndarray, **changes) -> Path:
+    """The MNIST spec on a 10-image IDX source of `labels` (2 of them for validation)."""
+    files = {
+        "images": ("v-images-idx3-ubyte.gz", gzip.compress(idx(IMAGES, 0x08))),
+        "labels": ("v-labels-idx1-ubyte.gz", gzip.compress(idx(labels, 0x08))),
+    }
+    source = {"validation": 2}
+    for role, (name, payload) in files.items():
+        (folder / name).write_bytes(payload)
+        source[role] = {"file": name, "sha256": hashlib.sha256(payload).hexdigest()}
+    doc = yaml.safe_load((SPECS_DIR / "mnist_mlp.yaml").read_text())
+    return write_spec(folder / "bad.yaml", doc, {"data__sources": {"bad": source}, "data__source": "bad", "profiles": {}, **changes})
+
+
+def test_a_label_past_the_outputs_in_the_validation_split_is_one_line_before_any_run(tmp_path, capsys):
+    """Only the validation split holds the bad label: found when the data is read, not by
+    the runs dying with an IndexError."""
+    doc = yaml.safe_load((SPECS_DIR / "mnist_mlp.yaml").read_text())
+    val = np.random.default_rng(doc["data"]["split_seed"]).permutation(len(LABELS))[:2]
+    labels = LABELS.copy()
+    labels[val[0]] = 200
+    spec = idx_spec(tmp_path, labels)
+    code, out, err = harness(capsys, "run", spec, "--data-dir", tmp_path, "--no-records", "--no-floor", "--in-process")
+    assert code == 2 and "Verdicts" not in out
+    one_line_error(err, "v-labels-idx1-ubyte.gz: labels go up to 200", str(spec))
+
+
+def test_a_step_check_past_the_end_of_the_run_is_bad_input(tmp_path, capsys):
+    """Where the spec knows its data's size, validation says so; for IDX data, known once
+    its files are read, the run stops there, before any run (it used to skip the check)."""
+    code, _, err = harness(capsys, "validate", tiny_moons(tmp_path, checks__params_after_steps__step=4))  # 3 steps
+    assert code == 2 and "checks.params_after_steps.step: beyond the last training step" in err
+    spec = idx_spec(tmp_path, LABELS, checks__params_after_steps__step=1000)
+    code, out, err = harness(capsys, "run", spec, "--data-dir", tmp_path, "--no-records", "--no-floor", "--in-process")
+    assert code == 2 and "Verdicts" not in out
+    one_line_error(err, str(spec), "checks.params_after_steps.step: 1000 is past the run's last step")
+
+
+def test_a_union_key_is_one_line_not_one_per_member(tmp_path, capsys):
+    spec = tiny_moons(tmp_path, training__batch_size=0)
+    code, _, err = harness(capsys, "validate", spec)
+    assert code == 2
+    one_line_error(err, str(spec), "training.batch_size: Input should be greater than 0 or Input should be 'full'")
+
+
+def test_a_download_with_no_place_for_the_data_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", "/dev/null")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HARNESS_DATA_DIR", raising=False)
+    code, _, err = harness(capsys, "run", "mnist_mlp", "--profile", "quick", "--frameworks", "numpy", "--download", "--no-records")
+    assert code == 2
+    one_line_error(err, "/dev/null/.cache/repro-harness/data: cannot make the data folder for --download")

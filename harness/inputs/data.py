@@ -191,7 +191,10 @@ def _download(name: str, sha256: str, dest: Path, mirrors: tuple[str, ...] = MNI
     import pooch  # imported here: only a download needs it
 
     errors = []
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # HOME=/dev/null, a read-only cache: say where, in one line
+        raise DataError(f"{dest}: cannot make the data folder for --download: {exc.strerror or exc} (set --data-dir or ${DATA_DIR_ENV})") from None
     for mirror in mirrors:
         try:
             got = pooch.retrieve(mirror + name, known_hash=f"sha256:{sha256}", fname=name, path=dest, progressbar=False)

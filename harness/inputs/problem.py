@@ -17,7 +17,7 @@ import numpy as np
 from harness.core.errors import DataError
 from harness.inputs import data, resources
 from harness.spec.load import LoadedSpec
-from harness.spec.model import Spec, batch_bounds, check_batching
+from harness.spec.model import Spec, batch_bounds, check_batching, total_steps
 
 Params = list[tuple[np.ndarray, np.ndarray]]
 # Records and artifacts written before 2026-11-24 named a layer's tensors W0, b0, W1, ...
@@ -195,12 +195,18 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
     def admit(n_train: int) -> None:
         resources.check(loaded, limits, n_train)
 
-    split = data.load_idx(section, source, data_dir or data.default_data_dir(), download, max_bytes, admit)
+    try:
+        split = data.load_idx(section, source, data_dir or data.default_data_dir(), download, max_bytes, admit)
+    except DataError as exc:  # a message that names a key of the spec names its file too
+        message = str(exc)
+        raise DataError(f"{loaded.path}: {message}" if message.startswith(("data.", "model.")) else message) from None
+    images, labels = (split.files[0].path, split.files[1].path) if len(split.files) == 2 else (source, source)
     if split.x_train.shape[1] != spec.model.input_width:
-        raise DataError(f"model.input_width: {spec.model.input_width}, but the {source} images have {split.x_train.shape[1]} pixels")
+        raise DataError(f"{images}: images of {split.x_train.shape[1]} pixels, but {loaded.path} says model.input_width: {spec.model.input_width}")
     n_classes = spec.model.layers[-1].width
-    if split.y_train.max(initial=0) >= n_classes:
-        raise DataError(f"model.layers: {n_classes} outputs, but the labels go up to {split.y_train.max()}")
+    top = max(split.y_train.max(initial=0), split.y_val.max(initial=0) if split.y_val is not None else 0)
+    if top >= n_classes:  # the validation split too: its labels index the outputs as well
+        raise DataError(f"{labels}: labels go up to {top}, but {loaded.path} gives the last of model.layers {n_classes} outputs")
     return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
 
 
@@ -223,6 +229,9 @@ def build_problem(
         check_batching(spec.training, len(x_train))
     except ValueError as exc:
         raise DataError(f"{loaded.path}: {exc}") from None
+    steps, step = total_steps(spec.training, len(x_train)), spec.checks.params_after_steps.step
+    if step > steps:  # the check would silently not be made
+        raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
     params = initial_params(spec)
     order = batch_order(spec, len(x_train))
     return Problem(

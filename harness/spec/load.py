@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,19 @@ from harness.spec.yamlsafe import Refused, load_yaml
 # parse on a busy 2-core host, 50 MB still ran after 40 s: 256 KiB parses in about 2 s.
 SPEC_MAX_BYTES = 256 * 1024
 
+SPEC_KEY = re.compile(r"[a-z_][a-z0-9_]*|\d+")  # a key or a list index of a spec document
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    # Drop the discriminator tags pydantic inserts ("data.peaks_grid.noise" -> "data.noise").
-    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd")]
+    # Drop the tags pydantic inserts: a discriminated union's ("data.peaks_grid.noise" ->
+    # "data.noise") and a plain union's members ("training.batch_size.constrained-int").
+    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd") and SPEC_KEY.fullmatch(str(p))]
     return ".".join(parts) or "(document)"
 
 
 def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> str:
-    lines = []
+    """One line per key (a union's members each say why a value is not theirs: joined)."""
+    by_key: dict[str, list[str]] = {}
     for e in err.errors():
         key = _format_loc(e["loc"])
         key = f"{prefix}{key}" if prefix else key
@@ -43,10 +49,10 @@ def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> s
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
-                lines.append(f"{path}: {prefix}{msg}")
+                by_key.setdefault("", []).append(f"{prefix}{msg}")
                 continue
-        lines.append(f"{path}: {key}: {msg}")
-    return "\n".join(lines)
+        by_key.setdefault(f"{key}: ", []).append(msg)
+    return "\n".join(f"{path}: {key}{' or '.join(dict.fromkeys(msgs))}" for key, msgs in by_key.items())
 
 
 def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
