@@ -25,13 +25,14 @@ from harness.spec.yamlsafe import Refused, load_yaml
 # parse on a busy 2-core host, 50 MB still ran after 40 s: 256 KiB parses in about 2 s.
 SPEC_MAX_BYTES = 256 * 1024
 
-SPEC_KEY = re.compile(r"[a-z_][a-z0-9_]*|\d+")  # a key or a list index of a spec document
+# The names pydantic gives a plain union's members in an error's location: no spec key.
+UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none")
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
     # Drop the tags pydantic inserts: a discriminated union's ("data.peaks_grid.noise" ->
     # "data.noise") and a plain union's members ("training.batch_size.constrained-int").
-    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd") and SPEC_KEY.fullmatch(str(p))]
+    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd") and not UNION_TAG.fullmatch(str(p))]
     return ".".join(parts) or "(document)"
 
 
