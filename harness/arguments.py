@@ -86,8 +86,8 @@ def speed_options(p: argparse.ArgumentParser, modes: list[str]) -> None:
     p.add_argument("--no-floor", action="store_true", help="skip measuring the devices' rates: the records carry no floor")
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+def parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def data_options(p: argparse.ArgumentParser) -> None:

@@ -292,7 +292,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments.parser().parse_args(argv)
+    args = arguments.parser(__doc__.splitlines()[0]).parse_args(argv)
     console = progress.console()
     try:
         return COMMANDS[args.command](args, console)

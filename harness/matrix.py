@@ -15,11 +15,12 @@ from harness.core import provenance
 from harness.core.errors import HarnessError
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
 from harness.inputs.problem import Problem
+from harness.records import write
 from harness.records.build import build_record
 from harness.records.schema import Record
-from harness.records.write import new_id, write_record
+from harness.records.write import new_id
 from harness.run import plan, progress
-from harness.run.execute import GPU_MIN_REPEATS, cell_path, run_group, run_one
+from harness.run.execute import GPU_MIN_REPEATS, cell_path, machine, run_group, run_one
 from harness.run.floor import Rates, floor_of
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
@@ -74,8 +75,10 @@ def run_spec(
     run_id = run_id or new_id()
     short = plan.twin_problem(problem)
 
+    here = None if work_dir is None else machine()  # asked once, for every cell of the matrix
+
     def cell(p: Problem, key: RunKey, runs: int) -> Path | None:
-        return None if work_dir is None else cell_path(work_dir, loaded, p, key, runs)
+        return None if work_dir is None else cell_path(work_dir, loaded, p, key, runs, here)
 
     def members(p: Problem, dtype: str, what: str) -> list[Outcome]:
         found = []
@@ -123,11 +126,14 @@ def run_spec(
 
 def write_together(results_dir: Path, made: list[tuple[Record, bytes | None]]) -> list[Path]:
     """Write a spec's records, all or none: where one cannot be written (a full disk), those
-    already written are taken back, with their artifacts, and the error goes on."""
+    already written are taken back, with their artifacts, and the error goes on. First,
+    what an interrupted writer left in their folders is swept (write.sweep_leftovers)."""
+    for folder in {write.record_path(results_dir, record).parent for record, _ in made}:
+        write.sweep_leftovers(folder)
     paths: list[Path] = []
     try:
         for record, artifact in made:
-            paths.append(write_record(results_dir, record, artifact))
+            paths.append(write.write_record(results_dir, record, artifact))
     except HarnessError:
         for path in paths:
             path.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import arguments
+from harness import arguments, cli
 from harness.core import paths
 from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
@@ -85,7 +85,7 @@ def test_runs_go_to_a_git_ignored_folder_and_the_report_reads_the_reference_reco
     (git-ignored) unless told otherwise; the report and `compare --baseline git:REV` read
     the reference records in results/."""
 
-    parser = arguments.parser()
+    parser = arguments.parser(cli.__doc__.splitlines()[0])
     for command in ("run", "bench", "sweep"):
         assert parser.parse_args([command]).results == paths.RUNS_DIR
     assert parser.parse_args(["compare", "--baseline", "b"]).new == paths.RUNS_DIR

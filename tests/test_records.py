@@ -198,7 +198,7 @@ def test_a_specs_records_are_written_together_or_not_at_all(moons_result, tmp_pa
             raise RecordError(f"{results_dir}: cannot write: No space left on device")
         return real(results_dir, record, artifact)
 
-    monkeypatch.setattr(matrix, "write_record", full_at_the_second)
+    monkeypatch.setattr(write, "write_record", full_at_the_second)
     with pytest.raises(RecordError, match="No space left"):
         matrix.write_together(tmp_path, made)
     assert len(calls) == 2 and not [p for p in tmp_path.rglob("*") if p.is_file()]

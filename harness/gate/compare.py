@@ -33,6 +33,7 @@ from harness.core.registry import Cell, Verdict
 from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
+from harness.report.rows import ms
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
 # this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
@@ -154,8 +155,8 @@ def _time_findings(base: Record, new: Record, differs: list[str], finding) -> li
     return [
         finding(
             "time per step",
-            f"{base.timings.per_step_s * 1e3:.4g} ms",
-            f"{new.timings.per_step_s * 1e3:.4g} ms (limit {allowed * 1e3:.4g})",
+            f"{ms(base.timings.per_step_s, 4)} ms",
+            f"{ms(new.timings.per_step_s, 4)} ms (limit {ms(allowed, 4)})",
             "regression" if new.timings.per_step_s > allowed else "ok",
         )
     ]
@@ -250,6 +251,7 @@ def summary(findings: list[Finding]) -> list[str]:
     """One line per regression, change or improvement; each other host fingerprint and each
     metric not judged said once; counts for the rest."""
     lines, said, counts = [], set(), Counter()
+    not_judged = Counter((f.spec, f.profile, f.what) for f in findings if f.verdict.startswith(NOT_JUDGED))
     for f in findings:
         if f.verdict in ("regression", "improved") or f.verdict.startswith("changed") and f.what != "host fingerprint":
             head = f.verdict.split(":")[0].upper()
@@ -261,8 +263,7 @@ def summary(findings: list[Finding]) -> list[str]:
             key = (f.spec, f.profile, f.what)
             if key not in said:
                 said.add(key)
-                runs = sum((g.spec, g.profile, g.what) == key and g.verdict.startswith(NOT_JUDGED) for g in findings)
-                lines.append(f"NOT JUDGED {f.spec} ({f.profile}) {f.what}, {runs} run(s): {f.verdict.split(': ', 1)[1]}")
+                lines.append(f"NOT JUDGED {f.spec} ({f.profile}) {f.what}, {not_judged[key]} run(s): {f.verdict.split(': ', 1)[1]}")
         counts[f.verdict.split(":")[0]] += 1
     tally = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
     return [*lines, f"findings: {tally}"]

@@ -205,9 +205,10 @@ def _download(name: str, sha256: str, dest: Path, mirrors: tuple[str, ...] = MNI
     raise DataError(f"cannot download {name}: " + "; ".join(errors))
 
 
-def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> Path:
-    """Find a data file in data_dir, gzip or raw, and verify its sha256; or download it.
-    `hint` ends the missing-file error (another data source the spec offers, say)."""
+def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> tuple[Path, str]:
+    """Find a data file in data_dir, gzip or raw, and verify its sha256; or download it
+    (pooch keeps it only if its sha256 matches). The file, and its verified sha256. `hint`
+    ends the missing-file error (another data source the spec offers, say)."""
     raw_name = file.file.removesuffix(".gz")
     candidates = [(data_dir / file.file, file.sha256)]
     if raw_name != file.file:
@@ -220,9 +221,9 @@ def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> Pat
         got = sha256_of(candidate)
         if got != expected:
             raise DataError(f"{candidate}: checksum mismatch: sha256 is {got}, the spec says {expected}")
-        return candidate
+        return candidate, got
     if download:
-        return _download(file.file, file.sha256, data_dir)
+        return _download(file.file, file.sha256, data_dir), file.sha256
     raise DataError(
         f"{data_dir / file.file}: missing. Put the file there, point --data-dir or "
         f"${DATA_DIR_ENV} at a folder that has it, or pass --download{hint}"
@@ -266,9 +267,9 @@ def load_idx(
     others = sorted(set(section.sources) - {source})
     hint = f"; or choose another of the spec's data sources: {', '.join(f'--data-source {o}' for o in others)}" if others else ""
     for file in (chosen.images, chosen.labels):
-        path = locate(file, data_dir, download, hint)
+        path, sha256 = locate(file, data_dir, download, hint)
         arrays.append(read_idx(path))
-        used.append(UsedFile(name=file.file, path=str(path), sha256=sha256_of(path)))
+        used.append(UsedFile(name=file.file, path=str(path), sha256=sha256))
     images, labels = arrays
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise DataError(

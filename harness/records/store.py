@@ -232,8 +232,8 @@ def _spec_candidates(path: str, commit: str | None) -> Iterable[tuple[str, bytes
     named = Path(path)
     local = named if named.is_absolute() else PROJECT_ROOT / named
     for candidate in dict.fromkeys([local, SPECS_DIR / named.name]):
-        try:  # the path comes from the record: a FIFO, a device or a huge file is no match
-            raw = read_regular(candidate, spec_load.SPEC_MAX_BYTES, "spec file") if candidate.is_file() else None
+        try:  # the path comes from the record: a missing file, a FIFO, a device or a huge file is no match
+            raw = read_regular(candidate, spec_load.SPEC_MAX_BYTES, "spec file")
         except HarnessError:
             raw = None
         yield str(candidate), raw

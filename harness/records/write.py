@@ -101,11 +101,9 @@ def sweep_leftovers(folder: Path, now: float | None = None) -> list[Path]:
 
 
 def write_record(results_dir: Path, record: Record, artifact: bytes | None = None) -> Path:
-    """Validate and write a record (and its .npz artifact first, if any), after sweeping
-    what an interrupted writer left in its folder."""
+    """Validate and write a record (and its .npz artifact first, if any)."""
     path = record_path(results_dir, record)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_leftovers(path.parent)
     if artifact is not None:
         npz = path.with_suffix(".npz")
         _write_new(npz, artifact)

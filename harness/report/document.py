@@ -103,16 +103,14 @@ def main_profile(records: list[Record], asked: str | None) -> str:
     sections of their own); a HarnessError naming what the records hold where the main
     tables would be empty for want of a profile they do hold."""
     held = sorted({r.spec.profile for r in records})
-    main = [p for p in held if p not in (spec_mod.BENCH_PROFILE, *_sweep_profiles(records))]
-    chosen = asked or (spec_mod.FULL_PROFILE if spec_mod.FULL_PROFILE in held or not main else main[0] if len(main) == 1 else None)
-    if chosen in held or (chosen is not None and not main):
+    swept = {r.spec.profile for mine in sweep_records(records).values() for r in mine}
+    main = [p for p in held if p != spec_mod.BENCH_PROFILE and p not in swept]
+    if asked is None and len(main) == 1 and spec_mod.FULL_PROFILE not in held:
+        return main[0]
+    chosen = asked or spec_mod.FULL_PROFILE
+    if chosen in held or not main:  # no main profile held: a sweep's or a bench's records alone
         return chosen
-    raise HarnessError(f"--profile {asked or spec_mod.FULL_PROFILE}: the records hold profiles {', '.join(held)}; name one with --profile")
-
-
-def _sweep_profiles(records: list[Record]) -> set[str]:
-    specs = [current_spec(name) for name in {r.spec.name for r in records}]
-    return {s.sweep.profile for s in specs if s is not None and s.sweep is not None}
+    raise HarnessError(f"--profile {chosen}: the records hold profiles {', '.join(held)}; name one with --profile")
 
 
 def build(results_dir: Path, profile: str | None = None) -> Document:

@@ -29,13 +29,14 @@ def fmt(value: float | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def ms(seconds: float | None) -> str:
-    """A time per step in milliseconds, as every table shows one: three significant digits,
-    no exponent."""
+def ms(seconds: float | None, digits: int = 3) -> str:
+    """A time per step in milliseconds, as every table shows one: `digits` significant
+    digits, no exponent."""
     if seconds is None:
         return "-"
     value = seconds * 1e3
-    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+    text = f"{value:.{digits}g}"
+    return f"{value:,.0f}" if "e+" in text else text  # 1234.5 with 3 digits: 1,235, not 1.23e+03
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:

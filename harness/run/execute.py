@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -61,10 +62,17 @@ def run_isolated(problem: Problem, labels: dict[RunKey, str], repeats: int) -> d
         return {key: Outcome(key, "failed", f"{key.label}: {why}") for key in labels}
 
 
-def cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int) -> Path:
+def machine() -> dict[str, Any]:
+    """What a work-folder cell owes to where it runs: the code's commit, and the host's
+    fingerprint, not its name (a fresh machine of the same kind reuses the cell). Asked
+    once per matrix: two git calls, /proc/cpuinfo and the BLAS libraries."""
+    return {"commit": git.head()[0], "host": host_fingerprint()}
+
+
+def cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int, where: dict[str, Any]) -> Path:
     """Where a finished cell's outcome is kept: named by everything that makes it what it
-    is (spec bytes, profile and overrides, data files, run key, repeats, code commit, and the
-    host's fingerprint, not its name: a fresh machine of the same kind reuses the cell)."""
+    is (spec bytes, profile and overrides, data files, run key, repeats, and `where`, the
+    machine() it runs on)."""
     facts = {
         "spec_sha256": loaded.sha256,
         "profile": loaded.profile,
@@ -73,8 +81,7 @@ def cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey,
         "source": problem.data_source,
         "key": [key.framework, key.device, key.variant, key.precision, key.mode],
         "repeats": repeats,
-        "commit": git.head()[0],
-        "host": host_fingerprint(),
+        **where,
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = key.label
