@@ -1,4 +1,5 @@
-"""The JAX adapter: a pure loss function, jax.value_and_grad, optax updates.
+"""The JAX adapter: the spec's network in flax.linen (adapters/jax_layers.py), a pure loss
+function, jax.value_and_grad, optax updates.
 
 Eager mode jits one step and calls it once per step from Python. Fast mode jits a run of
 steps: a `lax.fori_loop` with a static trip count (lowered to a scan) over the same update,
@@ -14,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from adapters import jax_layers
 from adapters.protocol import State
 from harness.core.registry import FLOAT64, TF32
-from harness.reference import xp_mlp
+from harness.reference import network
 
 NAME = "jax"
 # XLA reads this when its backend starts: no atomics-based (run-to-run varying) GPU kernels.
@@ -52,9 +54,10 @@ def unavailable(key) -> str | None:
     device = key.device
     try:
         jax = _jax(key.precision)
+        import flax  # noqa: F401
         import optax  # noqa: F401
     except ImportError as exc:
-        return f"jax or optax is not installed ({exc})"
+        return f"jax, flax or optax is not installed ({exc})"
     try:
         jax.devices(_platform(device))
     except RuntimeError as exc:
@@ -64,13 +67,14 @@ def unavailable(key) -> str | None:
 
 def describe(key) -> dict[str, Any]:
     jax = _jax(key.precision)
+    import flax
     import jaxlib
     import optax
 
     dev = jax.devices(_platform(key.device))[0]
     return {
         "library": "jax",
-        "version": f"{jax.__version__} (jaxlib {jaxlib.__version__}, optax {optax.__version__})",
+        "version": f"{jax.__version__} (jaxlib {jaxlib.__version__}, flax {flax.__version__}, optax {optax.__version__})",
         "device_name": dev.device_kind,
         "math_mode": {
             "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
@@ -88,7 +92,7 @@ class Trainer:
     device: str
     dtype: str
     data: dict[str, Any]
-    params: Any
+    params: Any  # flax's variables: {"params": ..., "batch_stats": ...}
     opt_state: Any
     train_step: Any
     predict_fn: Any
@@ -118,32 +122,47 @@ def cross_entropy(logits, labels):
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(logits * one_hot, axis=-1)
 
 
+def _masks_at(problem, data, t, size: int):
+    """Step t's dropout masks, cut to its batch of `size` rows (t may be traced)."""
+    jax = _jax()
+    found = {}
+    for key, value in data.items():
+        if key.startswith("mask:"):
+            found[key.removeprefix("mask:")] = jax.lax.dynamic_index_in_dim(value, t, keepdims=False)[:size]
+    return found
+
+
 def _functions(problem):
-    """The pure forward, loss and jitted train step of a spec."""
+    """The pure forward, loss and jitted train step of a spec: a flax.linen network
+    (adapters/jax_layers.py) and an optax optimizer, its variables carried as
+    {"params": ..., "batch_stats": ...}."""
     jax = _jax()
     import jax.numpy as jnp
     import optax
 
     spec = problem.spec
-    acts = {"relu": jax.nn.relu, "tanh": jnp.tanh, "identity": lambda z: z}
-    activations = [acts[layer.activation] for layer in spec.model.layers]
-    l2 = xp_mlp.l2_scale(spec.loss, len(problem.x_train))
+    net = jax_layers.module(spec)
+    stats = jax_layers.has_stats(spec)
+    l2 = network.l2_scale(spec.loss, len(problem.x_train))
+    full_size = len(problem.x_train)
 
-    def forward(params, x):
-        for (w, b), act in zip(params, activations):
-            x = act(x @ w + b)
-        return x
+    def forward(variables, x, masks, train: bool):
+        if train and stats:
+            out, changed = net.apply(variables, x, masks, True, mutable=["batch_stats"])
+            return out, changed["batch_stats"]
+        return net.apply(variables, x, masks, train), variables.get("batch_stats")
 
-    def loss_fn(params, x, y):
-        out = forward(params, x)
+    def loss_fn(params, batch_stats, x, y, masks):
+        variables = {"params": params, **({"batch_stats": batch_stats} if stats else {})}
+        out, new_stats = forward(variables, x, masks, True)
         if spec.loss.kind == "mse":
             per_example = (out - y) ** 2
         else:
             per_example = cross_entropy(out, y)
         value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
         if l2:
-            value = value + l2 * sum(jnp.sum(w * w) for w, _ in params)
-        return value
+            value = value + l2 * sum(jnp.sum(w * w) for w in jax_layers.kernels(spec, params))
+        return value, new_stats
 
     opt = spec.optimizer
     if opt.kind == "adam":
@@ -151,21 +170,25 @@ def _functions(problem):
     else:
         tx = optax.sgd(opt.lr)
 
-    def update(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    def update(variables, opt_state, x, y, masks):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, new_stats), grads = grad_fn(variables["params"], variables.get("batch_stats"), x, y, masks)
+        updates, opt_state = tx.update(grads, opt_state, variables["params"])
+        new = {"params": optax.apply_updates(variables["params"], updates)}
+        if stats:
+            new["batch_stats"] = new_stats
+        return new, opt_state, loss
 
-    def logged(params, opt_state, log, t, x, y):
-        params, opt_state, loss = update(params, opt_state, x, y)
-        return params, opt_state, log.at[t].set(loss)
+    def logged(variables, opt_state, log, t, x, y, masks):
+        variables, opt_state, loss = update(variables, opt_state, x, y, masks)
+        return variables, opt_state, log.at[t].set(loss)
 
-    def full_batch_step(params, opt_state, log, t, data):
-        return logged(params, opt_state, log, t, data["x"], data["y"])
+    def full_batch_step(variables, opt_state, log, t, data):
+        return logged(variables, opt_state, log, t, data["x"], data["y"], _masks_at(problem, data, t, full_size))
 
-    def minibatch_step(params, opt_state, log, t, data, epoch, start, size):
+    def minibatch_step(variables, opt_state, log, t, data, epoch, start, size):
         rows = jax.lax.dynamic_slice(data["order"][epoch], (start,), (size,))
-        return logged(params, opt_state, log, t, data["x"][rows], data["y"][rows])
+        return logged(variables, opt_state, log, t, data["x"][rows], data["y"][rows], _masks_at(problem, data, t, size))
 
     # The loss log is donated: written in place, not copied every step.
     if problem.batch_order is None:
@@ -179,21 +202,25 @@ def _functions(problem):
     def run_of_steps(length: int, size: int):
         """`length` steps of batch size `size` from step t0, in one compiled loop."""
 
-        def run(params, opt_state, log, t0, data):
+        def run(variables, opt_state, log, t0, data):
             def body(i, carry):
-                params, opt_state, log = carry
+                variables, opt_state, log = carry
                 t = t0 + i
+                masks = _masks_at(problem, data, t, size)
                 if problem.batch_order is None:
-                    return logged(params, opt_state, log, t, data["x"], data["y"])
+                    return logged(variables, opt_state, log, t, data["x"], data["y"], masks)
                 epoch, within = t // steps_per_epoch, t % steps_per_epoch
                 rows = jax.lax.dynamic_slice(data["order"][epoch], (jnp.asarray(starts)[within],), (size,))
-                return logged(params, opt_state, log, t, data["x"][rows], data["y"][rows])
+                return logged(variables, opt_state, log, t, data["x"][rows], data["y"][rows], masks)
 
-            return jax.lax.fori_loop(0, length, body, (params, opt_state, log))
+            return jax.lax.fori_loop(0, length, body, (variables, opt_state, log))
 
         return jax.jit(run, donate_argnums=(0, 1, 2))
 
-    return tx, step, jax.jit(forward), run_of_steps
+    def predict(variables, x):
+        return forward(variables, x, {}, False)[0]
+
+    return tx, step, jax.jit(predict), run_of_steps
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
@@ -201,12 +228,12 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     jax = _jax(key.precision)
     dev = jax.devices(_platform(device))[0]
     tx, train_step, predict_fn, run_of_steps = _functions(problem)
-    params = jax.device_put([(w.astype(dtype), b.astype(dtype)) for w, b in problem.initial_params], dev)
+    params = jax.device_put(jax_layers.variables(problem.spec, problem.initial_params, dtype), dev)
     log = jax.device_put(np.zeros(problem.total_steps, dtype=dtype), dev)
     # Committed to the device like everything else: optax's step count comes out of tx.init
     # uncommitted, and the first step's committed output then missed the jit cache, so the
     # step compiled again inside the timed loop (0.36 s: 3 ms per step on 100-step runs).
-    opt_state = jax.device_put(tx.init(params), dev)
+    opt_state = jax.device_put(tx.init(params["params"]), dev)
     return Trainer(problem, device, dtype, data, params, opt_state, train_step, predict_fn, log, mode, run_of_steps)
 
 
@@ -257,7 +284,7 @@ def synchronize(trainer: Trainer) -> None:
 
 
 def state(trainer: Trainer, upto: int) -> State:
-    params = [(np.asarray(w).copy(), np.asarray(b).copy()) for w, b in trainer.params]
+    params = jax_layers.tensors(trainer.problem.spec, trainer.params)
     return State(np.asarray(trainer.loss_log, dtype=np.float64)[:upto], params)
 
 

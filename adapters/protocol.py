@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from harness.core.registry import RunKey
     from harness.inputs.problem import Problem
 
-Params = list[tuple[np.ndarray, np.ndarray]]
+Params = dict[str, np.ndarray]  # every tensor by name, in the spec's layout (harness/inputs/problem.py)
 
 
 class State(NamedTuple):
     """A trainer's results so far, as float64 NumPy arrays (parameters in their own dtype)."""
 
     losses: np.ndarray  # the first `upto` logged losses
-    params: Params  # (W, b) per layer, W stored (fan_in, fan_out)
+    params: Params  # every tensor by name (running statistics too), in the spec's layout
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
 """The PyTorch adapter: torch.nn layers, torch.nn.functional losses, torch.optim updates.
+Each layer kind of the spec is translated into torch.nn's own modules (adapters/torch_layers.py).
 
 mode "eager" is the article-style loop. mode "fast" trains the same model with the same
 torch.optim update: on the CPU the forward and loss are torch.compile'd (inductor, with
@@ -19,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from adapters import timing
+from adapters import timing, torch_layers
 from adapters.protocol import State
 from harness.core.registry import TF32
-from harness.reference import xp_mlp
+from harness.reference import network
 
 NAME = "torch"
 
@@ -109,7 +110,7 @@ class _Fast:
 
     objective: tuple  # (kind, reduction, l2 scale or 0): plain values the compiled graph guards on
     sizes: list[int]  # the batch size of each step of an epoch
-    initial: list[Any]  # the parameters at build, for warm_up to restore
+    initial: dict[str, Any]  # the model's state (parameters and buffers) at build, for warm_up to restore
     step_counter: Any = None  # GPU: int64 [1], the next loss-log slot, advanced inside the graphs
     slots: Any = None  # GPU: arange(total_steps), to find the log slot of step_counter
     tables: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # GPU: size -> (batch rows, counter)
@@ -121,20 +122,6 @@ def put(problem, key) -> dict[str, Any]:
     torch = _torch()
     dev = _device(key.device)
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in problem.host_arrays(key.dtype).items()}
-
-
-def _model(torch, spec, params, dev, dtype):
-    acts = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}
-    modules = []
-    for (w, b), layer in zip(params, spec.model.layers):
-        linear = torch.nn.Linear(w.shape[0], w.shape[1], device=dev, dtype=dtype)
-        with torch.no_grad():  # nn.Linear stores (out, in): transpose the harness's (in, out)
-            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
-            linear.bias.copy_(torch.from_numpy(b))
-        modules.append(linear)
-        if layer.activation in acts:
-            modules.append(acts[layer.activation]())
-    return torch.nn.Sequential(*modules)
 
 
 def _optimizer(torch, spec, model, **impl):
@@ -150,7 +137,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     torch = _torch()
     _configure(torch, key.precision)
     torch_dtype = getattr(torch, dtype)
-    model = _model(torch, problem.spec, problem.initial_params, _device(device), torch_dtype)
+    model = torch_layers.network(torch, problem.spec, problem.initial_params, _device(device), torch_dtype)
     log = torch.zeros(problem.total_steps, dtype=torch_dtype, device=_device(device))
     if mode != "fast":
         optimizer = _optimizer(torch, problem.spec, model)
@@ -164,11 +151,13 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log, mode)
     loss = problem.spec.loss
     trainer.fast = _Fast(
-        objective=(loss.kind, loss.reduction, xp_mlp.l2_scale(loss, trainer.n_examples)),
+        objective=(loss.kind, loss.reduction, network.l2_scale(loss, trainer.n_examples)),
         sizes=[stop - start for start, stop in problem.bounds],
-        initial=[p.detach().clone() for p in model.parameters()],
+        initial={k: v.detach().clone() for k, v in model.state_dict().items()},
     )
     if device == "gpu":
+        if problem.masks:
+            raise ValueError(f"torch's CUDA-graph fast mode does not take dropout masks yet; {problem.spec.name} has dropout (run it eager)")
         _gpu_tables(torch, trainer)
     return trainer
 
@@ -180,20 +169,21 @@ def _objective(torch, kind: str, reduction: str, scale: float | None, model, out
     else:
         value = f.cross_entropy(outputs, targets, reduction=reduction)
     if scale:
-        weights = [m.weight for m in model if isinstance(m, torch.nn.Linear)]
+        weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
     return value
 
 
 def _loss(torch, spec, model, n_examples: int, outputs, targets):
-    return _objective(torch, spec.kind, spec.reduction, xp_mlp.l2_scale(spec, n_examples), model, outputs, targets)
+    return _objective(torch, spec.kind, spec.reduction, network.l2_scale(spec, n_examples), model, outputs, targets)
 
 
 def _train_step(trainer: Trainer, model, optimizer, step: int):
     torch = _torch()
     x, y = trainer.problem.batch(trainer.data, step)
+    masks = trainer.problem.step_masks(trainer.data, step)
     optimizer.zero_grad(set_to_none=True)
-    loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x), y)
+    loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x, masks), y)
     loss.backward()
     optimizer.step()
     return loss.detach()
@@ -233,10 +223,10 @@ def _compiled_objective(torch):
     Static shapes: each batch size is its own graph, all compiled in warm_up."""
     if "objective" not in _COMPILED:
 
-        def forward_loss(model, x, y, rows, kind, reduction, scale):
+        def forward_loss(model, x, y, rows, masks, kind, reduction, scale):
             if rows is not None:  # the batch's gather, fused into the graph
                 x, y = x[rows], y[rows]
-            return _objective(torch, kind, reduction, scale, model, model(x), y)
+            return _objective(torch, kind, reduction, scale, model, model(x, masks), y)
 
         _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, **_recompile_limit(torch))
     return _COMPILED["objective"]
@@ -264,8 +254,9 @@ def _cpu_step(torch, trainer: Trainer, t: int) -> None:
     if problem.batch_order is not None:
         epoch, start, stop = problem.batch_slice(t)
         rows = data["order"][epoch, start:stop]
+    masks = problem.step_masks(data, t)
     trainer.optimizer.zero_grad(set_to_none=True)
-    loss = _compiled_objective(torch)(trainer.model, data["x"], data["y"], rows, *trainer.fast.objective)
+    loss = _compiled_objective(torch)(trainer.model, data["x"], data["y"], rows, masks, *trainer.fast.objective)
     loss.backward()
     trainer.optimizer.step()
     trainer.loss_log[t] = loss.detach()
@@ -296,7 +287,7 @@ def _gpu_step(torch, trainer: Trainer, size: int) -> None:
         x, y = x.index_select(0, rows), y.index_select(0, rows)
         counter.add_(1)
     trainer.optimizer.zero_grad(set_to_none=True)  # captured: backward writes the graph's own grads
-    loss = _objective(torch, *fast.objective, trainer.model, trainer.model(x), y)
+    loss = _objective(torch, *fast.objective, trainer.model, trainer.model(x, {}), y)
     loss.backward()
     trainer.optimizer.step()
     # The log slot by an elementwise select, not index_copy_: under deterministic algorithms
@@ -347,8 +338,9 @@ def _restore(torch, trainer: Trainer) -> None:
     zero; SGD keeps none), gradients, loss log and counters."""
     fast = trainer.fast
     with torch.no_grad():
-        for p, initial in zip(trainer.model.parameters(), fast.initial):
-            p.copy_(initial)
+        now = trainer.model.state_dict()
+        for name, initial in fast.initial.items():
+            now[name].copy_(initial)
         for state in trainer.optimizer.state.values():
             for value in state.values():
                 if torch.is_tensor(value):
@@ -396,16 +388,20 @@ def synchronize(trainer: Trainer) -> None:
 
 
 def state(trainer: Trainer, upto: int) -> State:
-    linears = [m for m in trainer.model if isinstance(m, _torch().nn.Linear)]
-    params = [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in linears]
+    params = torch_layers.tensors(trainer.model, trainer.problem.spec)
     return State(trainer.loss_log[:upto].cpu().double().numpy(), params)
 
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
+    """The outputs in evaluation mode (running statistics, no dropout), then back to training."""
     torch = _torch()
-    with torch.no_grad():
-        inputs = torch.from_numpy(np.ascontiguousarray(x)).to(device=_device(trainer.device), dtype=trainer.dtype)
-        return trainer.model(inputs).cpu().double().numpy()
+    inputs = torch.from_numpy(np.ascontiguousarray(x)).to(device=_device(trainer.device), dtype=trainer.dtype)
+    trainer.model.eval()
+    try:
+        with torch.no_grad():
+            return trainer.model(inputs, {}).cpu().double().numpy()
+    finally:
+        trainer.model.train()
 
 
 def rates(device: str, precision: str) -> dict[str, float]:

@@ -1,6 +1,6 @@
-"""The array-module adapter: the MLP of harness.reference.xp_mlp, bound to NumPy on the CPU (the
-framework `numpy`) and to CuPy on the GPU (`cupy`). In float64 on NumPy it is the reference
-oracle."""
+"""The array-module adapter: the network of harness.reference.network, bound to NumPy on the
+CPU (the framework `numpy`) and to CuPy on the GPU (`cupy`). In float64 on NumPy it is the
+reference oracle. Its fast mode (adapters/xp_fast.py) is written for dense networks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from adapters import timing, xp_fast
 from adapters.protocol import State
 from harness.core.registry import TF32
-from harness.reference import xp_mlp
+from harness.reference import network
 
 NAME = "xp"
 
@@ -85,12 +85,12 @@ class Trainer:
     dtype: str
     xp: Any
     data: dict[str, Any]
-    params: list
+    params: dict  # name -> array, in the spec's layout (network.Params)
     loss_log: Any = None
     opt_state: dict | None = None
-    activations: list[str] = field(default_factory=list)
+    placed: list = field(default_factory=list)
     fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
-    jitter: Any = xp_mlp.plain  # a calibration member's extra rounding (xp_mlp.jitter_function)
+    jitter: Any = network.plain  # a calibration member's extra rounding (network.jitter_function)
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -100,17 +100,20 @@ def put(problem, key) -> dict[str, Any]:
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
     xp, device, dtype, mode = _xp(key), key.device, key.dtype, key.mode
-    params = [(xp.asarray(w.astype(dtype)), xp.asarray(b.astype(dtype))) for w, b in problem.initial_params]
+    params = {name: xp.asarray(a.astype(dtype)) for name, a in problem.initial_params.items()}
     trainer = Trainer(problem, device, dtype, xp, data, params, xp.zeros(problem.total_steps, dtype=dtype))
-    trainer.activations = [layer.activation for layer in problem.spec.model.layers]
+    trainer.placed = problem.spec.model.placed
     if problem.jitter_seed is not None:
         if mode == "fast":
             raise ValueError("a calibration member (jittered rounding) runs in eager mode only")
-        trainer.jitter = xp_mlp.jitter_function(xp, problem.jitter_seed)
-    if mode == "fast":  # trains trainer.params in place; it keeps the optimizer state
-        trainer.fast = xp_fast.FastMLP(xp, problem, data, params, dtype, trainer.loss_log)
+        trainer.jitter = network.jitter_function(xp, problem.jitter_seed)
+    if mode == "fast":  # trains the arrays of trainer.params in place; it keeps the optimizer state
+        if not problem.spec.model.is_mlp:
+            raise ValueError(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
+        layers = [(params[f"{p.name}.weight"], params[f"{p.name}.bias"]) for p in trainer.placed]
+        trainer.fast = xp_fast.FastMLP(xp, problem, data, layers, dtype, trainer.loss_log)
     elif problem.spec.optimizer.kind == "adam":
-        trainer.opt_state = xp_mlp.adam_init(xp, params)
+        trainer.opt_state = network.adam_init(xp, params, network.trained_names(trainer.placed))
     return trainer
 
 
@@ -124,16 +127,11 @@ def warm_up(trainer: Trainer, plan=()) -> None:
 
 
 def _update(trainer: Trainer, params, opt_state, step: int):
-    xp = trainer.xp
-    spec = trainer.problem.spec
-    x, y = trainer.problem.batch(trainer.data, step)
-    jitter = trainer.jitter if step < trainer.problem.jitter_steps else xp_mlp.plain
-    loss, grads = xp_mlp.loss_and_grads(xp, params, x, y, trainer.activations, spec.loss, len(trainer.problem.x_train), jitter)
-    if spec.optimizer.kind == "adam":
-        params, opt_state = xp_mlp.adam_update(xp, params, grads, opt_state, spec.optimizer, jitter=jitter)
-    else:
-        params = xp_mlp.sgd_update(params, grads, spec.optimizer.lr, jitter)
-    return loss, params, opt_state
+    problem = trainer.problem
+    x, y = problem.batch(trainer.data, step)
+    jitter = trainer.jitter if step < problem.jitter_steps else network.plain
+    ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step))
+    return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx)
 
 
 def train(trainer: Trainer, start: int, stop: int) -> None:
@@ -153,7 +151,7 @@ def synchronize(trainer: Trainer) -> None:
 
 def state(trainer: Trainer, upto: int) -> State:
     losses = np.asarray(_to_numpy(trainer, trainer.loss_log[:upto]), dtype=np.float64)
-    return State(losses, [(np.array(_to_numpy(trainer, w)), np.array(_to_numpy(trainer, b))) for w, b in trainer.params])
+    return State(losses, {name: np.array(_to_numpy(trainer, a)) for name, a in trainer.params.items()})
 
 
 def _to_numpy(trainer: Trainer, a):
@@ -162,7 +160,7 @@ def _to_numpy(trainer: Trainer, a):
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
-    outputs, _ = xp_mlp.forward(xp, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.activations, trainer.jitter)
+    outputs = network.predict(xp, trainer.placed, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.jitter)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)
 
 

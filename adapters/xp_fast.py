@@ -1,10 +1,10 @@
-"""The fast mode of the array-module MLP (harness.reference.xp_mlp): the same training, written the
+"""The fast mode of the array-module MLP (harness.reference.network, for dense networks): the same training, written the
 way CuPy's best users write it, against one array module `xp` (NumPy or CuPy).
 
 - Every array a step touches (activations, pre-activations, gradients, optimizer
   temporaries, the batch) is allocated once, at build; each operation writes into one of
   them (`out=`, in-place updates). A step allocates no arrays.
-- The floating-point operations are xp_mlp's, in xp_mlp's order, with xp_mlp's scalars
+- The floating-point operations are the network oracle's, in the network oracle's order, with the network oracle's scalars
   (Python floats cast to the dtype, as NumPy 2 and CuPy cast weak scalars). On NumPy the
   fast mode is therefore bitwise identical to the eager one (tests/test_fast_xp.py).
 - On the GPU (`xp is not numpy`), the element-wise chains are fused kernels compiled with
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.reference import xp_mlp
+from harness.reference import network
 
 # --------------------------------------------------------------------------- GPU kernels
 
@@ -158,7 +158,7 @@ class FastMLP:
         self.opt = spec.optimizer
         self.params = params  # updated in place
         self.loss_log = loss_log
-        self.scale = xp_mlp.l2_scale(spec.loss, len(problem.x_train))
+        self.scale = network.l2_scale(spec.loss, len(problem.x_train))
         self.grads = [(xp.empty_like(w), xp.empty_like(b)) for w, b in params]
         self.wsq = [xp.empty_like(w) for w, _ in params] if self.scale else []
         self.parts = xp.zeros(len(params), self.dtype)  # sum(W^2) of each layer
@@ -169,8 +169,8 @@ class FastMLP:
         if self.opt.kind == "adam":
             self.m = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
             self.v = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
-            # 1 - beta^t for t = step + 1, in float64 (the Python floats xp_mlp uses), rounded once
-            table = np.array([xp_mlp.bias_corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
+            # 1 - beta^t for t = step + 1, in float64 (the Python floats the network oracle uses), rounded once
+            table = np.array([network.bias_corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
             self.c1, self.c2 = (xp.asarray(np.ascontiguousarray(col).astype(self.dtype)) for col in table.reshape(-1, 2).T)
         self.gathered = problem.batch_order is not None
         self.sizes = [problem.batch_size(t) for t in range(total)]
@@ -451,7 +451,7 @@ def describe(device: str) -> str:
     if device == "cpu":
         return (
             "NumPy, preallocated allocation-free step: every op writes into buffers made at build "
-            "(out=, in place), xp_mlp's operations in xp_mlp's order (bitwise equal to eager)"
+            "(out=, in place), the network oracle's operations in the network oracle's order (bitwise equal to eager)"
         )
     return (
         "CuPy, one CUDA graph per batch size replayed once per step (no host sync): fused "

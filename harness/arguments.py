@@ -170,9 +170,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     comp = sub.add_parser("compare", help="compare new records with a baseline; exit 1 on a regression")
     comp.add_argument("new", type=Path, nargs="?", default=RUNS_DIR, help=f"folder of new records (default: {RUNS_DIR})")
     comp.add_argument("--all", action="store_true", help="print every finding as a table, not the summary")
-    comp.add_argument(
-        "--baseline", required=True, help=f"folder of baseline records, or git:REV for {REFERENCE_DIR}/ at REV (a sha or a ref)"
-    )
+    comp.add_argument("--baseline", required=True, help=f"folder of baseline records, or git:REV for {REFERENCE_DIR}/ at REV (a sha or a ref)")
 
     rep = sub.add_parser("report", help="write results/REPORT.md and its figures from the records (no training)")
     rep.add_argument(

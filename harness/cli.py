@@ -206,7 +206,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         arrays["x_val"], arrays["y_val"] = problem.x_val, problem.y_val
     if problem.batch_order is not None:
         arrays["batch_order"] = problem.batch_order
-    arrays.update(inputs.named(problem.initial_params))
+    arrays.update(problem.initial_params)
+    arrays.update({f"kept_{name}": kept for name, kept in problem.masks.items()})  # dropout masks
     atomic_write(out, lambda f: np.savez_compressed(f, **arrays))
     console.print(f"wrote {out}: inputs of {loaded.name} ({loaded.profile}) and the oracle's loss curve", highlight=False)
     return 0

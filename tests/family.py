@@ -32,12 +32,83 @@ REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the 
 BUGS_FOR_ANY = ("torch_matmul_bfloat16", "torch_loss_scaled")
 
 
+ACTIVATIONS = ["relu", "tanh", "identity", "gelu", "gelu_tanh"]
+
+
+def _fits(shape, layers: list[dict]) -> bool:
+    from harness.layers import place
+    from harness.spec.model import ModelSection
+
+    try:
+        place(ModelSection.model_validate({"input_shape": list(shape), "layers": [*layers, {"kind": "flatten"}, {"width": 2}]}).layers, shape)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def image_layers(draw, shape: tuple[int, int, int], classes: int) -> list[dict]:
+    """1-2 convolutions (valid, same or explicit padding, stride 1-2, any activation), each
+    maybe followed by batch norm and a pooling; a flatten; maybe a hidden dense layer, layer
+    norm and dropout; the output layer."""
+    layers: list[dict] = []
+    for _ in range(draw(st.integers(1, 2))):
+        padding = draw(st.sampled_from(["valid", "same", "explicit"]))
+        if padding == "explicit":
+            padding = [[draw(st.integers(0, 2)), draw(st.integers(0, 2))], [draw(st.integers(0, 2)), draw(st.integers(0, 2))]]
+        conv = {
+            "kind": "conv2d",
+            "filters": draw(st.integers(1, 4)),
+            "kernel": draw(st.integers(1, 3)),
+            "stride": draw(st.integers(1, 2)),
+            "padding": padding,
+            "activation": draw(st.sampled_from(ACTIVATIONS)),
+        }
+        if not _fits(shape, [*layers, conv]):
+            continue
+        layers.append(conv)
+        if draw(st.booleans()):
+            norm = {"kind": "batch_norm", "momentum": draw(st.sampled_from([0.01, 0.1, 0.5])), "eps": draw(st.sampled_from([1e-5, 1e-3]))}
+            layers.append({**norm, "running_var": draw(st.sampled_from(["unbiased", "biased"]))})
+        if draw(st.booleans()):
+            pool = {"kind": draw(st.sampled_from(["max_pool", "avg_pool"])), "window": 2, "stride": draw(st.sampled_from([1, 2]))}
+            if _fits(shape, [*layers, pool]):
+                layers.append(pool)
+    if not layers:  # nothing fitted: a 1x1 convolution always does
+        layers.append({"kind": "conv2d", "filters": 2, "kernel": 1, "activation": draw(st.sampled_from(ACTIVATIONS))})
+    layers.append({"kind": "flatten"})
+    if draw(st.booleans()):
+        layers.append({"width": draw(st.integers(2, 16)), "activation": draw(st.sampled_from(ACTIVATIONS))})
+        if draw(st.booleans()):
+            layers.append({"kind": "layer_norm", "eps": draw(st.sampled_from([1e-6, 1e-5, 1e-3]))})
+    if draw(st.booleans()):
+        layers.append({"kind": "dropout", "rate": draw(st.sampled_from([0.1, 0.25, 0.5]))})
+    layers.append({"width": classes})
+    return layers
+
+
 @st.composite
 def spec_documents(draw) -> dict:
-    """A whole valid spec: depth 1 to 3, any widths, relu or tanh, mse (peaks) or
-    cross-entropy (moons), mean or sum, L2 on or off, SGD or Adam with sane settings, full
+    """A whole valid spec: half of them MLPs (depth 1 to 3, any widths, relu or tanh, mse
+    (peaks) or cross-entropy (moons)), half small-image networks (1-3 channels, 6-12
+    pixels, image_layers); mean or sum, L2 on or off, SGD or Adam with sane settings, full
     or mini batches with shuffling and both last-batch rules, 20 to 60 steps."""
-    if draw(st.booleans()):
+    images = draw(st.booleans())
+    if images:
+        shape = (draw(st.integers(1, 3)), draw(st.integers(6, 12)), draw(st.integers(6, 12)))
+        classes = draw(st.integers(2, 4))
+        n = draw(st.integers(40, 200))
+        seed = draw(st.integers(0, 99))
+        data = {
+            "kind": "image_patterns",
+            "n_samples": n,
+            "shape": list(shape),
+            "classes": classes,
+            "noise": draw(st.sampled_from([0.3, 1.0])),
+            "seed": seed,
+        }
+        loss_kind, outputs = "cross_entropy", classes
+    elif draw(st.booleans()):
         side = draw(st.integers(5, 24))
         data = {"kind": "peaks_grid", "points_per_axis": side, "low": -3.0, "high": 3.0}
         n, loss_kind, outputs = side * side, "mse", 1
@@ -45,9 +116,14 @@ def spec_documents(draw) -> dict:
         n = draw(st.integers(40, 500))
         data = {"kind": "moons", "n_samples": n, "noise": draw(st.sampled_from([0.05, 0.1, 0.2, 0.3])), "seed": draw(st.integers(0, 99))}
         loss_kind, outputs = "cross_entropy", 2
-    hidden = draw(st.lists(st.integers(1, 32), min_size=1, max_size=3))
-    activation = st.sampled_from(["relu", "tanh"])
-    layers = [{"width": w, "activation": draw(activation)} for w in hidden] + [{"width": outputs, "activation": "identity"}]
+    if images:
+        layers = draw(image_layers(shape, classes))
+        model = {"input_shape": list(shape), "layers": layers}
+    else:
+        hidden = draw(st.lists(st.integers(1, 32), min_size=1, max_size=3))
+        activation = st.sampled_from(["relu", "tanh"])
+        layers = [{"width": w, "activation": draw(activation)} for w in hidden] + [{"width": outputs, "activation": "identity"}]
+        model = {"input_width": 2, "layers": layers}
     reduction = draw(st.sampled_from(["mean", "sum"]))
     loss = {"kind": loss_kind, "reduction": reduction}
     if draw(st.booleans()):
@@ -83,7 +159,7 @@ def spec_documents(draw) -> dict:
         "title": "a generated workload",
         "article": "tests/family.py",
         "data": data,
-        "model": {"input_width": 2, "layers": layers},
+        "model": model,
         "init": {
             "weights": draw(st.sampled_from(["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"])),
             "biases": draw(st.sampled_from(["zeros", "torch_linear_default"])),
@@ -99,7 +175,13 @@ def spec_documents(draw) -> dict:
 
 
 def bugs_for(doc: dict) -> list[str]:
-    """The injected bugs that change this spec's math."""
+    """The injected bugs that change this spec's math: for a network with other layers than
+    dense, the porting bugs of its layer kinds and activations (tests/layer_bugs.py)."""
+    from tests.layer_bugs import LAYER_BUGS
+
+    present = {layer.get("kind", "dense") for layer in doc["model"]["layers"]} | {layer.get("activation") for layer in doc["model"]["layers"]}
+    if present - {"dense", None, "relu", "tanh", "identity"}:
+        return [name for name, (_, kinds) in LAYER_BUGS.items() if present & set(kinds)]
     bugs = list(BUGS_FOR_ANY)
     if doc["loss"]["reduction"] == "mean":
         bugs.append("torch_loss_sum")
@@ -140,11 +222,7 @@ class Verdict:
 def judge(result: SpecResult, bug: str) -> Verdict:
     from tests.test_injected_bugs import BUGGY  # the honest adapter each bug is a copy of
 
-    honest = [
-        c
-        for c in result.checks
-        if c.a.framework not in (bug,) and c.b.framework not in (bug,) and c.verdict != "skipped"
-    ]
+    honest = [c for c in result.checks if c.a.framework not in (bug,) and c.b.framework not in (bug,) and c.verdict != "skipped"]
     failing = [f"{c.a.label} vs {c.b.label}: {c.name} ({c.ratio:.3g}x; {c.diagnosis})" for c in honest if c.verdict == "fail"]
     judged = [c for c in honest if c.ratio is not None and c.verdict == "pass" and np.isfinite(c.ratio)]
     worst = max(judged, key=lambda c: c.ratio, default=None)
@@ -180,9 +258,7 @@ def summarize(path: Path) -> dict:
     ratios = np.array([r["verdict"]["worst_honest_ratio"] for r in rows])
     inert = [r for r in rows if r["verdict"].get("bug_inert") and not r["verdict"]["bug_caught"]]
     caught = [r for r in rows if r["verdict"]["bug_caught"]]
-    diagnosed = [
-        r for r in caught if all(d.startswith("implementation") for d in r["verdict"]["bug_diagnoses"])
-    ]
+    diagnosed = [r for r in caught if all(d.startswith("implementation") for d in r["verdict"]["bug_diagnoses"])]
     return {
         "examples": len(rows),
         "honest_failing_checks": sum(len(r["verdict"]["honest_failures"]) for r in rows),
@@ -192,9 +268,7 @@ def summarize(path: Path) -> dict:
         "bugs_inert": len(inert),  # changed no bit of the float64 twin: nothing to catch
         "bugs_caught_by_math_parity": len(caught),
         "bugs_diagnosed_implementation": len(diagnosed),
-        "worst_honest_ratio_quantiles": {
-            q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)
-        } if len(ratios) else {},
+        "worst_honest_ratio_quantiles": {q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)} if len(ratios) else {},
         "seconds": sum(r["seconds"] for r in rows),
     }
 

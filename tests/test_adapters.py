@@ -35,11 +35,11 @@ def test_adapter_matches_oracle_after_one_step(framework, spec_name, oracle_step
     np.testing.assert_allclose(outputs, ref_out, rtol=tol.rtol, atol=tol.atol)
     assert loss == pytest.approx(ref_loss, rel=checks.initial_loss.rtol)
     tol = checks.params_after_first_step
-    for (w, b), (rw, rb) in zip(params, ref_params):
-        assert w.shape == rw.shape and b.shape == rb.shape
-        np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
-        np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)
-    moved = any(not np.array_equal(w, w0) for (w, _), (w0, _) in zip(params, problem.initial_params))
+    assert list(params) == list(ref_params)
+    for tensor, ref in ref_params.items():
+        assert params[tensor].shape == ref.shape, tensor
+        np.testing.assert_allclose(params[tensor], ref, rtol=tol.rtol, atol=tol.atol, err_msg=tensor)
+    moved = any(not np.array_equal(params[tensor], w0) for tensor, w0 in problem.initial_params.items() if tensor.endswith(".weight"))
     assert moved, "one step left every weight where it was"
 
 
@@ -51,8 +51,10 @@ def test_warm_up_leaves_the_state_alone(framework):
     before = adapter.state(trainer, 0).params
     adapter.warm_up(trainer)
     adapter.synchronize(trainer)
-    for (w, b), (w0, b0) in zip(adapter.state(trainer, 0).params, before):
-        assert np.array_equal(w, w0) and np.array_equal(b, b0)
+    after = adapter.state(trainer, 0).params
+    assert list(after) == list(before)
+    for tensor, a0 in before.items():
+        assert np.array_equal(after[tensor], a0), tensor
     first = first_loss(adapter, trainer)
     again = trainer_of(adapter, problem, "cpu", "float32")
     assert first_loss(adapter, again) == first
@@ -193,13 +195,13 @@ def test_the_math_mode_check_catches_an_adapter_that_ignores_the_precision(frame
 
 # The reason each GPU adapter gives, by what its framework says about this host: not
 # installed, installed without a usable GPU, or a GPU it can use (no reason).
-MISSING = {"torch": ("torch is not installed (",), "jax": ("jax or optax is not installed (",), "cupy": ("cupy is not installed (",)}
+MISSING = {"torch": ("torch is not installed (",), "jax": ("jax, flax or optax is not installed (",), "cupy": ("cupy is not installed (",)}
 NO_DEVICE = {
     "torch": ("torch finds no usable CUDA device",),
     "jax": ("jax finds no gpu device (",),
     "cupy": ("cupy finds no usable CUDA device", "cupy cannot use the GPU: "),
 }
-TOP_MODULES = {"torch": ("torch",), "jax": ("jax", "optax"), "cupy": ("cupy",)}
+TOP_MODULES = {"torch": ("torch",), "jax": ("jax", "flax", "optax"), "cupy": ("cupy",)}
 
 
 def gpu_on_this_host(framework: str) -> str:
@@ -282,9 +284,10 @@ def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
     loss = first_loss(adapter, trainer)
     assert loss == pytest.approx(ref_loss, rel=UNIT_TOLERANCES.initial_loss.rtol)
     tol = UNIT_TOLERANCES.params_after_first_step
-    for (w, b), (rw, rb) in zip(adapter.state(trainer, 0).params, ref_params):
-        np.testing.assert_allclose(w, rw, rtol=tol.rtol, atol=tol.atol)
-        np.testing.assert_allclose(b, rb, rtol=tol.rtol, atol=tol.atol)
+    params = adapter.state(trainer, 0).params
+    assert list(params) == list(ref_params)
+    for tensor, ref in ref_params.items():
+        np.testing.assert_allclose(params[tensor], ref, rtol=tol.rtol, atol=tol.atol, err_msg=tensor)
 
 
 @pytest.mark.parametrize("name", sorted(registry.ADAPTERS))

@@ -23,9 +23,7 @@ def test_peaks_grid_matches_the_article():
     assert np.array_equal(x[::200, 1], axis) and np.all(x[::200, 0] == -3)  # x2 slowest (inner repeat)
     # Values of MATLAB's peaks(x, y), written out by hand.
     assert data.peaks(np.array(0.0), np.array(0.0)) == pytest.approx(3 * np.exp(-1) - np.exp(-1) / 3)
-    assert data.peaks(np.array(1.0), np.array(-1.0)) == pytest.approx(
-        -10 * (0.2 - 1 + 1) * np.exp(-2) - np.exp(-5) / 3
-    )
+    assert data.peaks(np.array(1.0), np.array(-1.0)) == pytest.approx(-10 * (0.2 - 1 + 1) * np.exp(-2) - np.exp(-5) / 3)
     assert float(y.max()) == pytest.approx(8.1, abs=0.05) and float(y.min()) == pytest.approx(-6.5, abs=0.05)
 
 

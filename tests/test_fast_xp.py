@@ -51,8 +51,9 @@ def assert_bitwise(a, b):
     (curve_a, params_a), (curve_b, params_b) = a, b
     differs = np.flatnonzero(curve_a != curve_b)
     assert not differs.size, f"loss curves differ from step {differs[0]}: {curve_a[differs[0]]!r} vs {curve_b[differs[0]]!r}"
-    for layer, ((w, b), (w2, b2)) in enumerate(zip(params_a, params_b)):
-        assert np.array_equal(w, w2) and np.array_equal(b, b2), f"layer {layer}'s final parameters differ"
+    assert list(params_a) == list(params_b)
+    for tensor, a in params_a.items():
+        assert np.array_equal(a, params_b[tensor]), f"final {tensor} differs"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -66,7 +67,7 @@ def test_fast_mode_is_bitwise_the_eager_mode_on_numpy(spec_name, dtype):
 
 
 def test_adam_bias_corrections_round_like_python_floats():
-    """The device tables (float64, then cast) hold what xp_mlp's Python floats become."""
+    """The device tables (float64, then cast) hold what the network oracle's Python floats become."""
     problem = quick_problem("peaks_mlp")
     trainer = trainer_of(xp_adapter, problem, "cpu", "float32", "fast")
     opt = problem.spec.optimizer
@@ -96,7 +97,7 @@ def test_warm_up_changes_nothing(spec_name):
 
 
 def _pointers(trainer):
-    arrays = [*trainer.fast.buffers(), *(a for pair in trainer.params for a in pair)]
+    arrays = [*trainer.fast.buffers(), *trainer.params.values(), *(a for pair in trainer.fast.params for a in pair)]
     return [(id(a), a.ctypes.data) for a in arrays]
 
 
@@ -109,7 +110,7 @@ def test_train_keeps_its_buffers_and_allocates_no_arrays(spec_name):
         xp_adapter.warm_up(trainers[mode], [(0, 1), (1, 4)])
         xp_adapter.train(trainers[mode], 0, 1)
     fast = trainers["fast"]
-    pointers, weights = _pointers(fast), [np.array(w) for w, _ in fast.params]
+    pointers, weights = _pointers(fast), {tensor: np.array(w) for tensor, w in fast.params.items() if tensor.endswith(".weight")}
     peaks = {}
     for mode, trainer in trainers.items():
         tracemalloc.start()
@@ -118,7 +119,7 @@ def test_train_keeps_its_buffers_and_allocates_no_arrays(spec_name):
         peaks[mode] = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
     assert _pointers(fast) == pointers, "train replaced a preallocated array"
-    assert not all(np.array_equal(w, w0) for (w, _), w0 in zip(fast.params, weights)), "train left the weights alone"
+    assert weights and not all(np.array_equal(fast.params[tensor], w0) for tensor, w0 in weights.items()), "train left the weights alone"
     # What a fast step may allocate: NumPy's fixed-size iterator buffer (8,192 elements, for
     # the broadcast bias add) and small objects. The eager mode shows that the probe sees arrays.
     limit = 64 * 1024
@@ -140,8 +141,10 @@ def test_the_runner_runs_the_fast_mode():
     assert "fast_mode" in outcomes["fast"].describe
     assert np.array_equal(outcomes["fast"].losses, outcomes["eager"].losses)
     for step, snapshot in outcomes["eager"].snapshots.items():
-        for (w, b), (w2, b2) in zip(outcomes["fast"].snapshots[step], snapshot):
-            assert np.array_equal(w, w2) and np.array_equal(b, b2)
+        fast_snapshot = outcomes["fast"].snapshots[step]
+        assert list(fast_snapshot) == list(snapshot)
+        for tensor, a in snapshot.items():
+            assert np.array_equal(fast_snapshot[tensor], a), (step, tensor)
 
 
 def gpu_or_skip():

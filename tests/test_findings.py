@@ -13,7 +13,8 @@ from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.inputs import members
 from harness.inputs import problem as inputs
-from harness.reference import xp_mlp
+from harness.layers import dense
+from harness.reference import network
 from harness.run import plan, runner
 from harness.spec.load import load_spec
 from harness.verdict import calibration, checks, rules
@@ -37,13 +38,14 @@ def early_curve(problem, key):
 
 
 def test_optax_float32_bias_correction_explains_the_jax_drift_on_peaks(monkeypatch):
+    pytest.importorskip("flax")
     pytest.importorskip("optax")
     problem = quick_problem("peaks_mlp")
     jax_curve = early_curve(problem, RunKey("jax", "cpu"))
     oracle = early_curve(problem, ORACLE_KEY)
     reference32 = early_curve(problem, RunKey("numpy", "cpu"))
-    like_optax_adam = functools.partial(xp_mlp.adam_update, corrections=float32_bias_corrections)
-    monkeypatch.setattr(xp_mlp, "adam_update", like_optax_adam)
+    like_optax_adam = functools.partial(network.adam_update, corrections=float32_bias_corrections)
+    monkeypatch.setattr(network, "adam_update", like_optax_adam)
     like_optax = early_curve(problem, RunKey("numpy", "cpu"))
 
     def rel(a, b):
@@ -66,10 +68,11 @@ def test_inductor_sums_the_moons_cross_entropy_with_fewer_partial_sums():
     from harness.spec.load import load_spec
 
     problem = inputs.build_problem(load_spec(SPECS_DIR / "moons_net.yaml", "bench"))  # the full 5,000 points
-    (w1, b1), (w2, b2) = problem.initial_params
+    params = problem.initial_params
+    w1, b1, w2, b2 = (params[name] for name in ("dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias"))
     x, y = problem.x_train.astype(np.float32), problem.y_train
     outputs = np.tanh(x.astype(np.float64) @ w1 + b1) @ w2 + b2
-    per_example64 = -xp_mlp.log_softmax(np, outputs)[np.arange(len(y)), y]
+    per_example64 = -network.log_softmax(np, outputs)[np.arange(len(y)), y]
     W1, B1, W2, B2 = (torch.from_numpy(a) for a in (w1, b1, w2, b2))
 
     def cross_entropy(x, y, reduction):
@@ -157,12 +160,12 @@ def test_the_envelope_holds_other_summation_orders_at_40000_points(monkeypatch):
         other_order = judge(runner.run(members.reordered(problem, seed), CALIBRATION_KEY))
         assert other_order["loss_curve_envelope"].verdict == "pass", seed
 
-    (w, _), x = problem.initial_params[0], problem.x_train
+    w, x = problem.initial_params["dense1.weight"], problem.x_train
     exact = x.astype(np.float64) @ w.astype(np.float64)
     magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
     blas = relative_to_magnitude(x @ w, exact, magnitude)
     assert relative_to_magnitude(einsum_affine(x, w, 0), exact, magnitude) <= 1.5 * blas  # as accurate
-    monkeypatch.setattr(xp_mlp, "affine", einsum_affine)
+    monkeypatch.setattr(dense, "affine", einsum_affine)
     einsum = judge(runner.run(problem, CALIBRATION_KEY))
     assert einsum["loss_curve_envelope"].verdict == "pass"
     assert einsum["params_after_step"].verdict == "pass"
@@ -202,7 +205,7 @@ def test_torch_at_160000_points_differs_by_summation_order(monkeypatch):
     torch_run = judge(runner.run(problem, RunKey("torch", "cpu")))
     assert torch_run["loss_curve_envelope"].verdict == "pass"
     assert torch_run["params_after_step"].verdict == "pass"
-    monkeypatch.setattr(xp_mlp, "weight_gradient", einsum_weight_gradient)
+    monkeypatch.setattr(dense, "weight_gradient", einsum_weight_gradient)
     reordered = judge(runner.run(problem, CALIBRATION_KEY))
     assert reordered["loss_curve_envelope"].verdict == "pass"
 
@@ -212,6 +215,7 @@ def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, poin
     """The sweep's JAX failures at 100, 400, 10,000 and 80,089 points (final outputs, final loss,
     parameters after step 10): the array-module code given optax's float32 bias corrections
     fails every check JAX fails against the oracle; without them it fails none."""
+    pytest.importorskip("flax")
     pytest.importorskip("optax")
     problem = sweep_problem(points_per_axis, steps)
     judge = Judge(problem)
@@ -222,7 +226,7 @@ def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, poin
     jax_fails = failing(runner.run(problem, RunKey("jax", "cpu")))
     assert jax_fails
     assert not failing(judge.reference)
-    monkeypatch.setattr(xp_mlp, "adam_update", functools.partial(xp_mlp.adam_update, corrections=float32_bias_corrections))
+    monkeypatch.setattr(network, "adam_update", functools.partial(network.adam_update, corrections=float32_bias_corrections))
     like_optax = failing(runner.run(problem, CALIBRATION_KEY))
     assert set(jax_fails) <= set(like_optax)
     if "params_after_step" in jax_fails:  # by about as much

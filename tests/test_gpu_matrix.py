@@ -61,17 +61,17 @@ def _outcome_with(losses, params) -> runner.Outcome:
 
 
 def test_identical_repeats_are_bitwise_and_record_no_difference():
-    params = [(np.ones((2, 3), np.float32), np.zeros(3, np.float32))]
+    params = {"dense1.weight": np.ones((2, 3), np.float32), "dense1.bias": np.zeros(3, np.float32)}
     outcome = _outcome_with([3.0, 2.0, 1.0], params)
-    runner._compare_repeat(outcome, np.array([3.0, 2.0, 1.0]), [(w.copy(), b.copy()) for w, b in params])
+    runner._compare_repeat(outcome, np.array([3.0, 2.0, 1.0]), {name: a.copy() for name, a in params.items()})
     assert outcome.repeats_bitwise_identical is True
     assert outcome.repeats_max_abs_diff is None and outcome.repeats_first_diff_step is None
 
 
 def test_differing_repeats_record_how_far_and_from_which_step():
-    params = [(np.ones((2, 3), np.float32), np.zeros(3, np.float32))]
+    params = {"dense1.weight": np.ones((2, 3), np.float32), "dense1.bias": np.zeros(3, np.float32)}
     outcome = _outcome_with([3.0, 2.0, 1.0, 0.5], params)
-    other = [(params[0][0] + np.float32(1e-3), params[0][1])]
+    other = {"dense1.weight": params["dense1.weight"] + np.float32(1e-3), "dense1.bias": params["dense1.bias"]}
     runner._compare_repeat(outcome, np.array([3.0, 2.0, 1.0 + 1e-7, 0.5 + 1e-6]), other)
     assert outcome.repeats_bitwise_identical is False
     assert outcome.repeats_first_diff_step == 2
@@ -82,9 +82,9 @@ def test_differing_repeats_record_how_far_and_from_which_step():
 
 
 def test_repeats_that_differ_only_in_parameters_are_caught():
-    params = [(np.ones((2, 2), np.float32), np.zeros(2, np.float32))]
+    params = {"dense1.weight": np.ones((2, 2), np.float32), "dense1.bias": np.zeros(2, np.float32)}
     outcome = _outcome_with([1.0, 0.5], params)
-    runner._compare_repeat(outcome, np.array([1.0, 0.5]), [(params[0][0], np.full(2, 1e-8, np.float32))])
+    runner._compare_repeat(outcome, np.array([1.0, 0.5]), {"dense1.weight": params["dense1.weight"], "dense1.bias": np.full(2, 1e-8, np.float32)})
     assert outcome.repeats_bitwise_identical is False and outcome.repeats_first_diff_step == 2
 
 

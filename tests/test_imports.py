@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-FRAMEWORKS = ("torch", "jax", "jaxlib", "cupy", "optax")
+FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "cupy", "optax")
 
 PROGRAM = f"""
 import sys
@@ -29,9 +29,7 @@ def test_import_harness_loads_no_framework():
 
 
 def test_the_check_itself_can_fail():
-    program = PROGRAM.replace("import harness,", "import numpy.linalg, json; import harness,").replace(
-        f"{FRAMEWORKS!r}", "('json',)"
-    )
+    program = PROGRAM.replace("import harness,", "import numpy.linalg, json; import harness,").replace(f"{FRAMEWORKS!r}", "('json',)")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "json"
 
@@ -102,7 +100,7 @@ def test_the_terminal_tables_render_records_not_the_matrix():
 # The pipeline's rooms, in order: a module may import from its own room and the rooms
 # before it, never from one after it (the adapters come after the reference math they
 # share, and before the run that loads them by name).
-PIPELINE = ("core", "spec", "inputs", "reference", "adapters", "run", "verdict", "records", "report", "gate", "top")
+PIPELINE = ("core", "layers", "spec", "inputs", "reference", "adapters", "run", "verdict", "records", "report", "gate", "top")
 
 
 def room(module: str) -> str:

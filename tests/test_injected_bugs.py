@@ -4,7 +4,9 @@ while the correct adapters in the same matrix pass.
 
 Each buggy adapter is a fresh module executed from a real adapter's source file (so its
 functions look their helpers up in the copy, not in the original) with one global
-replaced. It is registered under its own name in harness.core.registry.ADAPTERS and in
+replaced (for the NumPy bug, its `network`: itself a fresh copy of
+harness/reference/network.py with adam_update replaced, since that module's train_step
+calls it). It is registered under its own name in harness.core.registry.ADAPTERS and in
 sys.modules while its matrix runs, and goes through harness.matrix.run_spec like any
 other framework. Two matrices are run once per module and shared by the tests: peaks
 (Adam, chaotic after a few dozen steps) and a shortened moons (plain gradient descent).
@@ -24,15 +26,17 @@ from itertools import combinations
 import pytest
 from rich.console import Console
 
+from adapters import torch_layers
 from harness.core import registry
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import build_problem
 from harness.matrix import SpecResult, run_spec
-from harness.reference import xp_mlp
+from harness.reference import network
 from harness.run.plan import matrix_keys
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
 from harness.verdict.checks import Check
+from tests.layer_bugs import LAYER_BUGS
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
@@ -50,7 +54,20 @@ def denominator_eps_inside_sqrt(xp, v_hat, eps):
     return xp.sqrt(v_hat + eps)
 
 
-adam_update_eps_inside_sqrt = functools.partial(xp_mlp.adam_update, denominator=denominator_eps_inside_sqrt)
+def module_copy(name: str) -> types.ModuleType:
+    """A fresh module executed from module `name`'s source file: its functions look their
+    helpers up in the copy, so a global replaced there is the one they call."""
+    origin = importlib.util.find_spec(name).origin
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(f"injected_bugs_{name.replace('.', '_')}", origin))
+    module.__spec__.loader.exec_module(module)
+    return module
+
+
+def network_eps_inside_sqrt() -> types.ModuleType:
+    """harness.reference.network whose adam_update (called by its train_step) puts eps inside the square root."""
+    copy = module_copy(network.__name__)
+    copy.adam_update = functools.partial(copy.adam_update, denominator=denominator_eps_inside_sqrt)
+    return copy
 
 
 def torch_loss_summed(torch, spec, model, n_examples, outputs, targets):
@@ -66,34 +83,36 @@ def torch_loss_scaled(torch, spec, model, n_examples, outputs, targets):
     return registry.load("torch")._loss(torch, spec, model, n_examples, outputs, targets) * (1 + 1e-6)
 
 
-def torch_model_low_precision(low: str):
-    """torch_adapter._model whose Linear layers multiply in `low` (bfloat16, float16) and
-    cast the product back: what TF32 or autocast would do to the float32 matmul."""
+def torch_layers_low_precision(low: str) -> types.SimpleNamespace:
+    """adapters.torch_layers whose network's Linear layers multiply in `low` (bfloat16,
+    float16) and cast the product back: what TF32 or autocast would do to the float32 matmul."""
 
-    def _model(torch, spec, params, dev, dtype):
-        model = registry.load("torch")._model(torch, spec, params, dev, dtype)
+    def network(torch, spec, params, dev, dtype):
+        model = torch_layers.network(torch, spec, params, dev, dtype)
         low_dtype = getattr(torch, low)
 
         def forward(self, x):
             return (x.to(low_dtype) @ self.weight.to(low_dtype).T).to(x.dtype) + self.bias
 
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                layer.forward = types.MethodType(forward, layer)
+        linears = [layer for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+        assert linears, "the torch network holds no Linear layer to make low-precision"
+        for layer in linears:
+            layer.forward = types.MethodType(forward, layer)
         return model
 
-    return _model
+    return types.SimpleNamespace(**{**vars(torch_layers), "network": network})
 
 
 # name -> (real adapter, the globals the copy gets instead of the real ones)
-XP_MLP_EPS_INSIDE = types.SimpleNamespace(**{**vars(xp_mlp), "adam_update": adam_update_eps_inside_sqrt})
-BUGGY = {
-    "numpy_eps_inside": ("numpy", {"xp_mlp": XP_MLP_EPS_INSIDE}),
+MLP_BUGS = {
+    "numpy_eps_inside": ("numpy", {"network": network_eps_inside_sqrt()}),
     "torch_loss_sum": ("torch", {"_loss": torch_loss_summed}),
-    "torch_matmul_bfloat16": ("torch", {"_model": torch_model_low_precision("bfloat16")}),
-    "torch_matmul_float16": ("torch", {"_model": torch_model_low_precision("float16")}),
+    "torch_matmul_bfloat16": ("torch", {"torch_layers": torch_layers_low_precision("bfloat16")}),
+    "torch_matmul_float16": ("torch", {"torch_layers": torch_layers_low_precision("float16")}),
     "torch_loss_scaled": ("torch", {"_loss": torch_loss_scaled}),
 }
+# The porting bugs of the other layer kinds (tests/layer_bugs.py): the generated family's.
+BUGGY = {**MLP_BUGS, **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in LAYER_BUGS.items()}}
 LOW_PRECISION = ("torch_matmul_bfloat16", "torch_matmul_float16")
 
 
@@ -164,7 +183,7 @@ def run_with_copies(loaded: LoadedSpec, buggy: list[str], problem=None) -> SpecR
 
 @pytest.fixture(scope="module")
 def peaks() -> SpecResult:
-    return run_with_copies(load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick"), list(BUGGY))
+    return run_with_copies(load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick"), list(MLP_BUGS))
 
 
 @pytest.fixture(scope="module")
@@ -263,9 +282,7 @@ def real_pairs(result: SpecResult) -> list[Check]:
 
 def failures(checks: list[Check], allowed: tuple[str, ...]) -> list[str]:
     return [
-        f"{c.a.label} vs {c.b.label}: {c.name} {c.verdict} (abs {c.max_abs_error}, rel {c.max_rel_error})"
-        for c in checks
-        if c.verdict not in allowed
+        f"{c.a.label} vs {c.b.label}: {c.name} {c.verdict} (abs {c.max_abs_error}, rel {c.max_rel_error})" for c in checks if c.verdict not in allowed
     ]
 
 

@@ -17,13 +17,16 @@ def spec(name: str):
 @pytest.mark.parametrize("name", ["peaks_mlp", "moons_net", "mnist_mlp"])
 def test_initial_params_are_deterministic_float32(name):
     first, second = initial_params(spec(name)), initial_params(spec(name))
-    for (w1, b1), (w2, b2) in zip(first, second):
-        assert w1.dtype == b1.dtype == np.float32
-        assert np.array_equal(w1, w2) and np.array_equal(b1, b2)
+    assert first and list(first) == list(second)
+    for tensor, a in first.items():
+        assert a.dtype == np.float32
+        assert np.array_equal(a, second[tensor])
 
 
 def test_moons_init_is_the_theano_code():
-    (w1, b1), (w2, b2) = initial_params(spec("moons_net"))
+    params = initial_params(spec("moons_net"))
+    assert list(params) == ["dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias"]
+    w1, b1, w2, b2 = params.values()
     np.random.seed(0)
     assert np.array_equal(w1, (np.random.randn(2, 1000) / np.sqrt(2)).astype(np.float32))
     assert np.array_equal(w2, (np.random.randn(1000, 2) / np.sqrt(1000)).astype(np.float32))
@@ -31,9 +34,13 @@ def test_moons_init_is_the_theano_code():
 
 
 def test_glorot_and_torch_default_ranges():
-    for (w, b), fans in zip(initial_params(spec("peaks_mlp")), [(2, 20), (20, 5), (5, 1)]):
+    peaks = initial_params(spec("peaks_mlp"))
+    assert list(peaks) == [f"dense{i}.{t}" for i in (1, 2, 3) for t in ("weight", "bias")]
+    for i, fans in enumerate([(2, 20), (20, 5), (5, 1)], start=1):
+        w, b = peaks[f"dense{i}.weight"], peaks[f"dense{i}.bias"]
         assert w.shape == fans and np.abs(w).max() <= np.sqrt(6 / sum(fans)) and not b.any()
-    (w, b), _ = initial_params(spec("mnist_mlp"))
+    mnist = initial_params(spec("mnist_mlp"))
+    w, b = mnist["dense1.weight"], mnist["dense1.bias"]
     bound = 1 / np.sqrt(784)
     assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and b.any()
     assert abs(w.std() - bound / np.sqrt(3)) < 0.01 * bound  # uniform on [-bound, bound]
@@ -52,18 +59,18 @@ def test_batch_order_is_one_seeded_permutation_per_epoch():
 def test_a_different_seed_changes_the_draws():
     base = spec("peaks_mlp")
     other = base.model_copy(update={"init": base.init.model_copy(update={"seed": 2})})
-    assert not np.array_equal(initial_params(base)[0][0], initial_params(other)[0][0])
+    assert not np.array_equal(initial_params(base)["dense1.weight"], initial_params(other)["dense1.weight"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
-    """The calibration members' extra rounding (xp_mlp.jitter_function): seeded, at most two
+    """The calibration members' extra rounding (network.jitter_function): seeded, at most two
     units in the last place, the sign kept, zero kept, and it does move values."""
-    from harness.reference import xp_mlp
+    from harness.reference import network
 
     a = np.random.default_rng(0).normal(0, 10, 100_000).astype(dtype)
     a[:10] = 0
-    one, two = xp_mlp.jitter_function(np, 7)(a), xp_mlp.jitter_function(np, 7)(a)
+    one, two = network.jitter_function(np, 7)(a), network.jitter_function(np, 7)(a)
     np.testing.assert_array_equal(one, two)
     assert one.dtype == a.dtype
     assert np.all(np.abs(one - a) <= 2 * np.spacing(np.abs(a))) and np.all(np.sign(one) == np.sign(a))

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from harness.core import registry
 from harness.inputs.problem import Problem
-from harness.reference import xp_mlp
+from harness.reference import network
 from harness.spec.model import Spec
 from tests.conftest import CPU_FRAMEWORKS, key_for, trainer_of
 
@@ -116,13 +116,12 @@ def problems(draw) -> Problem:
         y = rng.normal(size=(n_examples, out_width)).astype(np.float32)
     else:
         y = rng.integers(0, out_width, size=n_examples)
-    params = []
+    params = {}
     fan_in = input_width
-    for width, _ in layers:
+    for i, (width, _) in enumerate(layers, start=1):
         limit = w_scale * np.sqrt(3.0 / fan_in)
-        w = rng.uniform(-limit, limit, size=(fan_in, width)).astype(np.float32)
-        b = rng.uniform(-0.5, 0.5, size=width).astype(np.float32)
-        params.append((w, b))
+        params[f"dense{i}.weight"] = rng.uniform(-limit, limit, size=(fan_in, width)).astype(np.float32)
+        params[f"dense{i}.bias"] = rng.uniform(-0.5, 0.5, size=width).astype(np.float32)
         fan_in = width
     return Problem(
         spec=spec,
@@ -139,8 +138,25 @@ def problems(draw) -> Problem:
 # --- reference, magnitudes and tolerance --------------------------------------------------
 
 
+def layer_names(problem: Problem) -> list[str]:
+    return [p.name for p in problem.spec.model.placed]
+
+
+def pairs(problem: Problem, params: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight, bias) of each layer of a problem's MLP, from its tensors by name."""
+    assert set(params) == {f"{name}.{t}" for name in layer_names(problem) for t in ("weight", "bias")}
+    return [(params[f"{name}.weight"], params[f"{name}.bias"]) for name in layer_names(problem)]
+
+
 def params64(problem: Problem):
-    return [(w.astype(np.float64), b.astype(np.float64)) for w, b in problem.initial_params]
+    return [(w.astype(np.float64), b.astype(np.float64)) for w, b in pairs(problem, problem.initial_params)]
+
+
+def forward64(problem: Problem, params):
+    """The oracle's outputs and per-layer caches (cache, z, a) on the training set, in float64."""
+    named = {f"{name}.{t}": a for name, pair in zip(layer_names(problem), params) for t, a in zip(("weight", "bias"), pair)}
+    x = problem.x_train.astype(np.float64)
+    return network.forward(np, problem.spec.model.placed, named, x, network.Context())
 
 
 def activations(problem: Problem) -> list[str]:
@@ -153,7 +169,7 @@ def magnitudes(problem: Problem):
     params = params64(problem)
     acts = activations(problem)
     x = problem.x_train.astype(np.float64)
-    out, cache = xp_mlp.forward(np, params, x, acts)
+    out, cache = forward64(problem, params)
     m_z = []  # sum of |terms| of each pre-activation
     m = np.abs(x)
     for w, b in params:
@@ -166,12 +182,12 @@ def magnitudes(problem: Problem):
     if loss.kind == "mse":
         d_a = 2 * (m_out + np.abs(problem.y_train)) / (out.size if loss.reduction == "mean" else 1)
     else:
-        p = np.exp(xp_mlp.log_softmax(np, out))
+        p = np.exp(network.log_softmax(np, out))
         onehot = np.zeros_like(p)
         onehot[np.arange(n), problem.y_train] = 1
         # softmax of logits off by about eps * m_out: each probability is off relatively by twice that
         d_a = (p * (1 + 2 * m_out.max(axis=1, keepdims=True)) + onehot) / (n if loss.reduction == "mean" else 1)
-    l2 = 2 * xp_mlp.l2_scale(loss, n)
+    l2 = 2 * network.l2_scale(loss, n)
     grads = [None] * len(params)
     for i in reversed(range(len(params))):
         z = cache[i][1]
@@ -188,10 +204,10 @@ def magnitudes(problem: Problem):
 def relu_margin(problem: Problem) -> float:
     """The smallest |z| / magnitude(z) over the relu units: how far from the kink."""
     params = params64(problem)
-    _, cache = xp_mlp.forward(np, params, problem.x_train.astype(np.float64), activations(problem))
+    _, cache = forward64(problem, params)
     margin = np.inf
     m = np.abs(problem.x_train.astype(np.float64))
-    for (w, b), (_, z), act in zip(params, cache, activations(problem)):
+    for (w, b), (_, z, _), act in zip(params, cache, activations(problem)):
         m = m @ np.abs(w) + np.abs(b)
         if act == "relu":
             margin = min(margin, float((np.abs(z) / np.maximum(m, 1e-300)).min()))
@@ -203,7 +219,7 @@ def outputs_and_gradients(adapter, problem: Problem, dtype: str):
     trainer = trainer_of(adapter, problem, "cpu", dtype)
     outputs = adapter.predict(trainer, problem.x_train)
     adapter.train(trainer, 0, 1)
-    after = adapter.state(trainer, 0).params
+    after = pairs(problem, adapter.state(trainer, 0).params)
     grads = [((w0 - w1) / LR, (b0 - b1) / LR) for (w0, b0), (w1, b1) in zip(params64(problem), after)]
     return outputs, grads
 
@@ -233,6 +249,7 @@ def adapter_or_skip(name: str):
         pytest.importorskip("torch")
     elif name == "jax":
         pytest.importorskip("jax")
+        pytest.importorskip("flax")
         pytest.importorskip("optax")
     adapter = registry.load(name)
     reason = adapter.unavailable(key_for(adapter, "cpu"))
@@ -275,10 +292,12 @@ def fixed_problem() -> Problem:
     """2 -> 8 tanh -> 3, cross-entropy, 16 examples: nothing saturated, nothing cancels much."""
     rng = np.random.default_rng(7)
     spec = random_spec(2, [(8, "tanh"), (3, "identity")], {"kind": "cross_entropy", "reduction": "mean"})
-    params = [
-        ((rng.uniform(-1, 1, (2, 8))).astype(np.float32), rng.uniform(-0.5, 0.5, 8).astype(np.float32)),
-        ((rng.uniform(-0.6, 0.6, (8, 3))).astype(np.float32), rng.uniform(-0.5, 0.5, 3).astype(np.float32)),
-    ]
+    params = {
+        "dense1.weight": (rng.uniform(-1, 1, (2, 8))).astype(np.float32),
+        "dense1.bias": rng.uniform(-0.5, 0.5, 8).astype(np.float32),
+        "dense2.weight": (rng.uniform(-0.6, 0.6, (8, 3))).astype(np.float32),
+        "dense2.bias": rng.uniform(-0.5, 0.5, 3).astype(np.float32),
+    }
     x = rng.uniform(-1, 1, (16, 2)).astype(np.float32)
     y = rng.integers(0, 3, 16)
     return Problem(spec, x, y, None, None, params, None, [(0, 16)])

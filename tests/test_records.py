@@ -139,9 +139,7 @@ def test_records_from_before_numpy_had_its_name_are_read_as_numpy(tmp_path):
     assert raw.framework == "cupy" and raw.device.kind == "cpu"
     assert read.framework == "numpy" and store.run_label(read) == "numpy@cpu"
     assert [c.against for c in read.checks] == [c.against.replace("cupy@cpu", "numpy@cpu") for c in raw.checks]
-    torch = next(
-        store.read(p) for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json")) if json.loads(p.read_text())["framework"] == "torch"
-    )
+    torch = next(store.read(p) for p in sorted((ROOT / "results" / "peaks_mlp").glob("*.json")) if json.loads(p.read_text())["framework"] == "torch")
     assert "numpy@cpu" in {c.against for c in torch.checks} and "cupy@cpu" not in {c.against for c in torch.checks}
     gpu = raw.model_copy(update={"device": raw.device.model_copy(update={"kind": "gpu"})})
     gpu_path = tmp_path / "gpu.json"

@@ -90,7 +90,8 @@ def a_sample_outcome() -> Outcome:
     rng = np.random.default_rng(0)
 
     def params():
-        return [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32))] * 2
+        w, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+        return {"dense1.weight": w, "dense1.bias": b, "dense2.weight": w, "dense2.bias": b}
 
     key = RunKey("torch", "gpu", variant="order3", precision="tf32", mode="fast")
     sample = {

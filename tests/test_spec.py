@@ -68,7 +68,7 @@ def test_profile_shrinks_and_is_recorded():
         (lambda d: d["optimizer"].update(lr=0), "optimizer.lr", "greater than 0"),
         (lambda d: d["optimizer"].update(lr=-0.1), "optimizer.lr", "greater than 0"),
         (lambda d: d["model"]["layers"][0].update(width=0), "model.layers.0.width", "greater than 0"),
-        (lambda d: d["model"]["layers"][0].update(activation="gelu"), "model.layers.0.activation", "relu"),
+        (lambda d: d["model"]["layers"][0].update(activation="sigmoid"), "model.layers.0.activation", "relu"),
         (lambda d: d["optimizer"].update(beta1=1.0), "optimizer.beta1", "less than 1"),
         (lambda d: d["data"].update(kind="spiral"), "data", "peaks_grid"),
         (lambda d: d["profiles"].update(quick={"training": {"epochs": 0}}), "profiles.quick.training.epochs", "greater than 0"),
@@ -117,7 +117,7 @@ def test_unknown_profile_and_spec_names():
         load_spec(PEAKS, "huge")
     with pytest.raises(SpecError, match="unknown spec 'nope'"):
         resolve_spec("nope")
-    assert set(spec_paths()) == {"peaks_mlp", "moons_net", "mnist_mlp"}
+    assert set(spec_paths()) == {"peaks_mlp", "moons_net", "mnist_mlp", "lenet_mnist", "cnn_norm_mnist"}
 
 
 def test_committed_schema_is_current():

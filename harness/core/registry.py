@@ -19,7 +19,7 @@ from types import ModuleType
 ADAPTERS: dict[str, str] = {
     "torch": "adapters.torch_adapter",
     "jax": "adapters.jax_adapter",
-    # the array-module MLP (harness/reference/xp_mlp.py), named for the library it runs on
+    # the array-module MLP (harness/reference/network.py), named for the library it runs on
     "numpy": "adapters.xp_adapter",
     "cupy": "adapters.xp_adapter",
 }

@@ -1,2 +1,1 @@
-"""7. The gate: new records against a baseline.
-"""
+"""7. The gate: new records against a baseline."""

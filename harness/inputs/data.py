@@ -91,6 +91,24 @@ def make_moons(n_samples: int, noise: float, seed: int) -> tuple[np.ndarray, np.
     return points.astype(np.float32), labels.astype(np.int64)
 
 
+def image_patterns(section) -> tuple[np.ndarray, np.ndarray]:
+    """Small seeded images for the generated family: each class a random smooth pattern
+    (a sum of a few oriented waves per channel), each example its class's pattern under
+    Gaussian noise, flattened in (channels, height, width) order. float32 images, int64 labels."""
+    rng = np.random.default_rng(section.seed)
+    c, h, w = section.shape
+    rows, cols = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    templates = np.zeros((section.classes, c, h, w))
+    for k in range(section.classes):
+        for ch in range(c):
+            for _ in range(3):
+                fy, fx, phase = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 2 * np.pi)
+                templates[k, ch] += np.sin(2 * np.pi * (fy * rows + fx * cols) + phase)
+    labels = rng.integers(0, section.classes, size=section.n_samples)
+    images = templates[labels] + rng.normal(scale=section.noise, size=(section.n_samples, c, h, w))
+    return images.reshape(section.n_samples, -1).astype(np.float32), labels.astype(np.int64)
+
+
 # --- IDX files --------------------------------------------------------------------------
 
 
@@ -133,9 +151,7 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, com
     if expected > max_bytes:
         raise DataError(f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than the {max_bytes:,} allowed")
     if compressed and expected > DEFLATE_MAX_RATIO * file_size:
-        raise DataError(
-            f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than a gzip file of {file_size:,} bytes can hold"
-        )
+        raise DataError(f"{path}: the IDX header's dimensions {shape} make {expected:,} bytes, more than a gzip file of {file_size:,} bytes can hold")
     if not compressed and file_size - 4 - 4 * ndim != expected:
         held = file_size - 4 - 4 * ndim
         found = f"more than {expected}" if held > expected else str(held)
@@ -225,8 +241,7 @@ def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> tup
     if download:
         return _download(file.file, file.sha256, data_dir), file.sha256
     raise DataError(
-        f"{data_dir / file.file}: missing. Put the file there, point --data-dir or "
-        f"${DATA_DIR_ENV} at a folder that has it, or pass --download{hint}"
+        f"{data_dir / file.file}: missing. Put the file there, point --data-dir or ${DATA_DIR_ENV} at a folder that has it, or pass --download{hint}"
     )
 
 
@@ -272,9 +287,7 @@ def load_idx(
         used.append(UsedFile(name=file.file, path=str(path), sha256=sha256))
     images, labels = arrays
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise DataError(
-            f"{used[0].path}: images {images.shape} and labels {labels.shape} do not make an image data set"
-        )
+        raise DataError(f"{used[0].path}: images {images.shape} and labels {labels.shape} do not make an image data set")
     if labels.dtype.kind not in "iu" or labels.min(initial=0) < 0:
         raise DataError(f"{used[1].path}: labels must be class indices 0, 1, ...: found {labels.dtype} down to {labels.min(initial=0)}")
     if images.dtype.kind == "f" and not np.isfinite(images).all():

@@ -1,52 +1,60 @@
 """The framework-neutral inputs of a run, made once per spec and handed to every adapter:
-the data, the initial weights and the batch order, all NumPy, all seeded.
+the data, the initial parameters and state, the batch order and the dropout masks, all
+NumPy, all seeded.
 
-Weights are stored (fan_in, fan_out), so a layer is x @ W + b; adapters whose framework
-stores them the other way (torch.nn.Linear) transpose on the way in and out.
+Parameters are one flat mapping from names (dense1.weight, conv1.bias, bn1.running_mean)
+to arrays in the spec's layout: a dense weight (fan_in, fan_out), so a layer is x @ W + b;
+a conv weight [filters, channels, kh, kw]. Adapters whose framework stores them otherwise
+(torch.nn.Linear, flax's HWIO kernels) transpose on the way in and out.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from harness.core.errors import DataError
 from harness.inputs import data, resources
+from harness.layers import initial_tensors
 from harness.spec.load import LoadedSpec
 from harness.spec.model import Spec, batch_bounds, check_batching, total_steps
 
-Params = list[tuple[np.ndarray, np.ndarray]]
+# name -> array: every tensor of the network, trained or not, in the layers' order (the
+# same names in the checks, the diagnosis, the artifacts and the export).
+Params = dict[str, np.ndarray]
 # Records and artifacts written before 2026-11-24 named a layer's tensors W0, b0, W1, ...
 OLD_NAMES = re.compile(r"([Wb])(\d+)")
-
-
-def param_names(layers: int) -> list[str]:
-    """Each tensor's name, the same in the checks, the diagnosis, the artifacts and the
-    export: dense1.weight, dense1.bias, dense2.weight, ... (a weight stored fan_in x fan_out)."""
-    return [f"dense{i}.{kind}" for i in range(1, layers + 1) for kind in ("weight", "bias")]
-
-
-def named(params: Params) -> dict[str, np.ndarray]:
-    """The parameters by name (param_names), in order."""
-    return dict(zip(param_names(len(params)), (a for pair in params for a in pair)))
+# A tensor's name: a layer (its kind's prefix and number) and the tensor's own name.
+TENSOR_NAME = re.compile(r"[a-z]+[0-9]+\.[a-z_]+")
 
 
 def from_named(arrays: dict[str, np.ndarray]) -> Params:
-    """The parameters named in `arrays` (an artifact or an export), layer by layer; the
-    older names W0, b0, ... read as well. Empty where it holds none."""
+    """The tensors named in `arrays` (an artifact or an export); the older names W0, b0, ...
+    read as dense1.weight, dense1.bias, .... Other keys are left out."""
     renamed = {}
     for key, value in arrays.items():
         old = OLD_NAMES.fullmatch(key)
-        renamed[f"dense{int(old[2]) + 1}.{'weight' if old[1] == 'W' else 'bias'}" if old else key] = value
-    params = []
-    while f"dense{len(params) + 1}.weight" in renamed:
-        i = len(params) + 1
-        params.append((renamed[f"dense{i}.weight"], renamed[f"dense{i}.bias"]))
-    return params
+        if old:
+            renamed[f"dense{int(old[2]) + 1}.{'weight' if old[1] == 'W' else 'bias'}"] = value
+        elif TENSOR_NAME.fullmatch(key):
+            renamed[key] = value
+    return renamed
+
+
+def dropout_masks(spec: Spec, steps: int, rows: int) -> dict[str, np.ndarray]:
+    """Each dropout layer's kept values, (steps, rows, *shape) booleans, drawn once in
+    NumPy from init.seed and the layer's position: row j of step t's mask goes with row j
+    of that step's batch. Empty without dropout."""
+    found = {}
+    for p in spec.model.placed:
+        if p.module.KIND == "dropout":
+            rng = np.random.default_rng([spec.init.seed, p.index])
+            found[p.name] = rng.random((steps, rows, *p.in_shape)) >= p.section.rate
+    return found
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class Problem:
     y_train: np.ndarray
     x_val: np.ndarray | None
     y_val: np.ndarray | None
-    initial_params: Params
+    initial_params: Params  # every tensor, trained or not (running statistics), by name
     batch_order: np.ndarray | None  # (epochs, n_train) permutations, or None: each step is the whole set in order
     bounds: list[tuple[int, int]]  # one epoch's [start, stop) slices, one per step
     data_files: tuple[data.UsedFile, ...] = ()
@@ -67,11 +75,13 @@ class Problem:
     step_limit: int | None = None  # train only the first steps (the float64 twins), see truncated
     # A calibration member's order of each hidden layer's units (see reordered): new unit j
     # is plain unit order[j]. Empty for a problem in the plain order.
-    unit_orders: tuple[np.ndarray, ...] = ()
+    unit_orders: tuple = ()  # members.UnitOrder per reordered layer
     # A calibration member's other roundings (see reordered): over its first `jitter_steps`
     # steps, the array-module code moves every intermediate array at random (seeded) by at
-    # most two ulps (xp_mlp.jitter_function). None: the plain arithmetic.
+    # most two ulps (harness.reference.network.jitter_function). None: the plain arithmetic.
     jitter_seed: int | None = None
+    # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def jitter_steps(self) -> int:
@@ -104,7 +114,19 @@ class Problem:
         arrays["y"] = self.y_train.astype(dtype if self.spec.loss.kind == "mse" else index_dtype)
         if self.batch_order is not None:
             arrays["order"] = self.batch_order.astype(index_dtype)
+        arrays.update({f"mask:{name}": scaled for name, scaled in self.scaled_masks(dtype).items()})
         return arrays
+
+    def scaled_masks(self, dtype: str) -> dict[str, np.ndarray]:
+        """Each dropout layer's masks in `dtype`: 0 where dropped, 1 / (1 - rate) where kept."""
+        rates = {p.name: p.section.rate for p in self.spec.model.placed if p.module.KIND == "dropout"}
+        return {name: np.where(kept, np.asarray(1 / (1 - rates[name]), dtype), np.asarray(0, dtype)) for name, kept in self.masks.items()}
+
+    def step_masks(self, data: dict, step: int) -> dict:
+        """A step's mask of each dropout layer, out of arrays an adapter put on its device
+        (host_arrays' "mask:NAME"), cut to the step's batch. Any array library."""
+        size = self.batch_size(step)
+        return {key.removeprefix("mask:"): value[step, :size] for key, value in data.items() if key.startswith("mask:")}
 
     def first_step_of_each_size(self, plan=()) -> dict[int, int]:
         """Batch size -> the first step of that size among the plan's [start, stop) ranges
@@ -138,33 +160,9 @@ class Problem:
 
 
 def initial_params(spec: Spec) -> Params:
-    """Draw the weights once in NumPy from the spec's seed and scheme, as float32.
-
-    A legacy RandomState draws layer by layer, weights then biases, so the moons weights
-    are exactly the Theano code's randn(2, 1000) / sqrt(2) then randn(1000, 2) / sqrt(1000).
-    """
-    rng = np.random.RandomState(spec.init.seed)
-    params = []
-    fan_in = spec.model.input_width
-    for layer in spec.model.layers:
-        fan_out = layer.width
-        shape = (fan_in, fan_out)
-        if spec.init.weights == "glorot_uniform":
-            limit = np.sqrt(6.0 / (fan_in + fan_out))
-            w = rng.uniform(-limit, limit, size=shape)
-        elif spec.init.weights == "normal_over_sqrt_fan_in":
-            w = rng.randn(*shape) / np.sqrt(fan_in)
-        else:  # torch_linear_default: kaiming_uniform(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-            bound = 1.0 / np.sqrt(fan_in)
-            w = rng.uniform(-bound, bound, size=shape)
-        if spec.init.biases == "zeros":
-            b = np.zeros(fan_out)
-        else:
-            bound = 1.0 / np.sqrt(fan_in)
-            b = rng.uniform(-bound, bound, size=fan_out)
-        params.append((w.astype(np.float32), b.astype(np.float32)))
-        fan_in = fan_out
-    return params
+    """Every tensor, drawn once in NumPy from the spec's seed and scheme, as float32
+    (harness.layers.initial_tensors: layer by layer, each layer's weight before its bias)."""
+    return initial_tensors(spec.model.placed, spec.init)
 
 
 def truncated(problem: Problem, steps: int) -> Problem:
@@ -189,6 +187,9 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
     if section.kind == "moons":
         x, y = data.make_moons(section.n_samples, section.noise, section.seed)
         return x, y, None, None, (), None
+    if section.kind == "image_patterns":
+        x, y = data.image_patterns(section)
+        return x, y, None, None, (), None
     source = source or section.source
     max_bytes = int(limits.memory_gb * resources.GIB)  # the images' features, before they are made
 
@@ -201,9 +202,11 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
         message = str(exc)
         raise DataError(f"{loaded.path}: {message}" if message.startswith(("data.", "model.")) else message) from None
     images, labels = (split.files[0].path, split.files[1].path) if len(split.files) == 2 else (source, source)
-    if split.x_train.shape[1] != spec.model.input_width:
-        raise DataError(f"{images}: images of {split.x_train.shape[1]} pixels, but {loaded.path} says model.input_width: {spec.model.input_width}")
-    n_classes = spec.model.layers[-1].width
+    if split.x_train.shape[1] != spec.model.in_features:
+        key = "input_width" if spec.model.input_width is not None else "input_shape"
+        said = spec.model.input_width if spec.model.input_width is not None else spec.model.input_shape
+        raise DataError(f"{images}: images of {split.x_train.shape[1]} pixels, but {loaded.path} says model.{key}: {said}")
+    n_classes = spec.model.n_outputs
     top = max(split.y_train.max(initial=0), split.y_val.max(initial=0) if split.y_val is not None else 0)
     if top >= n_classes:  # the validation split too: its labels index the outputs as well
         raise DataError(f"{labels}: labels go up to {top}, but {loaded.path} gives the last of model.layers {n_classes} outputs")
@@ -234,6 +237,7 @@ def build_problem(
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
     params = initial_params(spec)
     order = batch_order(spec, len(x_train))
+    bounds = batch_bounds(spec.training, len(x_train))
     return Problem(
         spec=spec,
         x_train=x_train,
@@ -242,7 +246,8 @@ def build_problem(
         y_val=y_val,
         initial_params=params,
         batch_order=order,
-        bounds=batch_bounds(spec.training, len(x_train)),
+        bounds=bounds,
+        masks=dropout_masks(spec, total_steps(spec.training, len(x_train)), max(b - a for a, b in bounds)),
         data_files=files,
         data_source=used_source,
         prep_seconds=time.perf_counter() - start,

@@ -48,13 +48,17 @@ class Estimate:
 def estimate(spec: Spec, n_examples: int) -> Estimate:
     """The memory and steps of training `spec` on `n_examples` training examples. The
     largest forward pass is the whole training set: the final metrics predict on it."""
-    widths = [spec.model.input_width, *(layer.width for layer in spec.model.layers)]
-    parameters = sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(widths, widths[1:]))
+    placed = spec.model.placed
+    costs = [p.module.cost(p.section, p.in_shape, i == 0) for i, p in enumerate(placed)]
+    parameters = sum(c.params for c in costs)
+    widths = [spec.model.in_features, *(c.values for c in costs)]  # one example's values going in and out of each layer
     steps = total_steps(spec.training, n_examples)
     training = spec.training
     has_order = training.shuffle or training.batch_size != "full"  # inputs.batch_order
     data = n_examples * (widths[0] + widths[-1]) + steps  # features, targets, the loss curve
     data += training.epochs * n_examples if has_order else 0  # one permutation per epoch
+    rows = n_examples if training.batch_size == "full" else min(training.batch_size, n_examples)
+    data += sum(steps * rows * c.values for p, c in zip(placed, costs) if p.module.KIND == "dropout")  # the masks
     return Estimate(
         parameter_bytes=PARAMETER_COPIES * parameters * VALUE_BYTES,
         activation_bytes=ACTIVATION_COPIES * n_examples * sum(widths) * VALUE_BYTES,

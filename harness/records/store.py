@@ -215,9 +215,9 @@ class Sources:
         return np.asarray(self.artifact(record)["losses"], dtype=np.float64)
 
 
-def final_params(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(weight, bias) per layer from an artifact, in float64, the weight stored (fan_in, fan_out)."""
-    params = [(w.astype(np.float64), b.astype(np.float64)) for w, b in from_named(arrays)]
+def final_params(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every tensor of the network by name from an artifact, in float64, in the spec's layout."""
+    params = {name: a.astype(np.float64) for name, a in from_named(arrays).items()}
     if not params:
         raise Unavailable("the artifact holds no final parameters")
     return params

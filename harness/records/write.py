@@ -18,7 +18,6 @@ from pydantic import ValidationError
 
 from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError, RecordError
-from harness.inputs.problem import named
 from harness.records.schema import Artifact, Record
 
 # A record's file name (record_path), and an atomic write's temporary file (core/atomic.py).
@@ -62,7 +61,7 @@ def artifact_bytes(losses: np.ndarray, params, envelope: np.ndarray | None = Non
     arrays = {"losses": np.asarray(losses)}
     if envelope is not None:
         arrays["envelope"] = np.asarray(envelope, dtype=np.float64)
-    arrays.update(named(params or []))
+    arrays.update(params or {})
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return buf.getvalue()

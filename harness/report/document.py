@@ -167,8 +167,8 @@ def speed_section(doc: Document, records: list[Record], profile: str, figures) -
     doc.add(
         f"Median training time per step (device synchronised; transfers and warm-up apart) from "
         f"{provenance(rows_of(rows))}. Speedup is CPU time over GPU time, for the same spec, "
-        f"size, framework and host; \"with transfers\" adds each side's copy of the data to its "
-        f"device. \"{NOT_RUN}\": no record of that device.",
+        f'size, framework and host; "with transfers" adds each side\'s copy of the data to its '
+        f'device. "{NOT_RUN}": no record of that device.',
         "",
         speed_markdown(rows),
         "",
@@ -177,11 +177,10 @@ def speed_section(doc: Document, records: list[Record], profile: str, figures) -
         *claim_sources(row.cell.spec for row in rows),
         "",
     )
-    gpu_note = "" if any(row.gpu for row in rows) else f" No GPU records: every GPU bar is marked \"{NOT_RUN}\"."
+    gpu_note = "" if any(row.gpu for row in rows) else f' No GPU records: every GPU bar is marked "{NOT_RUN}".'
     doc.figure(
         "speed_per_step",
-        f"Training time per step (ms, log scale) per spec, framework and device.{gpu_note} "
-        f"From {provenance(rows_of(rows))}.",
+        f"Training time per step (ms, log scale) per spec, framework and device.{gpu_note} From {provenance(rows_of(rows))}.",
         lambda: figures.time_per_step_bars(rows),
         figures.png,
     )
@@ -207,7 +206,7 @@ def bench_section(doc: Document, records: list[Record], figures) -> None:
         "The floor is the lowest time per step the device allows (`harness/run/floor.py`): the "
         "largest of the step's floating-point operations at the measured matrix-product rate, "
         "its fewest bytes at the measured bandwidth and, on a GPU, its fewest kernel launches "
-        "at the measured launch latency; \"bound\" names that term. The fast mode's checks "
+        'at the measured launch latency; "bound" names that term. The fast mode\'s checks '
         "are the same agreement checks the eager mode takes, against the float64 oracle and "
         "every other run.",
         "",
@@ -220,8 +219,7 @@ def bench_section(doc: Document, records: list[Record], figures) -> None:
     )
     doc.figure(
         "measured_over_floor",
-        f"Measured time per step over the floor, per spec, framework, device and mode (log scale; "
-        f"1 is the floor). From {provenance(records)}.",
+        f"Measured time per step over the floor, per spec, framework, device and mode (log scale; 1 is the floor). From {provenance(records)}.",
         lambda: figures.floor_bars(records),
         figures.png,
     )
@@ -340,11 +338,7 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
         rows = speed_rows(mine)
         has_gpu = any(row.gpu for row in rows)
         doc.add(f"### {name}", "", speed_markdown(rows), "")
-        what = (
-            "speedup GPU/CPU (right)"
-            if has_gpu
-            else f"speedup {NOT_RUN}: there are no GPU records, so the right panel is empty"
-        )
+        what = "speedup GPU/CPU (right)" if has_gpu else f"speedup {NOT_RUN}: there are no GPU records, so the right panel is empty"
         doc.add(
             "Agreement at each size (the same checks, tolerances and known differences as the full "
             "runs; failing checks by name, `against` the other run; the findings in docs/findings.md explain "

@@ -24,7 +24,7 @@ from harness.inputs import data
 from harness.inputs import problem as inputs
 from harness.records.schema import Record
 from harness.records.store import Sources, Unavailable, final_params, record_order, record_spec, run_label
-from harness.reference.xp_mlp import forward
+from harness.reference.network import predict
 from harness.report.rows import CURVE_POINTS, NOT_RUN, bench_pairs
 from harness.report.speed import SpeedRow
 from harness.spec.load import LoadedSpec
@@ -243,8 +243,8 @@ def net_outputs(record: Record, sources: Sources, x: np.ndarray) -> np.ndarray:
     """The final net of a run on inputs x, in float64 from its stored float32 parameters."""
     spec = record_spec(record)
     params = final_params(sources.artifact(record))
-    activations = [layer.activation for layer in spec.model.layers]
-    chunks = [forward(np, params, x[i : i + 16384], activations)[0] for i in range(0, len(x), 16384)]
+    placed = spec.model.placed
+    chunks = [predict(np, placed, params, x[i : i + 16384]) for i in range(0, len(x), 16384)]
     return np.concatenate(chunks)
 
 

@@ -77,6 +77,4 @@ def speed_rows(records: Iterable[Record]) -> list[SpeedRow]:
             if twin in cpu:
                 cpu[cell] = cpu[twin]
     rows = [SpeedRow(cell, cpu.get(cell), gpu.get(cell)) for cell in cells]
-    return sorted(
-        rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.mode, r.cell.precision, r.cell.host)
-    )
+    return sorted(rows, key=lambda r: (r.cell.spec, r.cell.profile, r.cell.n_train, r.cell.framework, r.cell.mode, r.cell.precision, r.cell.host))

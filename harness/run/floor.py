@@ -32,8 +32,6 @@ from harness.core.registry import FLOAT32, RunKey
 from harness.inputs.problem import Problem
 
 BYTES = 4  # float32 values, int32 labels and row indices
-ELEMENTWISE = {"relu": 1, "tanh": 1, "identity": 0}
-DERIVATIVE = {"relu": 1, "tanh": 3, "identity": 0}  # relu: z > 0 mask times the gradient; tanh: (1 - a*a) * g
 OPTIMIZER_OPS = {"sgd": 2, "adam": 12}  # per parameter: sgd p - lr*g; adam's moments, corrections, sqrt, eps, update
 OPTIMIZER_STATES = {"sgd": 0, "adam": 2}  # arrays per parameter read and written besides the parameter
 
@@ -83,32 +81,33 @@ def mean_batch(problem: Problem) -> float:
 def step_cost(problem: Problem) -> StepCost:
     spec = problem.spec
     batch = mean_batch(problem)
-    widths = [spec.model.input_width, *(layer.width for layer in spec.model.layers)]
-    layers = list(zip(widths, widths[1:], (layer.activation for layer in spec.model.layers)))
-    n_out = widths[-1]
-
+    placed = spec.model.placed
+    n_out = spec.model.n_outputs
+    # Each layer kind names its own terms (harness/layers/*.py, cost): a dense or conv layer
+    # its products (forward, weight gradient, and above the first layer the input gradient),
+    # bias, activation, derivative and bias gradient; a pool its window reads; a norm its
+    # statistics and their gradient.
+    costs = [p.module.cost(p.section, p.in_shape, i == 0) for i, p in enumerate(placed)]
     per_example = 0.0
-    for i, (fan_in, fan_out, act) in enumerate(layers):
-        products = 2 if i == 0 else 3  # forward and weight gradient; input gradient above the first layer
-        per_example += products * 2 * fan_in * fan_out
-        per_example += fan_out * (1 + ELEMENTWISE[act] + DERIVATIVE[act] + 1)  # bias, act, derivative, bias gradient
+    for cost in costs:
+        per_example += cost.flops
     per_example += n_out * (5 if spec.loss.kind == "mse" else 7)  # loss and its gradient (softmax for cross-entropy)
 
-    weights = sum(fan_in * fan_out for fan_in, fan_out, _ in layers)
-    params = weights + sum(fan_out for _, fan_out, _ in layers)
+    weights = sum(c.weights for c in costs)
+    params = sum(c.params for c in costs)
     per_step = params * OPTIMIZER_OPS[spec.optimizer.kind] + (5 * weights if spec.loss.l2 else 0)
 
     target_width = n_out if spec.loss.kind == "mse" else 1
     shuffled = problem.batch_order is not None
-    batch_bytes = batch * (widths[0] + target_width + (1 if shuffled else 0)) * BYTES
+    batch_bytes = batch * (spec.model.in_features + target_width + (1 if shuffled else 0)) * BYTES
     state_bytes = 2 * params * (1 + OPTIMIZER_STATES[spec.optimizer.kind]) * BYTES
     fewest = batch_bytes + state_bytes + BYTES  # + the loss log's slot
-    activations = sum(6 * batch * fan_out * BYTES for _, fan_out, _ in layers)
+    activations = sum(6 * batch * c.values * BYTES for c in costs)
     return StepCost(
         flops=batch * per_example + per_step,
         bytes=fewest,
         unfused_bytes=fewest + activations,
-        launches=4 * len(layers) + 1 + (1 if shuffled else 0),
+        launches=sum(c.launches for c in costs) + 1 + (1 if shuffled else 0),
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from harness.core import registry
 from harness.core.registry import RunKey
 from harness.inputs.problem import Params, Problem
-from harness.reference import xp_mlp
+from harness.reference import network
 
 Progress = Callable[[int, float | None], None]
 
@@ -48,7 +48,7 @@ def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_o
     """Loss (with its L2 term) and, for classifiers, accuracy, computed in float64 from a
     run's own outputs on the whole training and validation sets."""
     spec = problem.spec
-    params64 = [(w.astype(np.float64), b.astype(np.float64)) for w, b in params]
+    params64 = {name: a.astype(np.float64) for name, a in params.items()}
     n = len(problem.x_train)
     splits = [("train", train_out, problem.y_train)]
     if val_out is not None:
@@ -56,7 +56,7 @@ def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_o
     metrics = {}
     for split, out, y in splits:
         target = y.astype(np.float64) if spec.loss.kind == "mse" else y
-        metrics[f"{split}_loss"] = float(xp_mlp.objective(np, params64, out, target, spec.loss, n))
+        metrics[f"{split}_loss"] = float(network.objective(np, spec.model.placed, params64, out, target, spec.loss, n))
         if spec.loss.kind == "cross_entropy":
             metrics[f"{split}_accuracy"] = float((out.argmax(axis=1) == y).mean())
     return metrics
@@ -191,8 +191,8 @@ class _Trial:
 def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None:
     """Fold one more repeat into the run-to-run verdict: bitwise equality of the loss curve
     and the final parameters with the first repeat, and if not, how far apart."""
-    first = np.concatenate([outcome.losses, *(np.ravel(a) for pair in outcome.final_params for a in pair)])
-    this = np.concatenate([curve, *(np.ravel(a) for pair in params for a in pair)])
+    first = np.concatenate([outcome.losses, *(np.ravel(a) for a in outcome.final_params.values())])
+    this = np.concatenate([curve, *(np.ravel(a) for a in params.values())])
     same = first.shape == this.shape and np.array_equal(first, this, equal_nan=True)
     outcome.repeats_bitwise_identical = same and outcome.repeats_bitwise_identical is not False
     if same:
@@ -222,7 +222,7 @@ def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:
         return int(bad[0])
-    if not all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in params):
+    if not all(np.isfinite(a).all() for a in params.values()):
         return len(losses)
     return None
 

@@ -1,2 +1,1 @@
-"""1. The spec: YAML files parsed with a safe loader into frozen, validated objects.
-"""
+"""1. The spec: YAML files parsed with a safe loader into frozen, validated objects."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from harness.core.errors import SpecError
 from harness.core.files import read_regular
 from harness.core.paths import SPECS_DIR
+from harness.layers import KINDS
 from harness.spec.model import FULL_PROFILE, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 
@@ -29,10 +30,14 @@ SPEC_MAX_BYTES = 256 * 1024
 UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none")
 
 
+# The tags of the discriminated unions: data kinds, optimizer kinds and layer kinds.
+DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", "adam", "sgd", *KINDS})
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
     # Drop the tags pydantic inserts: a discriminated union's ("data.peaks_grid.noise" ->
     # "data.noise") and a plain union's members ("training.batch_size.constrained-int").
-    parts = [str(p) for p in loc if p not in ("peaks_grid", "moons", "idx", "adam", "sgd") and not UNION_TAG.fullmatch(str(p))]
+    parts = [str(p) for p in loc if p not in DISCRIMINATED_TAGS and not UNION_TAG.fullmatch(str(p))]
     return ".".join(parts) or "(document)"
 
 
@@ -143,9 +148,7 @@ def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, An
     except UnicodeDecodeError:
         raise SpecError(f"{path}: (document): not UTF-8 text") from None
     spec, overrides = validate_document(path, parse_document(path, text), profile, extra)
-    return LoadedSpec(
-        spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides
-    )
+    return LoadedSpec(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides)
 
 
 def spec_paths(specs_dir: Path = SPECS_DIR) -> dict[str, Path]:

@@ -9,9 +9,13 @@ merged into the document and validated by the same rules.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from harness.core.strict import Strict
+from harness.layers import LayerSection, Placed, place
 
 FULL_PROFILE = "full"
 BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
@@ -28,7 +32,7 @@ MAX_REPEATS = 100  # timing.repeats (1-3): each repeat is a whole timed training
 # an int64 whatever array it is put in.
 MAX_STEP = 10**9
 MAX_PROBE = 65_536  # checks.probe_size (256): rows whose outputs every run keeps
-MAX_LAYERS = 64  # model.layers (2-3): each is a Python-level step of every forward pass
+MAX_LAYERS = 128  # model.layers (2-9): each is a Python-level step of every forward pass
 MAX_PROFILES = 32  # profiles (2-3): each is merged and validated whenever the spec loads
 MAX_SWEEP_POINTS = 64  # sweep.values (8): each is a set of runs
 # data.noise (0.2): the standard deviation of the noise added to moons of radius 1; at 1
@@ -47,10 +51,6 @@ SourceName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=64)]
 # A bare file name: a spec cannot point the harness outside the data directory.
 FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- data -----------------------------------------------------------------------------
@@ -126,24 +126,71 @@ class IdxData(Strict):
         return None  # known once the files are read
 
 
-DataSection = Annotated[PeaksData | MoonsData | IdxData, Field(discriminator="kind")]
+class ImagePatterns(Strict):
+    """Small seeded images, each class a random smooth pattern under noise (the generated
+    family's image workloads; harness.inputs.data.image_patterns)."""
+
+    kind: Literal["image_patterns"]
+    n_samples: Annotated[int, Field(ge=2, le=100_000)]
+    shape: Annotated[list[Annotated[int, Field(gt=0, le=64)]], Field(min_length=3, max_length=3)]  # channels, height, width
+    classes: Annotated[int, Field(ge=2, le=100)]
+    noise: Annotated[float, Field(ge=0, le=10)]
+    seed: Seed
+
+    @property
+    def n_examples(self) -> int:
+        return self.n_samples
+
+
+DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns, Field(discriminator="kind")]
 
 
 # --- model, init, loss, optimizer -----------------------------------------------------------
 
-Activation = Literal["relu", "tanh", "identity"]
-
-
-class Layer(Strict):
-    width: PositiveInt
-    activation: Activation
-
 
 class ModelSection(Strict):
-    """A multi-layer perceptron: y = act(x W + b) per layer, W stored (fan_in, fan_out)."""
+    """A network: its input (`input_width` features, or an image `input_shape` [channels,
+    height, width], the data's features in that order) and its layers, each of a kind in
+    the layer registry (harness/layers/; a layer without a kind is dense)."""
 
-    input_width: PositiveInt
-    layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)]
+    input_width: PositiveInt | None = None
+    input_shape: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=3, max_length=3)] | None = None
+    layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)]
+
+    @model_validator(mode="after")
+    def _fits(self) -> ModelSection:
+        if (self.input_width is None) == (self.input_shape is None):
+            raise ValueError("model: give input_width (a vector) or input_shape (an image), one of them")
+        placed = self.placed
+        if len(placed[-1].out_shape) != 1:
+            raise ValueError("model.layers: the last layer must give a vector (put a flatten and a dense layer last)")
+        if placed[-1].activation not in (None, "identity"):
+            raise ValueError("model.layers: the last layer must be 'identity' (the loss applies softmax)")
+        return self
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return (self.input_width,) if self.input_width is not None else tuple(self.input_shape)
+
+    @property
+    def in_features(self) -> int:
+        n = 1
+        for d in self.in_shape:
+            n *= d
+        return n
+
+    @cached_property
+    def placed(self) -> list[Placed]:
+        return place(self.layers, self.in_shape)
+
+    @property
+    def n_outputs(self) -> int:
+        return self.placed[-1].out_shape[0]
+
+    @property
+    def is_mlp(self) -> bool:
+        """Dense layers only: the shape every fast mode and the MLP figures know."""
+        return all(layer.kind == "dense" for layer in self.layers)
 
 
 class InitSection(Strict):
@@ -310,6 +357,18 @@ class LibraryDifference(KnownDifference):
     versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
     optimizers: list[Literal["adam", "sgd"]] = ["adam", "sgd"]
     losses: list[Literal["mse", "cross_entropy"]] = ["mse", "cross_entropy"]
+    # Layer options ("batch_norm.running_var=unbiased"): the entry covers a spec with a layer
+    # of that kind and option value (any of them); none listed: every spec.
+    layers: list[Annotated[str, Field(pattern=r"^[a-z0-9_]+\.[a-z_]+=[A-Za-z0-9_.-]+$", max_length=64)]] = []
+    # The library cannot express the spec's math at all (an API without the option): its
+    # float64 twin is expected to differ too, and the listed math_* checks are covered.
+    twins: bool = False
+
+    def matches_layers(self, spec: Spec) -> bool:
+        if not self.layers:
+            return True
+        options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers for key, value in layer.model_dump().items()}
+        return any(selector in options for selector in self.layers)
 
 
 class TimingSection(Strict):
@@ -364,17 +423,20 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
-        n_out = self.model.layers[-1].width
-        if self.model.layers[-1].activation != "identity":
-            raise ValueError("model.layers: the last layer must be 'identity' (the loss applies softmax)")
+        n_out = self.model.n_outputs
         if self.loss.kind == "cross_entropy" and n_out < 2:
             raise ValueError("model.layers: cross_entropy needs an output width of at least 2")
-        if self.data.kind in ("peaks_grid", "moons") and self.model.input_width != 2:
+        if self.data.kind in ("peaks_grid", "moons") and self.model.in_shape != (2,):
             raise ValueError(f"model.input_width: {self.data.kind} data has 2 features")
         if self.data.kind == "peaks_grid" and (self.loss.kind != "mse" or n_out != 1):
             raise ValueError("loss.kind: peaks data is a regression target: use mse and 1 output")
         if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out != 2):
             raise ValueError("loss.kind: moons data has 2 classes: use cross_entropy and 2 outputs")
+        if self.data.kind == "image_patterns":
+            if self.model.in_shape != tuple(self.data.shape):
+                raise ValueError(f"model.input_shape: image_patterns data has images of shape {self.data.shape}")
+            if self.loss.kind != "cross_entropy" or n_out != self.data.classes:
+                raise ValueError(f"loss.kind: image_patterns data has {self.data.classes} classes: use cross_entropy and as many outputs")
         step = self.checks.params_after_steps.step
         n = self.data.n_examples
         if n is not None:
@@ -395,8 +457,7 @@ def check_batching(training: TrainingSection, n_examples: int) -> None:
     bs = training.batch_size
     if bs != "full" and bs > n_examples and training.last_batch == "drop":
         raise ValueError(
-            f"training.batch_size: {bs} is larger than the {n_examples} training examples "
-            "and last_batch is 'drop', so no step would run"
+            f"training.batch_size: {bs} is larger than the {n_examples} training examples and last_batch is 'drop', so no step would run"
         )
 
 

@@ -39,21 +39,21 @@ class Spread:
     curve: np.ndarray  # running maximum of the relative loss distance, per step
     initial_outputs: float  # L2 distance of the probe outputs before training
     initial_loss: float  # |difference| of the step-0 loss
-    params: dict[int, list[float]]  # step -> L2 distance per tensor (problem.param_names)
+    params: dict[int, list[float]]  # step -> L2 distance per tensor (in the network's order)
     final_outputs: float  # L2 distance of the probe outputs after the last step
     final_outputs_max: float  # the same, as the largest |difference| of one output
 
 
 def tensors(params: Params) -> list[np.ndarray]:
-    """Each tensor, in the order of problem.param_names, as a float64 array."""
-    return [np.asarray(a, np.float64) for pair in params for a in pair]
+    """Each tensor, in the network's order (problem.initial_params'), as a float64 array."""
+    return [np.asarray(a, np.float64) for a in params.values()]
 
 
 def relative_curve_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b) / np.maximum(np.abs(b), TINY)
 
 
-def in_plain_units(outcome: Outcome, unit_orders: tuple[np.ndarray, ...]) -> Outcome:
+def in_plain_units(outcome: Outcome, unit_orders: tuple) -> Outcome:
     """A member's outcome with its parameters in the plain problem's unit order."""
     if not unit_orders or outcome.status != "ok":
         return outcome

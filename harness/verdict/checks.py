@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey, Verdict
-from harness.inputs.problem import param_names
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
@@ -287,7 +286,7 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
     reference has): calibrated on `cal`, or the spec's override (float32 pairs only)."""
     c = spec.checks
     factor = c.long_run.factor
-    names = param_names(len(next(iter(b.snapshots.values()), None) or b.final_params or []))
+    names = list(next(iter(b.snapshots.values()), None) or b.final_params or {})
     overrides = (
         {}
         if prefix

@@ -67,14 +67,19 @@ def applies(entry: KnownDifference, spec: Spec) -> bool:
         and SpecifierSet(entry.versions).contains(version, prereleases=True)
         and spec.optimizer.kind in entry.optimizers
         and spec.loss.kind in entry.losses
+        and entry.matches_layers(spec)
     )
 
 
 def covers(entry: KnownDifference, check: Check) -> bool:
-    if check.name.startswith(MATH) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
+    """Whether an entry explains a check: its name, framework, device and mode. Math parity
+    (the float64 twins) is covered only by a library entry with `twins: true`, whose
+    library cannot express the spec's math, and only for the math_* checks it lists."""
+    math = check.name.startswith(MATH)
+    if (math and not getattr(entry, "twins", False)) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
         return False
     return any(
-        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64
+        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and (k.precision != FLOAT64 or math)
         for k in (check.a, check.b)
     )
 

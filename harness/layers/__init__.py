@@ -1,0 +1,119 @@
+"""The layer registry: one module per layer kind, each owning its spec section, its shape
+inference, its initialisation (drawn in NumPy, handed to every framework), its share of a
+step's cost for the floor, and the oracle's forward and hand-written backward pass in the
+array-module code (harness/reference/network.py composes them).
+
+A layer module has: KIND, PREFIX (its tensors are named PREFIXk.weight, ...: dense1,
+conv1, bn1, ln1, numbered per kind), BUFFERS (state that is not trained), Section,
+out_shape, init, cost, forward and backward. A new kind is one module here plus one
+translation per adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Discriminator, Tag
+
+from harness.layers import avg_pool, batch_norm, conv2d, dense, dropout, flatten, layer_norm, max_pool
+from harness.layers.base import Shape
+
+KINDS: dict[str, ModuleType] = {m.KIND: m for m in (dense, conv2d, max_pool, avg_pool, flatten, batch_norm, layer_norm, dropout)}
+# Layers whose output goes through the layer's `activation`.
+ACTIVATED = ("dense", "conv2d")
+
+
+def _kind(value: Any) -> str:
+    """A layer's kind; one that names none is dense (the MLP specs' layers)."""
+    if isinstance(value, dict):
+        return value.get("kind", "dense")
+    return getattr(value, "kind", "dense")
+
+
+LayerSection = Annotated[
+    Annotated[dense.Section, Tag("dense")]
+    | Annotated[conv2d.Section, Tag("conv2d")]
+    | Annotated[max_pool.Section, Tag("max_pool")]
+    | Annotated[avg_pool.Section, Tag("avg_pool")]
+    | Annotated[flatten.Section, Tag("flatten")]
+    | Annotated[batch_norm.Section, Tag("batch_norm")]
+    | Annotated[layer_norm.Section, Tag("layer_norm")]
+    | Annotated[dropout.Section, Tag("dropout")],
+    Discriminator(_kind),
+]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A layer in its network: its position, name, section and module, and one example's
+    shape going in and coming out."""
+
+    index: int
+    name: str
+    section: Any
+    in_shape: Shape
+    out_shape: Shape
+
+    @property
+    def module(self) -> ModuleType:
+        """The kind's module (by name: a Placed pickles, and goes to a run's own process)."""
+        return KINDS[self.section.kind]
+
+    @property
+    def activation(self) -> str | None:
+        return self.section.activation if self.module.KIND in ACTIVATED else None
+
+    local_names: tuple[str, ...]  # its tensors, in the order init draws them
+
+    @property
+    def trained(self) -> list[str]:
+        """The full names of its trained tensors."""
+        return [f"{self.name}.{k}" for k in self.local_names if k not in self.module.BUFFERS]
+
+
+class _NamesOnly:
+    """A scheme for drawing a layer's tensors only to learn their names."""
+
+    weights = "glorot_uniform"
+    biases = "zeros"
+
+
+_NAMES_ONLY = _NamesOnly()
+
+
+def place(layers, input_shape: Shape) -> list[Placed]:
+    """Every layer with its name and shapes; a ValueError that names the layer by its
+    position where a shape does not fit."""
+    placed, counts, shape = [], {}, tuple(input_shape)
+    for i, section in enumerate(layers):
+        module = KINDS[section.kind]
+        counts[module.PREFIX] = counts.get(module.PREFIX, 0) + 1
+        try:
+            out = module.out_shape(section, shape)
+        except ValueError as exc:
+            raise ValueError(f"model.layers.{i}: {exc}") from None
+        names = tuple(module.init(section, shape, np.random.RandomState(0), _NAMES_ONLY))
+        placed.append(Placed(i, f"{module.PREFIX}{counts[module.PREFIX]}", section, shape, out, names))
+        shape = out
+    return placed
+
+
+def buffer_names(placed: list[Placed]) -> list[str]:
+    return [f"{p.name}.{k}" for p in placed for k in p.module.BUFFERS]
+
+
+def initial_tensors(placed: list[Placed], init) -> dict[str, np.ndarray]:
+    """Every tensor by name, drawn once in NumPy from the spec's seed and scheme, as float32.
+
+    A legacy RandomState draws layer by layer, each layer's tensors in its order (a dense
+    layer's weight, then its bias), so the moons weights are exactly the Theano code's
+    randn(2, 1000) / sqrt(2) then randn(1000, 2) / sqrt(1000)."""
+    rng = np.random.RandomState(init.seed)
+    tensors = {}
+    for p in placed:
+        for local, value in p.module.init(p.section, p.in_shape, rng, init).items():
+            tensors[f"{p.name}.{local}"] = np.asarray(value).astype(np.float32)
+    return tensors

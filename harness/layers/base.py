@@ -1,0 +1,67 @@
+"""What every layer kind shares: the context of a forward or backward pass, a step's cost
+for the floor, and the weight initialisations of the spec's `init` section."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Array = Any
+Shape = tuple[int, ...]  # one example's shape: (features,) or (channels, height, width)
+
+
+def plain(a: Array) -> Array:
+    return a
+
+
+@dataclass
+class Context:
+    """A pass through the network: training (batch statistics, dropout masks) or evaluation
+    (running statistics, no dropout); the extra rounding of a calibration member (jitter);
+    the L2 penalty's multiplier of sum(W^2); this step's dropout mask of each layer (by its
+    name); and, written by the forward pass, the new running statistics (by tensor name)."""
+
+    train: bool = True
+    jitter: Callable[[Array], Array] = plain
+    l2_scale: float = 0.0
+    masks: dict[str, Array] = field(default_factory=dict)
+    layer: str = ""  # the name of the layer being passed (a dropout layer finds its mask by it)
+    updates: dict[str, Array] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One example's share of a training step, in float operations, and the values a layer
+    writes (its activations): the floor's terms (harness/run/floor.py)."""
+
+    flops: float  # forward, backward and the layer's own element-wise work, per example
+    values: int  # one example's output values
+    params: int = 0  # trained values
+    weights: int = 0  # of which weights (an L2 penalty's terms)
+    launches: int = 2  # kernels per step, forward and backward
+
+
+def draw_weight(rng: np.random.RandomState, scheme: str, shape: Shape, fan_in: int, fan_out: int) -> np.ndarray:
+    """A weight of `shape` by the spec's scheme (glorot_uniform, normal_over_sqrt_fan_in,
+    torch_linear_default), with the fans torch and flax compute."""
+    if scheme == "glorot_uniform":
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, size=shape)
+    if scheme == "normal_over_sqrt_fan_in":
+        return rng.randn(*shape) / np.sqrt(fan_in)
+    bound = 1.0 / np.sqrt(fan_in)  # torch_linear_default: kaiming_uniform(a=sqrt(5))
+    return rng.uniform(-bound, bound, size=shape)
+
+
+def draw_bias(rng: np.random.RandomState, scheme: str, size: int, fan_in: int) -> np.ndarray:
+    if scheme == "zeros":
+        return np.zeros(size)
+    bound = 1.0 / np.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=size)
+
+
+def features(shape: Shape) -> int:
+    return int(np.prod(shape))

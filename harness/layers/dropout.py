@@ -1,0 +1,54 @@
+"""`dropout`: in training, each value kept or zeroed by a mask the harness draws once, in
+NumPy, seeded, per step and per layer (no two frameworks draw the same mask), kept values
+scaled by 1 / (1 - rate). The mask handed to every framework holds 0 or 1 / (1 - rate), so
+that each multiplies once. Off in evaluation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field
+
+from harness.core.strict import Strict
+from harness.layers.base import Context, Cost, Shape, features
+
+KIND = "dropout"
+PREFIX = "dropout"
+BUFFERS: tuple[str, ...] = ()
+
+
+class Section(Strict):
+    kind: Literal["dropout"]
+    rate: Annotated[float, Field(ge=0, lt=1)]
+
+
+def out_shape(section: Section, shape: Shape) -> Shape:
+    return shape
+
+
+def init(section, shape, rng, scheme) -> dict[str, np.ndarray]:
+    return {}
+
+
+def cost(section: Section, shape: Shape, first: bool) -> Cost:
+    values = features(shape)
+    return Cost(flops=2 * values, values=values)
+
+
+def masks(section: Section, shape: Shape, steps: int, rows: int, seed: tuple[int, ...], dtype) -> np.ndarray:
+    """(steps, rows, *shape): each step's mask, 0 or 1 / (1 - rate), in `dtype`."""
+    rng = np.random.default_rng(seed)
+    kept = rng.random((steps, rows, *shape)) >= section.rate
+    return np.where(kept, np.asarray(1 / (1 - section.rate), dtype=dtype), np.asarray(0, dtype=dtype))
+
+
+def forward(xp, section: Section, p: dict, x, ctx: Context):
+    if not ctx.train:
+        return x, None
+    mask = ctx.masks[ctx.layer]
+    return x * mask, mask
+
+
+def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: bool):
+    return d_y * cache, {}

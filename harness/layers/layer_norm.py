@@ -1,0 +1,57 @@
+"""`layer_norm`: each example's features normalised by their own mean and biased variance,
+eps inside the square root (torch's default eps is 1e-5, flax's 1e-6), then scaled and
+shifted per feature. It takes a vector: put a flatten before it on an image."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from harness.core.strict import Strict
+from harness.layers.base import Context, Cost, Shape
+from harness.layers.sizes import Eps
+
+KIND = "layer_norm"
+PREFIX = "ln"
+BUFFERS: tuple[str, ...] = ()
+
+
+class Section(Strict):
+    kind: Literal["layer_norm"]
+    eps: Eps = 1e-5
+
+
+def out_shape(section: Section, shape: Shape) -> Shape:
+    if len(shape) != 1:
+        raise ValueError(f"layer_norm takes a vector, not an image of shape {list(shape)}: put a flatten before it")
+    return shape
+
+
+def init(section, shape, rng, scheme) -> dict[str, np.ndarray]:
+    return {"scale": np.ones(shape[0]), "bias": np.zeros(shape[0])}
+
+
+def cost(section: Section, shape: Shape, first: bool) -> Cost:
+    return Cost(flops=20 * shape[0], values=shape[0], params=2 * shape[0], launches=6)
+
+
+def forward(xp, section: Section, p: dict, x, ctx: Context):
+    jitter = ctx.jitter
+    mean = jitter(x.mean(axis=1, keepdims=True))
+    centred = x - mean
+    var = jitter((centred * centred).mean(axis=1, keepdims=True))
+    inv = 1 / xp.sqrt(var + section.eps)
+    x_hat = jitter(centred * inv)
+    return p["scale"] * x_hat + p["bias"], (x_hat, inv)
+
+
+def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: bool):
+    jitter = ctx.jitter
+    x_hat, inv = cache
+    grads = {"scale": jitter((d_y * x_hat).sum(axis=0)), "bias": jitter(d_y.sum(axis=0))}
+    if not need_dx:
+        return None, grads
+    d_hat = d_y * p["scale"]
+    d_x = inv * (d_hat - d_hat.mean(axis=1, keepdims=True) - x_hat * (d_hat * x_hat).mean(axis=1, keepdims=True))
+    return jitter(d_x), grads

@@ -1,0 +1,75 @@
+"""Injected bugs of the kinds people make when porting a network between torch and JAX,
+each a copy of adapters/torch_layers.py with one function replaced (tests/test_injected_bugs.py
+registers the copies as adapters): padding split the other way, a norm's eps changed, batch
+norm's momentum convention flipped, the other GELU, and a dropout mask without its scale.
+Each names the layer kind whose tensors it should be found in."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+from adapters import torch_layers
+from harness.layers import windows
+
+
+def _copy(**overrides) -> types.ModuleType:
+    """A fresh module executed from torch_layers' source, `overrides` replacing its globals
+    (its network looks them up in the copy)."""
+    origin = importlib.util.find_spec(torch_layers.__name__).origin
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("layer_bug_torch_layers", origin))
+    module.__spec__.loader.exec_module(module)
+    for name, value in overrides.items():
+        assert hasattr(module, name), f"torch_layers has no {name} to replace"
+        setattr(module, name, value)
+    return module
+
+
+def _swapped_pads(padding, height, width, kernel, stride):
+    (top, bottom), (left, right) = windows.pads(padding, height, width, kernel, stride)
+    return (bottom, top), (right, left)
+
+
+def _padding_swapped():
+    """The odd pixel of a 'same' padding (or an explicit one) at the top and left, torch's
+    ZeroPad2d given (top, bottom) the other way round."""
+    return _copy(windows=types.SimpleNamespace(pads=_swapped_pads))
+
+
+def _with(change):
+    def core(nn, p):
+        modules, holder = torch_layers._core(nn, p)
+        if holder is not None:
+            change(holder, p)
+        return modules, holder
+
+    return _copy(_core=core)
+
+
+def _eps_tenfold(holder, p):
+    if p.module.KIND in ("batch_norm", "layer_norm"):
+        holder.eps = p.section.eps * 10  # flax's default 1e-6 against torch's 1e-5, the other way
+
+
+def _momentum_flipped(holder, p):
+    if p.module.KIND == "batch_norm":
+        holder.momentum = 1 - p.section.momentum  # flax's convention passed to torch
+
+
+def _other_gelu(nn, name):
+    swapped = {"gelu": "gelu_tanh", "gelu_tanh": "gelu"}.get(name, name)
+    return torch_layers._activation(nn, swapped)
+
+
+def _unscaled(x, mask):
+    return x * (mask > 0)
+
+
+# name -> (the torch_layers copy, the layer kinds whose presence makes it a math difference)
+LAYER_BUGS = {
+    "torch_padding_swapped": (_padding_swapped(), ("conv2d",)),
+    "torch_norm_eps": (_with(_eps_tenfold), ("batch_norm", "layer_norm")),
+    "torch_bn_momentum_flipped": (_with(_momentum_flipped), ("batch_norm",)),
+    "torch_other_gelu": (_copy(_activation=_other_gelu), ("gelu", "gelu_tanh")),
+    "torch_dropout_unscaled": (_copy(apply_mask=_unscaled), ("dropout",)),
+}
