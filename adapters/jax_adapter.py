@@ -288,6 +288,18 @@ def state(trainer: Trainer, upto: int) -> State:
     return State(np.asarray(trainer.loss_log, dtype=np.float64)[:upto], params)
 
 
+def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.ndarray]:
+    """Each layer's output of a training-mode forward pass of x (dropout masks given); the
+    trainer's variables are not changed (flax returns the new statistics apart)."""
+    jax = _jax()
+    dev = jax.devices(_platform(trainer.device))[0]
+    net = jax_layers.module(trainer.problem.spec)
+    inputs = jax.device_put(x.astype(trainer.dtype), dev)
+    masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
+    _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])
+    return {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}
+
+
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     jax = _jax()
     inputs = jax.device_put(x.astype(trainer.dtype), jax.devices(_platform(trainer.device))[0])

@@ -82,6 +82,9 @@ def module(spec):
                 else:
                     raise ValueError(f"jax adapter: no translation of layer kind {kind!r}")
                 x = _activation(nn, jnp, p.activation)(x)
+                # Each layer's output in the spec's layout, kept only where "intermediates"
+                # is asked for (layer_outputs): a no-op in training.
+                self.sow("intermediates", f"out_{p.name}", x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
             return x
 
     return Network()

@@ -404,6 +404,18 @@ def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
         trainer.model.train()
 
 
+def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.ndarray]:
+    """Each layer's output of a training-mode forward pass of x (dropout masks given), on a
+    copy of the model (batch norm's running statistics stay as they are)."""
+    torch = _torch()
+    model = copy.deepcopy(trainer.model)
+    dev = _device(trainer.device)
+    to = {"device": dev, "dtype": trainer.dtype}
+    masks = {name: torch.from_numpy(np.ascontiguousarray(m)).to(**to) for name, m in masks.items()}
+    with torch.no_grad():
+        return torch_layers.layer_outputs(model, torch.from_numpy(np.ascontiguousarray(x)).to(**to), masks)
+
+
 def rates(device: str, precision: str) -> dict[str, float]:
     """torch's float32 product rate and copy bandwidth; on the GPU, also one kernel's cost
     inside a CUDA graph."""

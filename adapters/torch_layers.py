@@ -116,6 +116,18 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
     return model
 
 
+def layer_outputs(model, x, masks) -> dict[str, np.ndarray]:
+    """Each block's output in a training-mode forward pass (NCHW: the spec's layout)."""
+    found = {}
+    x = model.unflatten(x)
+    for name, block in model.blocks.items():
+        x = block(x)
+        if name in masks:
+            x = apply_mask(x, masks[name])
+        found[name] = x.cpu().double().numpy()
+    return found
+
+
 def _tensor_slots(model, spec):
     for p in spec.model.placed:
         for local in p.local_names:

@@ -91,6 +91,7 @@ class Trainer:
     placed: list = field(default_factory=list)
     fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
     jitter: Any = network.plain  # a calibration member's extra rounding (network.jitter_function)
+    reorder: Any = None  # a calibration member's other summation orders (network.Context.reorder)
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -107,6 +108,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         if mode == "fast":
             raise ValueError("a calibration member (jittered rounding) runs in eager mode only")
         trainer.jitter = network.jitter_function(xp, problem.jitter_seed)
+        trainer.reorder = np.random.default_rng([problem.jitter_seed, 1])
     if mode == "fast":  # trains the arrays of trainer.params in place; it keeps the optimizer state
         if not problem.spec.model.is_mlp:
             raise ValueError(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
@@ -129,8 +131,9 @@ def warm_up(trainer: Trainer, plan=()) -> None:
 def _update(trainer: Trainer, params, opt_state, step: int):
     problem = trainer.problem
     x, y = problem.batch(trainer.data, step)
-    jitter = trainer.jitter if step < problem.jitter_steps else network.plain
-    ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step))
+    member = step < problem.jitter_steps
+    jitter = trainer.jitter if member else network.plain
+    ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step), reorder=trainer.reorder if member else None)
     return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx)
 
 
@@ -162,6 +165,16 @@ def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
     outputs = network.predict(xp, trainer.placed, trainer.params, xp.asarray(x.astype(trainer.dtype)), trainer.jitter)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)
+
+
+def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.ndarray]:
+    """Each layer's output of a training-mode forward pass of x (dropout masks given),
+    state untouched: where a twin's forward first differs (the diagnosis)."""
+    xp, found = trainer.xp, {}
+    masks = {name: xp.asarray(m.astype(trainer.dtype)) for name, m in masks.items()}
+    ctx = network.Context(train=True, masks=masks)
+    network.forward(xp, trainer.placed, trainer.params, xp.asarray(x.astype(trainer.dtype)), ctx, outputs=found)
+    return {name: np.asarray(_to_numpy(trainer, a), dtype=np.float64) for name, a in found.items()}
 
 
 def rates(device: str, precision: str) -> dict[str, float]:

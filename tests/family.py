@@ -9,6 +9,7 @@ rule, not in the example), and every injected bug must be diagnosed `implementat
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -217,6 +218,24 @@ class Verdict:
     bug_inert: bool
     bug_diagnoses: list[str]  # the diagnosis of each failing float32 check of the buggy run
     ran: list[str]
+    # A porting bug of a layer kind (tests/layer_bugs.py): the layers it lives in, and whether
+    # the diagnoses of the buggy run's failing checks (float32 and its twin's) name one of them.
+    bug_layers: list[str] = dataclasses.field(default_factory=list)
+    bug_layer_named: bool | None = None
+
+
+def bug_layers(result: SpecResult, bug: str) -> list[str]:
+    """The layers a porting bug lives in: those of its kinds, or with its activation."""
+    from tests.layer_bugs import LAYER_BUGS
+
+    kinds = LAYER_BUGS[bug][1] if bug in LAYER_BUGS else ()
+    return [p.name for p in result.loaded.spec.model.placed if p.module.KIND in kinds or p.activation in kinds]
+
+
+def names_a_layer(diagnoses: list[str], layers: list[str]) -> bool:
+    """Whether a diagnosis names one of `layers`: as the first layer to differ, or as the
+    layer of the tensor whose ratio is largest."""
+    return any(f"layer {name} " in d or f"in {name}." in d for d in diagnoses for name in layers)
 
 
 def judge(result: SpecResult, bug: str) -> Verdict:
@@ -228,6 +247,8 @@ def judge(result: SpecResult, bug: str) -> Verdict:
     worst = max(judged, key=lambda c: c.ratio, default=None)
     twin = [c for c in result.checks if c.a == RunKey(bug, "cpu", precision=FLOAT64) and c.b == ORACLE_KEY]
     mine = [c for c in result.checks if c.involves(RunKey(bug, "cpu")) and c.verdict == "fail"]
+    layers = bug_layers(result, bug)
+    diagnosed = [c.diagnosis for c in (*mine, *twin) if c.verdict == "fail" and c.diagnosis]
     return Verdict(
         honest_failures=failing,
         worst_honest_ratio=0.0 if worst is None else float(worst.ratio),
@@ -238,6 +259,8 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_inert=_same_bits(result, RunKey(bug, "cpu", precision=FLOAT64), RunKey(BUGGY[bug][0], "cpu", precision=FLOAT64)),
         bug_diagnoses=[c.diagnosis for c in mine],
         ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
+        bug_layers=layers,
+        bug_layer_named=names_a_layer(diagnosed, layers) if layers else None,
     )
 
 
@@ -268,6 +291,9 @@ def summarize(path: Path) -> dict:
         "bugs_inert": len(inert),  # changed no bit of the float64 twin: nothing to catch
         "bugs_caught_by_math_parity": len(caught),
         "bugs_diagnosed_implementation": len(diagnosed),
+        "layer_bugs_caught": sum(r["verdict"].get("bug_layer_named") is not None for r in caught),
+        "layer_bugs_with_the_layer_named": sum(bool(r["verdict"].get("bug_layer_named")) for r in caught),
+        "image_workloads": sum("input_shape" in r["spec"]["model"] for r in rows),
         "worst_honest_ratio_quantiles": {q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)} if len(ratios) else {},
         "seconds": sum(r["seconds"] for r in rows),
     }
@@ -276,7 +302,11 @@ def summarize(path: Path) -> dict:
 def main(argv: list[str]) -> int:
     summary = summarize(Path(argv[0]))
     Console().print_json(json.dumps(summary))
-    ok = summary["honest_failing_checks"] == 0 and summary["bugs_diagnosed_implementation"] == summary["bugs_injected"] - summary["bugs_inert"]
+    ok = (
+        summary["honest_failing_checks"] == 0
+        and summary["bugs_diagnosed_implementation"] == summary["bugs_injected"] - summary["bugs_inert"]
+        and summary["layer_bugs_with_the_layer_named"] == summary["layer_bugs_caught"]
+    )
     return 0 if ok else 1
 
 

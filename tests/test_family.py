@@ -52,3 +52,5 @@ def test_honest_adapters_never_fail_and_every_injected_bug_is_implementation(dat
         return
     assert verdict.bug_caught, f"{bug}: math parity did not see it"
     assert all(d.startswith("implementation") for d in verdict.bug_diagnoses), verdict.bug_diagnoses
+    if verdict.bug_layer_named is not None:  # a porting bug of a layer kind: its layer is named
+        assert verdict.bug_layer_named, (verdict.bug_layers, verdict.bug_diagnoses)

@@ -55,7 +55,11 @@ def reordered(problem: Problem, seed: int) -> Problem:
     before it. Where a sum nearly cancels (a gradient over examples that pull both ways, a
     width-1 layer with nothing to reorder), an honest implementation that rounds each term
     otherwise (`2*d/n` against `d*(2/n)`) lands eps*sum|terms| away, far beyond eps*|sum|;
-    the jitter makes the members land there too."""
+    the jitter makes the members land there too. The layers other than dense also take
+    their long sums over the batch and the pixels (batch and layer norm's statistics, a
+    convolution's gradients) in a seeded order over those steps (network.Context.reorder):
+    a batch that cannot be reordered (the whole set, all of it probe rows) still sums them
+    otherwise, as another library would."""
     rng = np.random.default_rng(seed)
     params = dict(problem.initial_params)
     orders = []

@@ -61,9 +61,9 @@ def forward(xp, section: Section, p: dict, x, ctx: Context):
         return _channel(p["scale"], x) * x_hat + _channel(p["bias"], x), None
     axes = _axes(x)
     count = x.size // x.shape[1]
-    mean = jitter(x.mean(axis=axes))
+    mean = jitter(ctx.mean(xp, x, axes))
     centred = x - _channel(mean, x)
-    var = jitter((centred * centred).mean(axis=axes))
+    var = jitter(ctx.mean(xp, centred * centred, axes))
     inv = 1 / xp.sqrt(var + section.eps)
     x_hat = jitter(centred * _channel(inv, x))
     stored = var * (count / (count - 1)) if section.running_var == "unbiased" and count > 1 else var
@@ -77,11 +77,11 @@ def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: b
     jitter = ctx.jitter
     x_hat, inv = cache
     axes = _axes(d_y)
-    grads = {"scale": jitter((d_y * x_hat).sum(axis=axes)), "bias": jitter(d_y.sum(axis=axes))}
+    grads = {"scale": jitter(ctx.sum(xp, d_y * x_hat, axes)), "bias": jitter(ctx.sum(xp, d_y, axes))}
     if not need_dx:
         return None, grads
     d_hat = d_y * _channel(p["scale"], d_y)
-    mean_d = d_hat.mean(axis=axes)
-    mean_dx = (d_hat * x_hat).mean(axis=axes)
+    mean_d = ctx.mean(xp, d_hat, axes)
+    mean_dx = ctx.mean(xp, d_hat * x_hat, axes)
     d_x = _channel(inv, d_y) * (d_hat - _channel(mean_d, d_y) - x_hat * _channel(mean_dx, d_y))
     return jitter(d_x), grads

@@ -84,10 +84,13 @@ def backward(xp, section: Section, p: dict, cache, d_z, ctx: Context, need_dx: b
     cols, pad, padded_shape = cache
     n, f, out_h, out_w = d_z.shape
     rows = d_z.transpose(0, 2, 3, 1).reshape(n * out_h * out_w, f)
+    if ctx.reorder is not None:  # a calibration member: the sums over the batch's pixels in another order
+        order = xp.asarray(ctx.reorder.permutation(len(rows)))
+        rows, cols = rows[order], cols[order]
     d_w = jitter((rows.T @ cols).reshape(w.shape))
     if ctx.l2_scale:
         d_w = jitter(d_w + (2 * ctx.l2_scale) * w)
-    grads = {"weight": d_w, "bias": jitter(rows.sum(axis=0))}
+    grads = {"weight": d_w, "bias": jitter(ctx.total(xp, rows, 0))}
     if not need_dx:
         return None, grads
     k, c = section.kernel, w.shape[1]

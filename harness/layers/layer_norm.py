@@ -38,9 +38,9 @@ def cost(section: Section, shape: Shape, first: bool) -> Cost:
 
 def forward(xp, section: Section, p: dict, x, ctx: Context):
     jitter = ctx.jitter
-    mean = jitter(x.mean(axis=1, keepdims=True))
+    mean = jitter(ctx.mean(xp, x, (1,))[:, None])
     centred = x - mean
-    var = jitter((centred * centred).mean(axis=1, keepdims=True))
+    var = jitter(ctx.mean(xp, centred * centred, (1,))[:, None])
     inv = 1 / xp.sqrt(var + section.eps)
     x_hat = jitter(centred * inv)
     return p["scale"] * x_hat + p["bias"], (x_hat, inv)
@@ -49,9 +49,9 @@ def forward(xp, section: Section, p: dict, x, ctx: Context):
 def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: bool):
     jitter = ctx.jitter
     x_hat, inv = cache
-    grads = {"scale": jitter((d_y * x_hat).sum(axis=0)), "bias": jitter(d_y.sum(axis=0))}
+    grads = {"scale": jitter(ctx.total(xp, d_y * x_hat, 0)), "bias": jitter(ctx.total(xp, d_y, 0))}
     if not need_dx:
         return None, grads
     d_hat = d_y * p["scale"]
-    d_x = inv * (d_hat - d_hat.mean(axis=1, keepdims=True) - x_hat * (d_hat * x_hat).mean(axis=1, keepdims=True))
+    d_x = inv * (d_hat - ctx.mean(xp, d_hat, (1,))[:, None] - x_hat * ctx.mean(xp, d_hat * x_hat, (1,))[:, None])
     return jitter(d_x), grads

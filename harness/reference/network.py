@@ -54,9 +54,10 @@ def _local(p: Placed, params: Params) -> dict[str, Array]:
     return {k: params[f"{p.name}.{k}"] for k in p.local_names}
 
 
-def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context) -> tuple[Array, list]:
+def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, outputs: dict | None = None) -> tuple[Array, list]:
     """Outputs, and what each layer keeps for the backward pass. In training, the new
-    running statistics land in ctx.updates by their full names."""
+    running statistics land in ctx.updates by their full names; each layer's output (after
+    its activation) lands in `outputs`, by the layer's name, when given."""
     jitter = ctx.jitter
     a = x.reshape((x.shape[0], *placed[0].in_shape)) if len(placed[0].in_shape) > 1 else x
     caches = []
@@ -72,6 +73,8 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context) ->
         else:
             a = jitter(out)
             caches.append((cache, None, a))
+        if outputs is not None:
+            outputs[p.name] = a
     return a, caches
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.core import registry
-from harness.core.registry import RunKey
+from harness.core.registry import FLOAT64, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
 
@@ -42,6 +42,20 @@ class Outcome:
     repeats_max_abs_diff: float | None = None
     repeats_first_diff_step: int | None = None
     failed_at_step: int | None = None
+    # float64 runs: each layer's output on the first batch, training mode (where a twin's
+    # forward pass first differs from the oracle's: the diagnosis)
+    layer_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def first_batch_layers(adapter, trainer, problem: Problem) -> dict[str, np.ndarray]:
+    """Each layer's output on step 0's batch, with its dropout masks (a training-mode pass
+    that changes no state), from the host copies of the inputs."""
+    host = {"x": problem.x_train, "y": problem.y_train}
+    if problem.batch_order is not None:
+        host["order"] = problem.batch_order
+    host.update({f"mask:{name}": kept for name, kept in problem.scaled_masks("float64").items()})
+    x, _ = problem.batch(host, 0)
+    return adapter.layer_outputs(trainer, x, problem.step_masks(host, 0))
 
 
 def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_out: np.ndarray | None) -> dict[str, float]:
@@ -164,6 +178,8 @@ class _Trial:
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
+            if key.precision == FLOAT64 and not key.variant and hasattr(adapter, "layer_outputs"):
+                outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)
         start = time.perf_counter()
         for first, stop in self.plan:
             adapter.train(trainer, first, stop)

@@ -54,6 +54,9 @@ class Check:
     tensor: str | None = None  # the parameter tensor whose ratio is largest (dense1.weight, ...)
     diagnosis: str | None = None  # why a failing or known check fails (harness/verdict/diagnosis.py)
     bound: Bound | None = None
+    # A math-parity check: the first layer whose output on the first batch differs from the
+    # oracle's (forward pass, training mode; first_layer_apart), where the twin has them.
+    forward_layer: str | None = None
 
     def involves(self, key: RunKey) -> bool:
         return key in (self.a, self.b)
@@ -326,6 +329,25 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
     return checks
 
 
+# How far apart two float64 layer outputs may be, relative to the oracle's largest value,
+# and still count as the same math where the diagnosis looks for the first layer to differ:
+# 1e-10 is about 5e5 float64 ulps, far above the twins' rounding (1e-16 to 1e-14 measured on
+# every layer kind, tests/test_layers_frameworks.py) and far below the smallest porting bug
+# (an eps moved from 1e-5 to 1e-4: about 1e-6). It names a layer; it judges nothing.
+LAYERS_APART = 1e-10
+
+
+def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]) -> str | None:
+    """The first layer, in the network's order, whose output differs from the oracle's."""
+    for name, want in oracle.items():
+        got = twin.get(name)
+        if got is None or got.shape != want.shape:
+            return name
+        if np.abs(got - want).max(initial=0) > LAYERS_APART * max(np.abs(want).max(initial=0), np.finfo(np.float64).tiny):
+            return name
+    return None
+
+
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
     oracle's own reordered members: a failure here is different math."""
@@ -364,4 +386,5 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             spread,
         )
     )
-    return checks
+    layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs) if reference.layer_outputs else None
+    return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks

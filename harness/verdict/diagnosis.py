@@ -148,11 +148,18 @@ def _where(check: Check, pair: list[Check]) -> str:
     return "; ".join(parts)
 
 
+def _forward(check: Check) -> str:
+    """Where a twin's forward pass first differs from the oracle's, if it does."""
+    if check.forward_layer is None:
+        return ""
+    return f"; its forward pass first differs at layer {check.forward_layer} (the first batch)"
+
+
 def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
     ratio = "" if check.ratio is None else f"{check.ratio:.3g}x the calibrated tolerance"
     if check.name.startswith(MATH):
         how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
-        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding"
+        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding{_forward(check)}"
     if check.name == "known_difference_absent":
         return check.diagnosis or "stale known difference"
     sides = [k for k in (check.a, check.b) if k.framework != ORACLE]
@@ -162,7 +169,7 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
         worst = max(failing, key=lambda c: c.ratio or 0)
         return (
             f"implementation: the float64 twin of {key.framework}@{key.device} differs from the oracle too "
-            f"({worst.name}, {worst.ratio:.3g}x its tolerance)"
+            f"({worst.name}, {worst.ratio:.3g}x its tolerance){_forward(worst)}"
         )
     missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
     if missing:
