@@ -260,7 +260,7 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_diagnoses=[c.diagnosis for c in mine],
         ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
         bug_layers=layers,
-        bug_layer_named=names_a_layer(diagnosed, layers) if layers else None,
+        bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
     )
 
 

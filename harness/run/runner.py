@@ -178,7 +178,7 @@ class _Trial:
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
-            if key.precision == FLOAT64 and not key.variant and hasattr(adapter, "layer_outputs"):
+            if key.dtype == FLOAT64 and problem.jitter_seed is None and hasattr(adapter, "layer_outputs"):
                 outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)
         start = time.perf_counter()
         for first, stop in self.plan:
