@@ -156,3 +156,23 @@ def test_the_two_gelus_differ_by_the_measured_amount():
     z = np.linspace(-4, 4, 4001)
     gap = np.abs(activations.activate(np, z, "gelu") - activations.activate(np, z, "gelu_tanh")).max()
     assert 1e-4 < gap < 1e-3  # about 5e-4 per element, as torch's and jax.nn.gelu's defaults differ
+
+
+def test_the_oracle_sums_pairwise_and_a_member_serially():
+    """Batch norm's mean over 64 x 14 x 14 pixels: the oracle's (pairwise, on a contiguous
+    axis) within a few ulps of the exact sum; a calibration member's (a running sum in a
+    seeded order) further off, as serial implementations are; NumPy's own mean over the
+    axes (0, 2, 3) as far off as a running sum."""
+    import math
+
+    x = np.random.default_rng(0).random((64, 8, 14, 14)) + 0.5
+    exact = np.array([math.fsum(x[:, c].ravel()) for c in range(8)]) / (64 * 14 * 14)
+    oracle = Context().mean(np, x, (0, 2, 3))
+    member = Context(reorder=np.random.default_rng(1)).mean(np, x, (0, 2, 3))
+
+    def off(found):
+        return np.abs(found - exact).max() / exact.max()
+
+    assert off(oracle) < 4 * np.finfo(np.float64).eps
+    assert off(member) > 4 * off(oracle)
+    assert off(x.mean(axis=(0, 2, 3))) > 4 * off(oracle)
