@@ -110,6 +110,7 @@ def a_sample_outcome() -> Outcome:
         "repeats_max_abs_diff": math.inf,
         "repeats_first_diff_step": 7,
         "failed_at_step": 3,
+        "layer_outputs": {"conv1": rng.standard_normal((4, 2, 3, 3)), "dense1": rng.standard_normal((4, 5))},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
     assert set(sample) == {f.name for f in dataclasses.fields(Outcome)}
