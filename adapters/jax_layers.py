@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.layers import ACTIVATED
+
 
 def _padding(p):
     s = p.section
@@ -133,7 +135,4 @@ def tensors(spec, found: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def kernels(spec, params: dict[str, Any]) -> list[Any]:
     """The weights an L2 penalty sums, in the network's order."""
-    return [params[p.name]["kernel"] for p in spec.model.placed if p.module.KIND in ("dense", "conv2d")]
-
-
-__all__ = ["module", "variables", "tensors", "kernels", "has_stats"]
+    return [params[p.name]["kernel"] for p in spec.model.placed if p.module.KIND in ACTIVATED]

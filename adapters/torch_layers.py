@@ -99,19 +99,22 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
                 self.blocks[p.name] = nn.Sequential(*modules)
                 self.holders[p.name] = holder
 
-        def forward(self, x, masks):
+        def forward(self, x, masks, outputs=None):
+            """`outputs`, when given, receives each layer's output by name."""
             x = self.unflatten(x)
             for name, block in self.blocks.items():
                 x = block(x)
                 if name in masks and self.training:
                     x = apply_mask(x, masks[name])
+                if outputs is not None:
+                    outputs[name] = x
             return x
 
     model = Network().to(device=device, dtype=dtype)
     with torch.no_grad():
-        for name, holder, local in _tensor_slots(model, spec):
+        for name, holder, local, transposed in _tensor_slots(model, spec):
             value = params[f"{name}.{local}"]
-            value = value.T if isinstance(holder, nn.Linear) and local == "weight" else value
+            value = value.T if transposed else value
             getattr(holder, TORCH_NAMES[local]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
     return model
 
@@ -119,25 +122,23 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
 def layer_outputs(model, x, masks) -> dict[str, np.ndarray]:
     """Each block's output in a training-mode forward pass (NCHW: the spec's layout)."""
     found = {}
-    x = model.unflatten(x)
-    for name, block in model.blocks.items():
-        x = block(x)
-        if name in masks:
-            x = apply_mask(x, masks[name])
-        found[name] = x.cpu().double().numpy()
-    return found
+    model.train()
+    model(x, masks, found)
+    return {name: value.cpu().double().numpy() for name, value in found.items()}
 
 
 def _tensor_slots(model, spec):
+    """Each tensor's layer name, holding module and own name, and whether torch stores it
+    transposed (nn.Linear's weight is (out, in))."""
     for p in spec.model.placed:
         for local in p.local_names:
-            yield p.name, model.holders[p.name], local
+            yield p.name, model.holders[p.name], local, p.module.KIND == "dense" and local == "weight"
 
 
 def tensors(model, spec) -> dict[str, np.ndarray]:
     """Every tensor by the spec's name, in the spec's layout, as NumPy."""
     found = {}
-    for name, holder, local in _tensor_slots(model, spec):
+    for name, holder, local, transposed in _tensor_slots(model, spec):
         value = getattr(holder, TORCH_NAMES[local]).detach().cpu().numpy()
-        found[f"{name}.{local}"] = (value.T if type(holder).__name__ == "Linear" and local == "weight" else value).copy()
+        found[f"{name}.{local}"] = (value.T if transposed else value).copy()
     return found

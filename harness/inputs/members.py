@@ -75,7 +75,7 @@ def reordered(problem: Problem, seed: int) -> Problem:
         masks = {name: kept[:, rows] for name, kept in problem.masks.items()}
         return replace(moved, x_train=problem.x_train[rows], y_train=problem.y_train[rows], masks=masks)
     order = problem.batch_order.copy()
-    if not problem.masks:
+    if not problem.masks:  # the draws every member has always taken: an MLP's members stay the same bits
         for start, stop in problem.bounds:
             order[:, start:stop] = rng.permuted(order[:, start:stop], axis=1)
         return replace(moved, batch_order=order)

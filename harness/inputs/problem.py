@@ -19,7 +19,7 @@ import numpy as np
 
 from harness.core.errors import DataError
 from harness.inputs import data, resources
-from harness.layers import initial_tensors
+from harness.layers import dropout, initial_tensors
 from harness.spec.load import LoadedSpec
 from harness.spec.model import Spec, batch_bounds, check_batching, total_steps
 
@@ -49,12 +49,9 @@ def dropout_masks(spec: Spec, steps: int, rows: int) -> dict[str, np.ndarray]:
     """Each dropout layer's kept values, (steps, rows, *shape) booleans, drawn once in
     NumPy from init.seed and the layer's position: row j of step t's mask goes with row j
     of that step's batch. Empty without dropout."""
-    found = {}
-    for p in spec.model.placed:
-        if p.module.KIND == "dropout":
-            rng = np.random.default_rng([spec.init.seed, p.index])
-            found[p.name] = rng.random((steps, rows, *p.in_shape)) >= p.section.rate
-    return found
+    return {
+        p.name: dropout.kept(p.section, p.in_shape, steps, rows, [spec.init.seed, p.index]) for p in spec.model.placed if p.module.KIND == "dropout"
+    }
 
 
 @dataclass(frozen=True)
@@ -119,8 +116,8 @@ class Problem:
 
     def scaled_masks(self, dtype: str) -> dict[str, np.ndarray]:
         """Each dropout layer's masks in `dtype`: 0 where dropped, 1 / (1 - rate) where kept."""
-        rates = {p.name: p.section.rate for p in self.spec.model.placed if p.module.KIND == "dropout"}
-        return {name: np.where(kept, np.asarray(1 / (1 - rates[name]), dtype), np.asarray(0, dtype)) for name, kept in self.masks.items()}
+        sections = {p.name: p.section for p in self.spec.model.placed}
+        return {name: dropout.scaled(sections[name], kept, dtype) for name, kept in self.masks.items()}
 
     def step_masks(self, data: dict, step: int) -> dict:
         """A step's mask of each dropout layer, out of arrays an adapter put on its device

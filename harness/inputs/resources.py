@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness import layers
 from harness.core.errors import HarnessError
 from harness.spec.load import LoadedSpec
 from harness.spec.model import FULL_PROFILE, Spec, total_steps
@@ -49,7 +50,7 @@ def estimate(spec: Spec, n_examples: int) -> Estimate:
     """The memory and steps of training `spec` on `n_examples` training examples. The
     largest forward pass is the whole training set: the final metrics predict on it."""
     placed = spec.model.placed
-    costs = [p.module.cost(p.section, p.in_shape, i == 0) for i, p in enumerate(placed)]
+    costs = layers.costs(placed)
     parameters = sum(c.params for c in costs)
     widths = [spec.model.in_features, *(c.values for c in costs)]  # one example's values going in and out of each layer
     steps = total_steps(spec.training, n_examples)

@@ -101,8 +101,10 @@ def place(layers, input_shape: Shape) -> list[Placed]:
     return placed
 
 
-def buffer_names(placed: list[Placed]) -> list[str]:
-    return [f"{p.name}.{k}" for p in placed for k in p.module.BUFFERS]
+def costs(placed: list[Placed]):
+    """Each layer's share of a training step (base.Cost): the floor's terms and the memory
+    estimate's values; only the first layer skips the input gradient."""
+    return [p.module.cost(p.section, p.in_shape, i == 0) for i, p in enumerate(placed)]
 
 
 def initial_tensors(placed: list[Placed], init) -> dict[str, np.ndarray]:

@@ -36,10 +36,13 @@ def cost(section: Section, shape: Shape, first: bool) -> Cost:
     return Cost(flops=2 * values, values=values)
 
 
-def masks(section: Section, shape: Shape, steps: int, rows: int, seed: tuple[int, ...], dtype) -> np.ndarray:
-    """(steps, rows, *shape): each step's mask, 0 or 1 / (1 - rate), in `dtype`."""
-    rng = np.random.default_rng(seed)
-    kept = rng.random((steps, rows, *shape)) >= section.rate
+def kept(section: Section, shape: Shape, steps: int, rows: int, seed: list[int]) -> np.ndarray:
+    """(steps, rows, *shape) booleans: which values each step keeps, drawn once from `seed`."""
+    return np.random.default_rng(seed).random((steps, rows, *shape)) >= section.rate
+
+
+def scaled(section: Section, kept: np.ndarray, dtype) -> np.ndarray:
+    """The mask handed to every framework: 0 where dropped, 1 / (1 - rate) where kept, in `dtype`."""
     return np.where(kept, np.asarray(1 / (1 - section.rate), dtype=dtype), np.asarray(0, dtype=dtype))
 
 

@@ -17,7 +17,8 @@ Per step, counted from the spec alone (averaged over the schedule's batch sizes)
   weight-gradient product and a bias-gradient reduction; per layer but the first an
   input-gradient product (the activation derivative fused in); one loss-and-gradient
   kernel, one multi-tensor optimizer kernel, and one gather of the batch's rows when the
-  batch is a shuffled subset: 4 * layers + 1 (+ 1).
+  batch is a shuffled subset: 4 per dense layer (each layer kind counts its own, Cost.launches)
+  + 1 (+ 1).
 
 floor = max(flops / matmul rate, bytes / bandwidth, launches * launch latency): each term
 alone is a time no implementation can beat. On the CPU the launch term is zero (a compiled
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness import layers
 from harness.core.registry import FLOAT32, RunKey
 from harness.inputs.problem import Problem
 
@@ -87,7 +89,7 @@ def step_cost(problem: Problem) -> StepCost:
     # its products (forward, weight gradient, and above the first layer the input gradient),
     # bias, activation, derivative and bias gradient; a pool its window reads; a norm its
     # statistics and their gradient.
-    costs = [p.module.cost(p.section, p.in_shape, i == 0) for i, p in enumerate(placed)]
+    costs = layers.costs(placed)
     per_example = 0.0
     for cost in costs:
         per_example += cost.flops

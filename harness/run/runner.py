@@ -50,10 +50,7 @@ class Outcome:
 def first_batch_layers(adapter, trainer, problem: Problem) -> dict[str, np.ndarray]:
     """Each layer's output on step 0's batch, with its dropout masks (a training-mode pass
     that changes no state), from the host copies of the inputs."""
-    host = {"x": problem.x_train, "y": problem.y_train}
-    if problem.batch_order is not None:
-        host["order"] = problem.batch_order
-    host.update({f"mask:{name}": kept for name, kept in problem.scaled_masks("float64").items()})
+    host = problem.host_arrays(FLOAT64)
     x, _ = problem.batch(host, 0)
     return adapter.layer_outputs(trainer, x, problem.step_masks(host, 0))
 

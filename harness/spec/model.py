@@ -9,6 +9,7 @@ merged into the document and validated by the same rules.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -174,10 +175,7 @@ class ModelSection(Strict):
 
     @property
     def in_features(self) -> int:
-        n = 1
-        for d in self.in_shape:
-            n *= d
-        return n
+        return math.prod(self.in_shape)
 
     @cached_property
     def placed(self) -> list[Placed]:
