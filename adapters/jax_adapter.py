@@ -122,6 +122,41 @@ def cross_entropy(logits, labels):
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(logits * one_hot, axis=-1)
 
 
+def transformation(opt):
+    """The spec's optimizer as optax builds it: clip_by_global_norm, then
+    add_decayed_weights for a coupled decay, chained before optax.sgd (with its trace for
+    momentum; optax has no dampening), optax.adam or optax.adamw (decoupled decay), at the
+    spec's rate or its schedule (optax.exponential_decay with staircase=True,
+    optax.warmup_cosine_decay_schedule), which optax evaluates at the update count, from 0.
+    A plain spec gets optax.sgd or optax.adam alone, as it always did."""
+    import optax
+
+    lr = opt.lr
+    if opt.schedule is not None and opt.schedule.kind == "step":
+        lr = optax.exponential_decay(opt.lr, transition_steps=opt.schedule.every, decay_rate=opt.schedule.gamma, staircase=True)
+    elif opt.schedule is not None and opt.schedule.kind == "warmup_cosine":
+        s = opt.schedule
+        lr = optax.warmup_cosine_decay_schedule(
+            init_value=opt.lr * s.init_fraction,
+            peak_value=opt.lr,
+            warmup_steps=s.warmup_steps,
+            decay_steps=s.decay_steps,
+            end_value=opt.lr * s.end_fraction,
+        )
+    if opt.kind == "adamw":
+        rule = optax.adamw(lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
+    elif opt.kind == "adam":
+        rule = optax.adam(lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps)
+    else:
+        rule = optax.sgd(lr, momentum=opt.momentum or None, nesterov=opt.nesterov)
+    before = []
+    if opt.clip_global_norm is not None:
+        before.append(optax.clip_by_global_norm(opt.clip_global_norm))
+    if opt.weight_decay and opt.kind != "adamw":
+        before.append(optax.add_decayed_weights(opt.weight_decay))
+    return optax.chain(*before, rule) if before else rule
+
+
 def _masks_at(problem, data, t, size: int):
     """Step t's dropout masks, cut to its batch of `size` rows (t may be traced)."""
     jax = _jax()
@@ -157,6 +192,9 @@ def _functions(problem):
         out, new_stats = forward(variables, x, masks, True)
         if spec.loss.kind == "mse":
             per_example = (out - y) ** 2
+        elif spec.loss.label_smoothing:
+            targets = optax.smooth_labels(jax.nn.one_hot(y, out.shape[-1], dtype=out.dtype), spec.loss.label_smoothing)
+            per_example = optax.softmax_cross_entropy(out, targets)
         else:
             per_example = cross_entropy(out, y)
         value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
@@ -164,11 +202,7 @@ def _functions(problem):
             value = value + l2 * sum(jnp.sum(w * w) for w in jax_layers.kernels(spec, params))
         return value, new_stats
 
-    opt = spec.optimizer
-    if opt.kind == "adam":
-        tx = optax.adam(opt.lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps)
-    else:
-        tx = optax.sgd(opt.lr)
+    tx = transformation(spec.optimizer)
 
     def update(variables, opt_state, x, y, masks):
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

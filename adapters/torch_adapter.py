@@ -102,6 +102,7 @@ class Trainer:
     loss_log: Any
     mode: str = "eager"
     fast: Any = None  # _Fast in mode "fast"
+    scheduler: Any = None  # torch.optim.lr_scheduler's, where the spec has a schedule
 
 
 @dataclass
@@ -125,11 +126,32 @@ def put(problem, key) -> dict[str, Any]:
 
 
 def _optimizer(torch, spec, model, **impl):
-    """torch.optim's Adam or SGD; `impl` picks the implementation (fused, capturable), not the maths."""
+    """torch.optim's Adam, AdamW or SGD with the spec's recipe (weight_decay is coupled in
+    Adam and SGD, decoupled in AdamW, as the spec's is); `impl` picks the implementation
+    (fused, capturable), not the maths. A recipe's keywords are passed only where the spec
+    sets them, so that a plain spec builds the optimizer it always did."""
     opt = spec.optimizer
+    recipe = {"weight_decay": opt.weight_decay} if opt.weight_decay else {}
     if opt.kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, **impl)
-    return torch.optim.SGD(model.parameters(), lr=opt.lr, **impl)
+        return torch.optim.Adam(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, **recipe, **impl)
+    if opt.kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, **impl)
+    if opt.momentum:
+        recipe.update(momentum=opt.momentum, dampening=opt.dampening, nesterov=opt.nesterov)
+    return torch.optim.SGD(model.parameters(), lr=opt.lr, **recipe, **impl)
+
+
+def _scheduler(torch, spec, optimizer):
+    """torch.optim.lr_scheduler's StepLR for a step schedule; LambdaLR with the spec's
+    warmup-and-cosine multiplier, as transformers' get_cosine_schedule_with_warmup builds
+    it (LinearLR refuses a start factor of 0, and CosineAnnealingLR is recursive and turns
+    back up past T_max). Stepped after each optimizer.step(): update t runs at lr * f(t)."""
+    schedule = spec.optimizer.schedule
+    if schedule is None or schedule.kind == "constant":
+        return None
+    if schedule.kind == "step":
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=schedule.every, gamma=schedule.gamma)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
@@ -141,7 +163,12 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     log = torch.zeros(problem.total_steps, dtype=torch_dtype, device=_device(device))
     if mode != "fast":
         optimizer = _optimizer(torch, problem.spec, model)
-        return Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
+        trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
+        trainer.scheduler = _scheduler(torch, problem.spec, optimizer)
+        return trainer
+    spec = problem.spec
+    if not spec.plain_training:
+        raise ValueError(f"torch's fast mode takes plain SGD and Adam only; {spec.name} has a training recipe (run it eager)")
     # fused: one kernel for all parameters (its Adam takes 1 - beta^t in float64, as eager does);
     # capturable: Adam's step count stays on the GPU, as a CUDA graph needs
     impl = {"fused": True}
@@ -162,12 +189,12 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     return trainer
 
 
-def _objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets):
+def _objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets, smoothing: float = 0.0):
     f = torch.nn.functional
     if kind == "mse":
         value = f.mse_loss(outputs, targets, reduction=reduction)
     else:
-        value = f.cross_entropy(outputs, targets, reduction=reduction)
+        value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
     if scale:
         weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
@@ -175,17 +202,22 @@ def _objective(torch, kind: str, reduction: str, scale: float | None, model, out
 
 
 def _loss(torch, spec, model, n_examples: int, outputs, targets):
-    return _objective(torch, spec.kind, spec.reduction, network.l2_scale(spec, n_examples), model, outputs, targets)
+    return _objective(torch, spec.kind, spec.reduction, network.l2_scale(spec, n_examples), model, outputs, targets, spec.label_smoothing)
 
 
-def _train_step(trainer: Trainer, model, optimizer, step: int):
+def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     torch = _torch()
     x, y = trainer.problem.batch(trainer.data, step)
     masks = trainer.problem.step_masks(trainer.data, step)
     optimizer.zero_grad(set_to_none=True)
-    loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x, masks), y)
+    spec = trainer.problem.spec
+    loss = _loss(torch, spec.loss, model, trainer.n_examples, model(x, masks), y)
     loss.backward()
+    if spec.optimizer.clip_global_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_global_norm)
     optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
     return loss.detach()
 
 
@@ -208,7 +240,7 @@ def train(trainer: Trainer, start: int, stop: int) -> None:
     for t in range(start, stop):
         # Written into a preallocated log: keeping 20,000 loss tensors alive instead fragmented
         # glibc's heap between the large activation buffers (24 GB after 3,000 moons steps).
-        trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t)
+        trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t, trainer.scheduler)
 
 
 # --- fast mode ----------------------------------------------------------------------------

@@ -112,10 +112,12 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     if mode == "fast":  # trains the arrays of trainer.params in place; it keeps the optimizer state
         if not problem.spec.model.is_mlp:
             raise ValueError(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
+        if not problem.spec.plain_training:
+            raise ValueError(f"the array-module fast mode takes plain SGD and Adam only; {problem.spec.name} has a training recipe (run it eager)")
         layers = [(params[f"{p.name}.weight"], params[f"{p.name}.bias"]) for p in trainer.placed]
         trainer.fast = xp_fast.FastMLP(xp, problem, data, layers, dtype, trainer.loss_log)
-    elif problem.spec.optimizer.kind == "adam":
-        trainer.opt_state = network.adam_init(xp, params, network.trained_names(trainer.placed))
+    else:
+        trainer.opt_state = network.optimizer_init(xp, problem.spec.optimizer, params, network.trained_names(trainer.placed))
     return trainer
 
 

@@ -43,9 +43,11 @@ def test_reordered_is_the_same_training_summed_in_another_order(name):
     # (1.05e-9 relative in the final outputs on Haswell kernels, 2.4e-10 on SkylakeX). So the
     # rule for the whole run is relative to float32's, which grows at the same rate: float64
     # stays within 1e-6 of float32's distance at every step (measured 1.3e-8 at most, on
-    # SkylakeX, Haswell and Sandybridge kernels; eps64 / eps32 is 1.9e-9).
+    # SkylakeX, Haswell and Sandybridge kernels; eps64 / eps32 is 1.9e-9), or within float64's
+    # own rounding of the first steps (1e-14) where float32's rounding happened to land on
+    # the plain run's loss (mnist_mlp's step 2: 0 in float32, 2e-16 in float64).
     assert curve["float64"][20] < 1e-14
-    assert np.all(curve["float64"] <= 1e-6 * curve["float32"]) and outputs["float64"] <= 1e-6 * outputs["float32"]
+    assert np.all(curve["float64"] <= np.maximum(1e-6 * curve["float32"], 1e-14)) and outputs["float64"] <= 1e-6 * outputs["float32"]
     assert curve["float32"][-1] > 1e-8  # float32: another rounding
     assert np.array_equal(reordered(problem, seed=1).initial_params["dense1.weight"], moved.initial_params["dense1.weight"])
     restored = in_plain_order(moved.initial_params, moved.unit_orders)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from harness.layers.base import plain
+
 Array = Any
 Activation = Literal["relu", "tanh", "identity", "gelu", "gelu_tanh"]
 
@@ -30,28 +32,35 @@ def erf(xp):
     return found
 
 
-def activate(xp, z: Array, name: str) -> Array:
+def activate(xp, z: Array, name: str, jitter=plain) -> Array:
+    """act(z); `jitter` rounds the error function's or tanh's values once more in a GELU
+    (a calibration member's, harness.reference.network.jitter_function): 1 + erf(z) cancels
+    for negative z, where two libraries' GELUs differ by thousands of ulps of the result
+    (float32, measured: torch against the exact value up to 8,700 ulps, SciPy's erf 440,
+    XLA's 17), so the members must round the term before the cancellation, not only the
+    result."""
     if name == "relu":
         return xp.maximum(z, 0)
     if name == "tanh":
         return xp.tanh(z)
     if name == "gelu":
-        return 0.5 * z * (1 + erf(xp)(z / math.sqrt(2)))
+        return 0.5 * z * (1 + jitter(erf(xp)(z / math.sqrt(2))))
     if name == "gelu_tanh":
-        return 0.5 * z * (1 + xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)))
+        return 0.5 * z * (1 + jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z))))
     return z
 
 
-def activation_grad(xp, z: Array, a: Array, name: str) -> Array:
-    """d act / d z, from the pre-activation z and the activation a = act(z)."""
+def activation_grad(xp, z: Array, a: Array, name: str, jitter=plain) -> Array:
+    """d act / d z, from the pre-activation z and the activation a = act(z); `jitter` as
+    in activate."""
     if name == "relu":
         return (z > 0).astype(z.dtype)
     if name == "tanh":
         return 1 - a * a
     if name == "gelu":
-        cdf = 0.5 * (1 + erf(xp)(z / math.sqrt(2)))
+        cdf = 0.5 * (1 + jitter(erf(xp)(z / math.sqrt(2))))
         return cdf + z * xp.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
     if name == "gelu_tanh":
-        t = xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z))
+        t = jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)))
         return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_TANH_CUBIC * z * z)
     return xp.ones_like(z)

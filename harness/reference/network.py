@@ -68,7 +68,7 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
             ctx.updates[f"{p.name}.{local}"] = ctx.updates.pop(local)
         if p.activation is not None:
             z = jitter(out)
-            a = jitter(activate(xp, z, p.activation))
+            a = jitter(activate(xp, z, p.activation, jitter))
             caches.append((cache, z, a))
         else:
             a = jitter(out)
@@ -78,9 +78,9 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
     return a, caches
 
 
-def log_softmax(xp, logits: Array) -> Array:
+def log_softmax(xp, logits: Array, jitter: Jitter = plain) -> Array:
     shifted = logits - logits.max(axis=1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+    return shifted - xp.log(jitter(xp.exp(shifted).sum(axis=1, keepdims=True)))
 
 
 def l2_scale(loss_section, n_examples: int) -> float:
@@ -91,7 +91,7 @@ def l2_scale(loss_section, n_examples: int) -> float:
     return l2.coefficient / 2 / (n_examples if l2.divide_by_examples else 1)
 
 
-def data_loss(xp, outputs: Array, targets: Array, loss_section) -> tuple[Array, Array]:
+def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain) -> tuple[Array, Array]:
     """The data term of the loss and its gradient with respect to the outputs."""
     n = outputs.shape[0]
     if loss_section.kind == "mse":
@@ -100,11 +100,18 @@ def data_loss(xp, outputs: Array, targets: Array, loss_section) -> tuple[Array, 
         d_out = 2 * diff
         denom = diff.size if loss_section.reduction == "mean" else 1
     else:
-        logp = log_softmax(xp, outputs)
+        logp = log_softmax(xp, outputs, jitter)
         rows = xp.arange(n)
-        total = -logp[rows, targets].sum()
-        d_out = xp.exp(logp)
-        d_out[rows, targets] -= 1
+        smoothing = loss_section.label_smoothing
+        if smoothing:  # the targets (1 - s) * one_hot + s / K
+            q = xp.full(outputs.shape, smoothing / outputs.shape[1], dtype=outputs.dtype)
+            q[rows, targets] += 1 - smoothing
+            total = -(q * logp).sum()
+            d_out = jitter(xp.exp(logp)) - q
+        else:
+            total = -logp[rows, targets].sum()
+            d_out = jitter(xp.exp(logp))
+            d_out[rows, targets] -= 1
         denom = n if loss_section.reduction == "mean" else 1
     return total / denom, d_out / denom
 
@@ -125,7 +132,7 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     jitter = ctx.jitter
     ctx.l2_scale = l2_scale(loss_section, n_examples)
     outputs, caches = forward(xp, placed, params, x, ctx)
-    loss, d_a = data_loss(xp, outputs, targets, loss_section)
+    loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter)
     d_a = jitter(d_a)
     found: dict[str, Array] = {}
     for i in reversed(range(len(placed))):
@@ -133,7 +140,7 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
         cache, z, a_out = caches[i]
         ctx.layer = p.name
         if p.activation is not None:
-            d_a = jitter(d_a * activation_grad(xp, z, a_out, p.activation))
+            d_a = jitter(d_a * activation_grad(xp, z, a_out, p.activation, jitter))
         d_a, grads = p.module.backward(xp, p.section, _local(p, params), cache, d_a, ctx, i > 0)
         found.update({f"{p.name}.{k}": g for k, g in grads.items()})
     if ctx.l2_scale:
@@ -141,12 +148,43 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     return loss, {name: found[name] for name in trained_names(placed)}, ctx.updates
 
 
-def sgd_update(params: Params, grads: Params, lr: float, jitter: Jitter = plain) -> Params:
-    return {**params, **{name: params[name] - jitter(lr * g) for name, g in grads.items()}}
+def optimizer_init(xp, opt, params: Params, names: list[str]):
+    """The optimizer's state before the first update: the update count t, and Adam's
+    moments or SGD's momentum buffers (made at the first update, as torch.optim makes them)."""
+    if opt.kind in ("adam", "adamw"):
+        return adam_init(xp, params, names)
+    return {"t": 0, "buf": {}}
 
 
 def adam_init(xp, params: Params, names: list[str]):
     return {"t": 0, "m": {n: xp.zeros_like(params[n]) for n in names}, "v": {n: xp.zeros_like(params[n]) for n in names}}
+
+
+def recipe_gradients(xp, params: Params, grads: Params, opt, jitter: Jitter = plain) -> Params:
+    """The gradient the update rule takes (harness/spec/optimizer.py): clipped to the
+    global norm, then with the coupled weight decay added."""
+    if opt.clip_global_norm is not None:
+        norm = jitter(xp.sqrt(sum((g * g).sum() for g in grads.values())))
+        if norm > opt.clip_global_norm:
+            grads = {name: jitter(g / norm * opt.clip_global_norm) for name, g in grads.items()}
+    if opt.weight_decay and opt.kind != "adamw":
+        grads = {name: jitter(g + opt.weight_decay * params[name]) for name, g in grads.items()}
+    return grads
+
+
+def sgd_update(params: Params, grads: Params, state, opt, lr: float, jitter: Jitter = plain):
+    """torch.optim.SGD: the momentum buffer b <- g at the first update, then
+    b <- momentum * b + (1 - dampening) * g; the step is b, or g + momentum * b (Nesterov)."""
+    buf = dict(state["buf"])
+    new_params = dict(params)
+    for name, g in grads.items():
+        step = g
+        if opt.momentum:
+            b = g if name not in buf else jitter(opt.momentum * buf[name] + (1 - opt.dampening) * g)
+            buf[name] = b
+            step = jitter(g + opt.momentum * b) if opt.nesterov else b
+        new_params[name] = params[name] - jitter(lr * step)
+    return new_params, {"t": state["t"] + 1, "buf": buf}
 
 
 def bias_corrections(opt, t: int) -> tuple[float, float]:
@@ -158,19 +196,27 @@ def adam_denominator(xp, v_hat: Array, eps: float) -> Array:
     return xp.sqrt(v_hat) + eps
 
 
-def adam_update(xp, params: Params, grads: Params, state, opt, corrections=bias_corrections, denominator=adam_denominator, jitter: Jitter = plain):
-    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat).
+def adam_update(
+    xp, params: Params, grads: Params, state, opt, corrections=bias_corrections, denominator=adam_denominator, jitter: Jitter = plain, lr=None
+):
+    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat), at
+    rate `lr` (the spec's lr by default); AdamW first shrinks the parameters by
+    lr * weight_decay (decoupled).
 
     `corrections` and `denominator` are the definition's two places where implementations
     differ; tests swap them to reproduce such differences.
     """
+    lr = opt.lr if lr is None else lr
     t = state["t"] + 1
     c1, c2 = corrections(opt, t)
     new_params, new_m, new_v = dict(params), {}, {}
     for name, g in grads.items():
+        p = params[name]
+        if opt.kind == "adamw" and opt.weight_decay:
+            p = jitter(p * (1 - lr * opt.weight_decay))
         m = jitter(opt.beta1 * state["m"][name] + (1 - opt.beta1) * g)
         v = jitter(opt.beta2 * state["v"][name] + (1 - opt.beta2) * (g * g))
-        new_params[name] = params[name] - jitter(opt.lr * (m / c1) / denominator(xp, v / c2, opt.eps))
+        new_params[name] = p - jitter(lr * (m / c1) / denominator(xp, v / c2, opt.eps))
         new_m[name], new_v[name] = m, v
     return new_params, {"t": t, "m": new_m, "v": new_v}
 
@@ -179,10 +225,13 @@ def train_step(xp, placed: list[Placed], params: Params, opt_state, x: Array, ta
     """One optimizer step of the spec: the loss before it, the parameters and running
     statistics after it, and the optimizer state."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)
-    if spec.optimizer.kind == "adam":
-        params, opt_state = adam_update(xp, params, grads, opt_state, spec.optimizer, jitter=ctx.jitter)
+    opt = spec.optimizer
+    grads = recipe_gradients(xp, params, grads, opt, ctx.jitter)
+    lr = opt.lr_at(opt_state["t"])
+    if opt.kind in ("adam", "adamw"):
+        params, opt_state = adam_update(xp, params, grads, opt_state, opt, jitter=ctx.jitter, lr=lr)
     else:
-        params = sgd_update(params, grads, spec.optimizer.lr, ctx.jitter)
+        params, opt_state = sgd_update(params, grads, opt_state, opt, lr, ctx.jitter)
     return loss, {**params, **updates}, opt_state
 
 

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from harness.core.strict import Strict
 from harness.layers import LayerSection, Placed, place
+from harness.spec.optimizer import OPTIMIZER_KINDS, Optimizer
 
 FULL_PROFILE = "full"
 BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default
@@ -205,27 +206,20 @@ class L2Penalty(Strict):
 
 
 class LossSection(Strict):
+    """The loss. label_smoothing (cross_entropy): the targets are (1 - s) * one_hot + s / K
+    over all K classes, as torch's cross_entropy(label_smoothing=s) and optax.smooth_labels
+    take them."""
+
     kind: Literal["mse", "cross_entropy"]
     reduction: Literal["mean", "sum"]
     l2: L2Penalty | None = None
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
-
-class Adam(Strict):
-    """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected."""
-
-    kind: Literal["adam"]
-    lr: Rate
-    beta1: Beta
-    beta2: Beta
-    eps: Rate
-
-
-class Sgd(Strict):
-    kind: Literal["sgd"]
-    lr: Rate
-
-
-Optimizer = Annotated[Adam | Sgd, Field(discriminator="kind")]
+    @model_validator(mode="after")
+    def _smoothing(self) -> LossSection:
+        if self.label_smoothing and self.kind != "cross_entropy":
+            raise ValueError("label_smoothing: smooths class labels; use it with cross_entropy")
+        return self
 
 
 class TrainingSection(Strict):
@@ -353,7 +347,7 @@ class LibraryDifference(KnownDifference):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
     library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
     versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
-    optimizers: list[Literal["adam", "sgd"]] = ["adam", "sgd"]
+    optimizers: list[Literal[OPTIMIZER_KINDS]] = list(OPTIMIZER_KINDS)
     losses: list[Literal["mse", "cross_entropy"]] = ["mse", "cross_entropy"]
     # Layer options ("batch_norm.running_var=unbiased"): the entry covers a spec with a layer
     # of that kind and option value (any of them); none listed: every spec.
@@ -362,7 +356,14 @@ class LibraryDifference(KnownDifference):
     # float64 twin is expected to differ too, and the listed math_* checks are covered.
     twins: bool = False
 
-    def matches_layers(self, spec: Spec) -> bool:
+    # Options of the spec's recipe ("optimizer.clip_global_norm", "loss.label_smoothing"):
+    # the entry covers a spec that sets each of them (to anything but none, 0 or false).
+    when: list[Annotated[str, Field(pattern=r"^(optimizer|loss)\.[a-z_]+$", max_length=64)]] = []
+
+    def matches_options(self, spec: Spec) -> bool:
+        """Whether the spec sets every option in `when` and has a layer of `layers` (any)."""
+        if any(not getattr(getattr(spec, section), key, None) for section, key in (w.split(".") for w in self.when)):
+            return False
         if not self.layers:
             return True
         options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers for key, value in layer.model_dump().items()}
@@ -418,6 +419,11 @@ class Spec(Strict):
     profiles: Annotated[dict[Name, dict[str, Any]], Field(max_length=MAX_PROFILES)] = {}
     claims: Claims = Claims()
     sweep: Sweep | None = None
+
+    @property
+    def plain_training(self) -> bool:
+        """Plain SGD or Adam on the loss without label smoothing: what the fast modes take."""
+        return self.optimizer.plain and not self.loss.label_smoothing
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:

@@ -67,7 +67,7 @@ def applies(entry: KnownDifference, spec: Spec) -> bool:
         and SpecifierSet(entry.versions).contains(version, prereleases=True)
         and spec.optimizer.kind in entry.optimizers
         and spec.loss.kind in entry.losses
-        and entry.matches_layers(spec)
+        and entry.matches_options(spec)
     )
 
 

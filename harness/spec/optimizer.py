@@ -1,0 +1,143 @@
+"""A spec's optimizer: the update rule, and the recipe around it (weight decay, momentum,
+global-norm clipping, a learning-rate schedule). The spec states the math once; each
+adapter expresses it with its library's own parts (torch.optim and its lr_scheduler,
+torch.nn.utils.clip_grad_norm_; an optax.chain), and where a library's formula differs
+from the one stated here, harness/known_differences.yaml says so.
+
+The math, at update t (t = 0 for the first), with g the gradient of the loss:
+1. clipping: g <- g * max_norm / ||g|| when the global norm ||g|| (over every trained
+   tensor) exceeds max_norm (optax.clip_by_global_norm's formula);
+2. coupled weight decay (sgd, adam): g <- g + weight_decay * p;
+3. the rate: lr_t = lr * schedule(t);
+4. sgd: with momentum, b <- g at the first update and b <- momentum * b + (1 - dampening) * g
+   after it (torch.optim.SGD's buffer); the step is g + momentum * b with nesterov, else b;
+   p <- p - lr_t * step;
+   adam: Kingma and Ba's update with eps added to sqrt(v_hat), at rate lr_t;
+   adamw: p <- p * (1 - lr_t * weight_decay) (decoupled), then adam's update.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from harness.core.strict import Strict
+
+MAX_STEP = 10**9
+StepCount = Annotated[int, Field(gt=0, le=MAX_STEP)]
+Rate = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+Decay = Annotated[float, Field(ge=0, le=1)]
+
+
+class Constant(Strict):
+    """schedule(t) = 1."""
+
+    kind: Literal["constant"]
+
+    def factor(self, t: int) -> float:
+        return 1.0
+
+
+class StepDecay(Strict):
+    """schedule(t) = gamma ** (t // every): torch's StepLR, optax's exponential_decay with
+    staircase=True."""
+
+    kind: Literal["step"]
+    every: StepCount
+    gamma: Rate
+
+    def factor(self, t: int) -> float:
+        return self.gamma ** (t // self.every)
+
+
+class WarmupCosine(Strict):
+    """optax.warmup_cosine_decay_schedule with its peak at lr: linear from init_fraction to 1
+    over warmup_steps, then half a cosine down to end_fraction at decay_steps (counted from
+    t = 0, the warmup included), held there after."""
+
+    kind: Literal["warmup_cosine"]
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    decay_steps: StepCount
+    init_fraction: Fraction = 0.0
+    end_fraction: Fraction = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WarmupCosine:
+        if self.decay_steps <= self.warmup_steps:
+            raise ValueError("decay_steps: must be larger than warmup_steps (it counts the warmup too)")
+        return self
+
+    def factor(self, t: int) -> float:
+        if t < self.warmup_steps:
+            return self.init_fraction + (1 - self.init_fraction) * t / self.warmup_steps
+        span = self.decay_steps - self.warmup_steps
+        cosine = 0.5 * (1 + math.cos(math.pi * min(t - self.warmup_steps, span) / span))
+        return (1 - self.end_fraction) * cosine + self.end_fraction
+
+
+Schedule = Annotated[Constant | StepDecay | WarmupCosine, Field(discriminator="kind")]
+
+
+class Recipe(Strict):
+    """What every optimizer takes around its update rule."""
+
+    lr: Rate
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    clip_global_norm: Rate | None = None
+    schedule: Schedule | None = None
+
+    def lr_at(self, t: int) -> float:
+        """The rate of update t (t = 0 for the first): lr itself without a schedule, so
+        that a spec without one keeps every bit it had."""
+        return self.lr if self.schedule is None else self.lr * self.schedule.factor(t)
+
+    @property
+    def plain(self) -> bool:
+        """Plain SGD or Adam: no decay, clipping, schedule or momentum, the update rule alone."""
+        recipe = self.weight_decay or self.clip_global_norm is not None or self.schedule is not None or getattr(self, "momentum", 0)
+        return not recipe and getattr(self, "kind", "") != "adamw"
+
+
+class Adam(Recipe):
+    """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected.
+    weight_decay is coupled (added to the gradient), as torch.optim.Adam's."""
+
+    kind: Literal["adam"]
+    beta1: Beta
+    beta2: Beta
+    eps: Rate
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): the parameters shrink by
+    lr_t * weight_decay before Adam's update. weight_decay has no default here: torch's is
+    1e-2 and optax's 1e-4, and a port that leaves it out changes the math."""
+
+    kind: Literal["adamw"]  # type: ignore[assignment]
+    weight_decay: Annotated[float, Field(ge=0)]
+
+
+class Sgd(Recipe):
+    """Gradient descent, with torch.optim.SGD's momentum buffer, dampening and Nesterov
+    form; weight_decay is coupled (added to the gradient)."""
+
+    kind: Literal["sgd"]
+    momentum: Decay = 0.0
+    nesterov: bool = False
+    dampening: Decay = 0.0
+
+    @model_validator(mode="after")
+    def _nesterov(self) -> Sgd:
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("nesterov: needs a momentum above 0 and no dampening")
+        if self.dampening and not self.momentum:
+            raise ValueError("dampening: applies to a momentum buffer; set momentum too")
+        return self
+
+
+Optimizer = Annotated[Adam | AdamW | Sgd, Field(discriminator="kind")]
+OPTIMIZER_KINDS = ("adam", "adamw", "sgd")
