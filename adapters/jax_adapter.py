@@ -271,6 +271,28 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     return Trainer(problem, device, dtype, data, params, opt_state, train_step, predict_fn, log, mode, run_of_steps)
 
 
+# optax's names for the spec's optimizer moments (optax.scale_by_adam's mu and nu, optax.trace's trace)
+OPTAX_MOMENTS = {"m": "mu", "v": "nu", "momentum": "trace"}
+
+
+def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> None:
+    """Go on from a training state after `step` updates, as a checkpoint restores one: flax's
+    variables, and optax's state with its update counts (the schedule's position too) and
+    moments set by name (optax.tree.set)."""
+    jax = _jax()
+    import jax.numpy as jnp
+    import optax
+
+    spec = trainer.problem.spec
+    params, moments = network.split_training_state(state)
+    values = {OPTAX_MOMENTS[k]: jax_layers.variables(spec, {**params, **m}, trainer.dtype)["params"] for k, m in moments.items()}
+    if optax.tree.get_all_with_path(trainer.opt_state, "count"):
+        values["count"] = jnp.asarray(step, dtype=jnp.int32)
+    dev = jax.devices(_platform(trainer.device))[0]
+    trainer.params = jax.device_put(jax_layers.variables(spec, params, trainer.dtype), dev)
+    trainer.opt_state = jax.device_put(optax.tree.set(trainer.opt_state, **values), dev)
+
+
 def _call_step(trainer: Trainer, params, opt_state, log, t: int):
     if trainer.problem.batch_order is None:
         return trainer.train_step(params, opt_state, log, t, trainer.data)

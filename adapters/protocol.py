@@ -48,6 +48,15 @@ class Adapter(Protocol):
 
     def predict(self, trainer: Any, x: np.ndarray) -> np.ndarray: ...
 
+    def load_state(self, trainer: Any, state: Params, step: int) -> None: ...
+
+
+class KeepsTrainingState(Protocol):
+    """Optional (the oracle's adapter): the whole training state by name, to start the
+    re-anchored twins from (harness.reference.network.training_state)."""
+
+    def training_state(self, trainer: Any) -> Params: ...
+
 
 class MeasuresRates(Protocol):
     """Optional: an adapter that can time its device's float32 product rate, memory

@@ -221,6 +221,38 @@ def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     return loss.detach()
 
 
+# The optimizer state of one parameter, torch.optim's names for the spec's moments
+TORCH_MOMENTS = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
+
+
+def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> None:
+    """Go on from a training state after `step` updates, as a torch checkpoint restores one:
+    the model's tensors; optimizer.load_state_dict with each parameter's state (Adam's step,
+    exp_avg and exp_avg_sq; SGD's momentum_buffer) and the rate of update `step`; the
+    scheduler at that step."""
+    if trainer.mode == "fast":
+        raise ValueError("torch's fast mode starts from the initial state only (run it eager)")
+    torch = _torch()
+    spec, dev = trainer.problem.spec, _device(trainer.device)
+    params, moments = network.split_training_state(state)
+    trainer.model = torch_layers.network(torch, spec, params, dev, trainer.dtype)
+    trainer.optimizer = _optimizer(torch, spec, trainer.model)
+    trainer.scheduler = _scheduler(torch, spec, trainer.optimizer)
+    # each moment in torch's layout: a network built from it, its parameters in the model's order
+    held = {TORCH_MOMENTS[k]: list(torch_layers.network(torch, spec, {**params, **m}, dev, trainer.dtype).parameters()) for k, m in moments.items()}
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # torch.optim's step dtype
+    saved = trainer.optimizer.state_dict()
+    for i in range(len(list(trainer.model.parameters()))):
+        saved["state"][i] = {slot: tensors[i].detach().clone() for slot, tensors in held.items()}
+        if spec.optimizer.kind in ("adam", "adamw"):
+            saved["state"][i]["step"] = torch.tensor(float(step), dtype=scalar)
+    for group in saved["param_groups"]:
+        group["lr"] = spec.optimizer.lr_at(step)
+    trainer.optimizer.load_state_dict(saved)
+    if trainer.scheduler is not None:
+        trainer.scheduler.last_epoch = step
+
+
 def warm_up(trainer: Trainer, plan=()) -> None:
     """One step on a copy of the model and optimizer: kernels and allocator warm, state untouched.
     Fast mode: compile (CPU) or capture (GPU) on the trainer's own model and optimizer for every

@@ -133,7 +133,7 @@ def warm_up(trainer: Trainer, plan=()) -> None:
 def _update(trainer: Trainer, params, opt_state, step: int):
     problem = trainer.problem
     x, y = problem.batch(trainer.data, step)
-    member = step < problem.jitter_steps
+    member = problem.jittered(step)
     jitter = trainer.jitter if member else network.plain
     ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step), reorder=trainer.reorder if member else None)
     return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx)
@@ -161,6 +161,25 @@ def state(trainer: Trainer, upto: int) -> State:
 
 def _to_numpy(trainer: Trainer, a):
     return a if trainer.device == "cpu" else trainer.xp.asnumpy(a)
+
+
+def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> None:
+    """Go on from a training state after `step` updates (the whole state by name:
+    harness.reference.network.training_state): the tensors and the optimizer's moments and
+    update count, as the oracle keeps them."""
+    if trainer.fast is not None:
+        raise ValueError("the array-module fast mode starts from the initial state only (run it eager)")
+    xp, dtype = trainer.xp, trainer.dtype
+    params, moments = network.split_training_state({name: xp.asarray(np.asarray(a).astype(dtype)) for name, a in state.items()})
+    trainer.params = {name: params[name] for name in trainer.params}
+    trainer.opt_state = network.optimizer_state(trainer.problem.spec.optimizer, step, moments)
+
+
+def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
+    """The whole training state by name, on the host (the inverse of load_state)."""
+    host = {name: np.array(_to_numpy(trainer, a)) for name, a in trainer.params.items()}
+    opt_state = {field: {n: np.array(_to_numpy(trainer, a)) for n, a in trainer.opt_state.get(field, {}).items()} for field in ("m", "v", "buf")}
+    return network.training_state(host, opt_state)
 
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:

@@ -19,8 +19,8 @@ from harness.records import write
 from harness.records.build import build_record
 from harness.records.schema import Record
 from harness.records.write import new_id
-from harness.run import plan, progress
-from harness.run.execute import GPU_MIN_REPEATS, cell_path, machine, run_group, run_one
+from harness.run import anchored, plan, progress
+from harness.run.execute import GPU_MIN_REPEATS, cell_path, machine, run_anchored, run_group, run_one
 from harness.run.floor import Rates, floor_of
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
@@ -88,6 +88,25 @@ def run_spec(
             found.append(calibration.in_plain_units(outcome, member.unit_orders))
         return found
 
+    def reanchored(oracle: Outcome | None, twin_keys: list[RunKey]):
+        """Each twin re-anchored along the run at the oracle's states, and the float64
+        members re-anchored at the same states (harness/run/anchored.py)."""
+        states = {} if oracle is None or oracle.status != "ok" else oracle.anchor_states
+        if not states:
+            return None, {}
+        found = []
+        for key, member in plan.calibration_members(problem, FLOAT64):
+            at = anchored.anchored_key(key)
+            label = f"{loaded.name} {at.label} (re-anchored math parity's calibration)"
+            found.append(run_anchored(member, at, anchored.member_states(states, member), label, console, isolate, cell(member, at, 1)))
+        runs = {}
+        for key in twin_keys:
+            at = anchored.anchored_key(key)
+            runs[key.framework, key.device] = run_anchored(
+                problem, at, states, f"{loaded.name} {at.label} (float64 twin, re-anchored)", console, isolate, cell(problem, at, 1)
+            )
+        return calibration.measure_segments(oracle, found), runs
+
     outcomes = {}
     for group in plan.alternation_groups(keys):
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
@@ -100,7 +119,7 @@ def run_spec(
         outcomes.update(run_group(problem, labels, runs, console, isolate, cells))
     members32 = members(problem, FLOAT32, "calibration: its sums in another order")
     cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], FLOAT32)
-    members64, reference, cal64, twins_run = [], None, None, []
+    members64, reference, cal64, twins_run, segments, anchored_runs = [], None, None, [], None, {}
     if twins:
         first = RunKey(ORACLE, "cpu", f"first{short.total_steps}")
         reference = run_one(short, first, 1, f"{loaded.name} {first.label} (math parity's reference)", console, isolate, cell(short, first, 1))
@@ -110,8 +129,9 @@ def run_spec(
             label = f"{loaded.name} {key.label} (float64 twin, first {short.total_steps} steps)"
             outcomes[key] = run_one(short, key, 1, label, console, isolate, cell(short, key, 1))
             twins_run.append(key)
+        segments, anchored_runs = reanchored(outcomes.get(ORACLE_KEY), twins_run)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
-    cal = Calibration(cal32, cal64, reference)
+    cal = Calibration(cal32, cal64, reference, segments, anchored_runs) if twins else Calibration(cal32, cal64, reference)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     where = provenance.collect()

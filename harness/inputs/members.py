@@ -91,6 +91,18 @@ def reordered(problem: Problem, seed: int) -> Problem:
     return replace(moved, batch_order=order, masks=masks)
 
 
+def in_member_order(state: Params, unit_orders: tuple[UnitOrder, ...]) -> Params:
+    """A training state in the plain unit order (its tensors and the optimizer's moments of
+    each, harness.reference.network.training_state) moved into a member's order, as
+    reordered moves the initial tensors."""
+    state = dict(state)
+    for order, moves in unit_orders:
+        for name, axis in moves:
+            for key in [k for k in state if k.rsplit("/", 1)[-1] == name]:
+                state[key] = np.take(state[key], order, axis=axis)
+    return state
+
+
 def in_plain_order(params: Params, unit_orders: tuple[UnitOrder, ...]) -> Params:
     """A reordered member's tensors mapped back to the plain problem's unit order, so that
     they compare tensor by tensor with any other run's (the inverse of reordered)."""

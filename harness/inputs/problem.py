@@ -54,6 +54,11 @@ def dropout_masks(spec: Spec, steps: int, rows: int) -> dict[str, np.ndarray]:
     }
 
 
+# The re-anchored twins' segments when math_parity.every is unset: their cost, a few
+# hundred float64 steps per framework, stays a small share of the run's.
+DEFAULT_SEGMENTS = 8
+
+
 @dataclass(frozen=True)
 class Problem:
     """Everything an adapter needs to train a spec, and nothing framework-specific."""
@@ -77,12 +82,29 @@ class Problem:
     # steps, the array-module code moves every intermediate array at random (seeded) by at
     # most two ulps (harness.reference.network.jitter_function). None: the plain arithmetic.
     jitter_seed: int | None = None
+    # ... from this step on (a re-anchored segment's member starts rounding where it starts)
+    jitter_from: int = 0
     # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
     masks: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def jitter_steps(self) -> int:
         return self.spec.checks.math_parity.steps if self.jitter_seed is not None else 0
+
+    @property
+    def anchors(self) -> list[int]:
+        """The steps the re-anchored twins start from (harness/run/anchored.py): every
+        math_parity.every steps after the first, where a whole segment of math_parity.steps
+        still fits; by default at most 8, evenly spaced. None in a truncated problem."""
+        if self.step_limit is not None:
+            return []
+        parity, total = self.spec.checks.math_parity, self.total_steps
+        every = parity.every or max(parity.steps, -(-total // DEFAULT_SEGMENTS))
+        return list(range(every, total - parity.steps + 1, every))
+
+    def jittered(self, step: int) -> bool:
+        """Whether a calibration member rounds otherwise at this step."""
+        return self.jitter_from <= step < self.jitter_from + self.jitter_steps
 
     @property
     def total_steps(self) -> int:

@@ -148,6 +148,39 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     return loss, {name: found[name] for name in trained_names(placed)}, ctx.updates
 
 
+# A training's whole state as one mapping (what a re-anchored twin starts from,
+# harness/run/anchored.py): every tensor by its name, and the optimizer's state of each
+# trained tensor as MOMENT/name: Adam's moments m and v, SGD's momentum buffer. The update
+# count is the step the state was taken at.
+MOMENTS = {"m": "m", "v": "v", "momentum": "buf"}
+
+
+def training_state(params: Params, opt_state) -> Params:
+    """The flat state of the oracle's tensors and optimizer state (both on the host)."""
+    found = dict(params)
+    for moment, field in MOMENTS.items():
+        found.update({f"{moment}/{name}": a for name, a in opt_state.get(field, {}).items()})
+    return found
+
+
+def split_training_state(state: Params) -> tuple[Params, dict[str, Params]]:
+    """The tensors, and each optimizer moment's tensors by name (the inverse of training_state)."""
+    params = {k: a for k, a in state.items() if "/" not in k}
+    moments: dict[str, Params] = {}
+    for key, a in state.items():
+        if "/" in key:
+            moment, name = key.split("/", 1)
+            moments.setdefault(moment, {})[name] = a
+    return params, moments
+
+
+def optimizer_state(opt, step: int, moments: dict[str, Params]):
+    """The oracle's optimizer state after `step` updates, from a state's moments."""
+    if opt.kind in ("adam", "adamw"):
+        return {"t": step, "m": dict(moments["m"]), "v": dict(moments["v"])}
+    return {"t": step, "buf": dict(moments.get("momentum", {}))}
+
+
 def optimizer_init(xp, opt, params: Params, names: list[str]):
     """The optimizer's state before the first update: the update count t, and Adam's
     moments or SGD's momentum buffers (made at the first update, as torch.optim makes them)."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.core import registry
-from harness.core.registry import FLOAT64, RunKey
+from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
 
@@ -45,6 +45,11 @@ class Outcome:
     # float64 runs: each layer's output on the first batch, training mode (where a twin's
     # forward pass first differs from the oracle's: the diagnosis)
     layer_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # the oracle: its whole training state (harness.reference.network.training_state) at
+    # each anchor of the re-anchored twins (harness/run/anchored.py), by step
+    anchor_states: dict[int, Params] = field(default_factory=dict)
+    # a re-anchored run: each segment's losses, by the step it starts at
+    segments: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def first_batch_layers(adapter, trainer, problem: Problem) -> dict[str, np.ndarray]:
@@ -139,7 +144,15 @@ def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
     every = problem.spec.logging.print_every
     # and every twentieth of the run, so that progress shows however print_every is set
     twentieth = max(1, total // PROGRESS_CUTS)
-    cuts = {0, total, 1, problem.spec.checks.params_after_steps.step, *range(every, total, every), *range(twentieth, total, twentieth)}
+    cuts = {
+        0,
+        total,
+        1,
+        problem.spec.checks.params_after_steps.step,
+        *range(every, total, every),
+        *range(twentieth, total, twentieth),
+        *problem.anchors,
+    }
     cuts = sorted(c for c in cuts if 0 <= c <= total)
     return list(zip(cuts, cuts[1:]))
 
@@ -162,6 +175,7 @@ class _Trial:
         adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
         total = problem.total_steps
         snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
+        anchors = set(problem.anchors) if key == ORACLE_KEY and hasattr(adapter, "training_state") else set()
         start = time.perf_counter()
         data = adapter.put(problem, key)
         trainer = adapter.build(problem, data, key)
@@ -184,6 +198,8 @@ class _Trial:
                 now = adapter.state(trainer, stop)  # read back once for both
                 if stop in snapshot_steps:
                     outcome.snapshots[stop] = now.params
+            if repeat == 0 and stop in anchors:
+                outcome.anchor_states[stop] = adapter.training_state(trainer)
                 if self.progress:  # the printer decides what to show (progress.printer)
                     self.progress(stop, float(now.losses[-1]))
         adapter.synchronize(trainer)

@@ -44,6 +44,30 @@ class Spread:
     final_outputs_max: float  # the same, as the largest |difference| of one output
 
 
+@dataclass(frozen=True)
+class Segments:
+    """The re-anchored twins' calibration (harness/run/anchored.py): for each segment, by
+    the step it starts at, the oracle's own losses over it and the running maximum of the
+    members' relative distance from them."""
+
+    runs: int
+    reference: dict[int, np.ndarray]
+    curve: dict[int, np.ndarray]
+
+
+def measure_segments(oracle: Outcome | None, members: list[Outcome]) -> Segments | None:
+    """The members' spread over each segment; None unless the oracle and every member ran
+    every segment."""
+    if oracle is None or oracle.status != "ok" or not members or any(m.status != "ok" for m in members):
+        return None
+    starts = sorted(oracle.anchor_states)
+    if not starts or any(sorted(m.segments) != starts for m in members):
+        return None
+    reference = {a: oracle.losses[a : a + len(members[0].segments[a])] for a in starts}
+    curve = {a: np.maximum.accumulate(np.max([relative_curve_distance(m.segments[a], reference[a]) for m in members], axis=0)) for a in starts}
+    return Segments(len(members), reference, curve)
+
+
 def tensors(params: Params) -> list[np.ndarray]:
     """Each tensor, in the network's order (problem.initial_params'), as a float64 array."""
     return [np.asarray(a, np.float64) for a in params.values()]

@@ -20,7 +20,7 @@ the spread of rounding-only runs, plus a floor of a few units of the dtype's rou
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY,
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
-from harness.verdict.calibration import TINY, Spread, relative_curve_distance, tensors
+from harness.verdict.calibration import TINY, Segments, Spread, relative_curve_distance, tensors
 
 # The floor of every calibrated check, in units of the compared dtype's rounding (machine
 # epsilon) times the size of the reference: no difference below a few roundings of the
@@ -57,6 +57,9 @@ class Check:
     # A math-parity check: the first layer whose output on the first batch differs from the
     # oracle's (forward pass, training mode; first_layer_apart), where the twin has them.
     forward_layer: str | None = None
+    # A re-anchored math-parity check: the step of the segment where it first fails (or is
+    # closest to failing), the twin started there from the oracle's state.
+    segment: int | None = None
 
     def involves(self, key: RunKey) -> bool:
         return key in (self.a, self.b)
@@ -72,6 +75,8 @@ class Calibration:
     float32: Spread | None  # the array-module float32 run and members against the oracle
     float64: Spread | None  # the oracle's reordered members against the oracle, first steps
     twin_reference: Outcome | None = None  # the oracle over the twins' steps
+    segments: Segments | None = None  # the re-anchored twins' members, over each segment
+    anchored: dict[tuple[str, str], Outcome] = field(default_factory=dict)  # (framework, device) -> its re-anchored run
 
 
 def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -388,3 +393,44 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     )
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
+
+
+def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
+    """The twin re-anchored along the run (harness/run/anchored.py): over each segment,
+    started from the oracle's state, against the oracle's own steps from it, calibrated on
+    the float64 members started from the same state. The first segment to fail is where
+    the difference starts."""
+    name = f"{MATH}anchored_loss_curve"
+    run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments
+    if run is None and segments is None:
+        return []  # a run too short for a segment after the first steps
+    rule = "math parity re-anchored at the oracle's state"
+    if run is not None and run.status != "ok":
+        return [Check(name, twin.key, ORACLE_KEY, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
+    if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
+        return _skipped([name], twin.key, ORACLE_KEY, rule, "no calibrated segments: needs the oracle's states and its members' re-anchored runs")
+    factor, floor = spec.checks.long_run.factor, ROUNDING_ULPS * EPS[FLOAT64]
+    found = []
+    for start, reference in sorted(segments.reference.items()):
+        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)
+        check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, floor, rule)
+        step = None if check.first_failure_step is None else start + check.first_failure_step
+        found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
+    failing = [c for c in found if c.verdict == Verdict.FAIL]
+    chosen = failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
+    starts = ", ".join(str(a) for a in sorted(segments.reference))
+    tolerance = (
+        f"over each segment of {spec.checks.math_parity.steps} steps from the oracle's state at steps {starts}: relative loss "
+        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g}, e64(t) = the largest distance of "
+        f"{segments.runs} float64 runs summing in other orders, started from the same state"
+    )
+    return [
+        dataclasses.replace(
+            chosen,
+            verdict=Verdict.FAIL if failing else Verdict.PASS,
+            tolerance=tolerance,
+            ratio=max(c.ratio or 0.0 for c in found),
+            max_abs_error=max(c.max_abs_error for c in found),
+            max_rel_error=max(c.max_rel_error for c in found),
+        )
+    ]

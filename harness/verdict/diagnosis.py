@@ -137,6 +137,10 @@ def _where(check: Check, pair: list[Check]) -> str:
     parts = []
     if check.first_failure_step is not None:
         parts.append(f"starts at step {check.first_failure_step}")
+    if check.segment is not None and check.verdict != Verdict.PASS:
+        parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from the oracle's state there)")
+    if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
+        return "; ".join(parts)
     snapshots = sorted(
         (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
         key=lambda c: int(c.name.rsplit("_", 1)[1]),

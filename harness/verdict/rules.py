@@ -28,6 +28,7 @@ from harness.verdict.checks import (
     MATH,
     Calibration,
     Check,
+    anchored_parity_check,
     envelope_checks,
     horizon_check,
     math_parity_checks,
@@ -93,6 +94,12 @@ def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     return [Check(f"{MATH}divergence", twin.key, ORACLE_KEY, Verdict.FAIL, rule, first_failure_step=twin.failed_at_step, reason=twin.reason)]
 
 
+def anchored_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
+    """A float64 twin re-anchored at the oracle's state along the run, segment by segment
+    (harness/run/anchored.py): math parity where the first steps cannot see."""
+    return anchored_parity_check(spec, twin, cal) if twin.status == "ok" else []
+
+
 # short_horizon: outputs and loss at step 0, parameters after step 1 and after step k, per
 # tensor; envelope: the loss at every step, the final outputs and each final metric.
 RULES: tuple[Rule, ...] = (
@@ -101,6 +108,7 @@ RULES: tuple[Rule, ...] = (
     PairRule("envelope", envelope_checks),
     TwinRule("math_parity", math_parity),
     TwinRule("twin_divergence", twin_divergence),
+    TwinRule("anchored_math_parity", anchored_parity),
 )
 
 

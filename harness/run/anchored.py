@@ -1,0 +1,65 @@
+"""Re-anchored twins: math parity along the whole run.
+
+The float64 twins compare each framework with the oracle over the run's first steps. A
+math difference that starts later (a schedule one phase off, a decay at step 1,000, a bias
+correction wrong at large t) is invisible there, and on a chaotic workload the float32
+envelope cannot see it either. So at anchors along the run (Problem.anchors: every
+`math_parity.every` steps) each framework's float64 twin starts again from the oracle's own
+float64 state at that step (the network's tensors, the optimizer's moments or momentum
+buffers, the update count and with it the schedule's position), trains
+`math_parity.steps` steps, and is compared with the oracle's own steps from that state,
+under the calibrated float64 rule: the float64 members start from the same state, in their
+own unit order, and round otherwise over the segment. Each segment is short, so the rule
+holds where float64 itself is chaotic over the whole run.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import replace
+
+import numpy as np
+
+from harness.core.registry import RunKey
+from harness.inputs.members import in_member_order
+from harness.inputs.problem import Params, Problem
+from harness.run.runner import Outcome, prepared_adapter
+
+ANCHORED = "anchored"  # the variant of a re-anchored run's key
+
+
+def anchored_key(key: RunKey) -> RunKey:
+    """The key of `key`'s re-anchored run (a twin's, or a float64 member's)."""
+    return replace(key, variant=f"{key.variant}-{ANCHORED}" if key.variant else ANCHORED)
+
+
+def member_states(states: dict[int, Params], member: Problem) -> dict[int, Params]:
+    """The oracle's states in a calibration member's unit order."""
+    return {a: in_member_order(state, member.unit_orders) for a, state in states.items()}
+
+
+def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
+    """Each segment [a, a + math_parity.steps) trained by `key`'s adapter from the state at
+    step a; the outcome's `segments` holds each one's losses. A segment that raises or
+    diverges fails the run, with the reason."""
+    adapter, reason = prepared_adapter(key)
+    if reason:
+        return Outcome(key, "skipped", reason)
+    outcome = Outcome(key, "ok", describe=adapter.describe(key))
+    steps = problem.spec.checks.math_parity.steps
+    try:
+        data = adapter.put(problem, key)
+        for start, state in sorted(states.items()):
+            stop = min(start + steps, problem.total_steps)
+            trainer = adapter.build(replace(problem, jitter_from=start), data, key)
+            adapter.load_state(trainer, state, start)
+            adapter.train(trainer, start, stop)
+            losses = np.asarray(adapter.state(trainer, stop).losses[start:stop], np.float64)
+            bad = np.flatnonzero(~np.isfinite(losses))
+            if bad.size:
+                return Outcome(key, "failed", f"diverged: non-finite loss at step {start + int(bad[0])}", failed_at_step=start + int(bad[0]))
+            outcome.segments[start] = losses
+    except Exception as exc:  # a framework error fails this run only
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return Outcome(key, "failed", f"{key.label} raised {detail}")
+    return outcome

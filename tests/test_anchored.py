@@ -1,0 +1,84 @@
+"""Re-anchored twins (harness/run/anchored.py): every adapter goes on from a saved training
+state exactly where the oracle would, and a math difference that starts late in a run is
+caught there, in the segment where it starts, while the first steps' twins cannot see it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.core import registry
+from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey, Verdict
+from harness.inputs import problem as inputs
+from harness.spec.load import load_spec
+from tests.test_injected_bugs import register_copy, run_with_copies, shortened_spec
+from tests.test_recipes import RECIPES
+
+START, STEPS = 9, 6  # go on from the state after 9 updates, for 6 updates
+
+
+def oracle_states(problem, at: int):
+    """The oracle's losses over the whole run, and its whole state after `at` updates."""
+    adapter = registry.load("numpy")
+    trainer = adapter.build(problem, adapter.put(problem, ORACLE_KEY), ORACLE_KEY)
+    adapter.train(trainer, 0, at)
+    state = adapter.training_state(trainer)
+    adapter.train(trainer, at, problem.total_steps)
+    return np.asarray(adapter.state(trainer, problem.total_steps).losses), state
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("recipe", ["sgd_momentum", "sgd_nesterov_decay", "adam_coupled_decay", "adamw", "label_smoothing", "sgd_clipped"])
+def test_each_adapter_goes_on_from_the_oracles_state(framework, recipe):
+    """Loaded at step 9 (parameters, moments or momentum buffers, update count), each float64
+    twin's next steps are the oracle's own, to float64 rounding (bit for bit in NumPy)."""
+    problem = inputs.truncated(inputs.build_problem(load_spec("specs/moons_net.yaml", "quick", RECIPES[recipe])), START + STEPS)
+    losses, state = oracle_states(problem, START)
+    adapter = registry.load(framework)
+    key = RunKey(framework, "cpu", precision=FLOAT64)
+    if adapter.unavailable(key):
+        pytest.skip(adapter.unavailable(key))
+    trainer = adapter.build(problem, adapter.put(problem, key), key)
+    adapter.load_state(trainer, state, START)
+    adapter.train(trainer, START, START + STEPS)
+    got = np.asarray(adapter.state(trainer, START + STEPS).losses[START:])
+    want = losses[START : START + STEPS]
+    if framework == "numpy":
+        assert np.array_equal(got, want)
+    else:  # torch's clipping eps is a catalogued difference: 1e-6 / norm per clipped step
+        assert np.max(np.abs(got - want) / np.abs(want)) < (1e-5 if (framework, recipe) == ("torch", "sgd_clipped") else 1e-13)
+
+
+def late_lr_change(real_step):
+    """torch's step, its learning rate 0.1% higher from update 301 on."""
+
+    def _train_step(trainer, model, optimizer, step, scheduler=None):
+        if step >= 301:
+            for group in optimizer.param_groups:
+                group["lr"] = trainer.problem.spec.optimizer.lr * 1.001
+        return real_step(trainer, model, optimizer, step, scheduler)
+
+    return _train_step
+
+
+def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
+    """peaks_mlp (quick data, 500 steps): a torch whose learning rate grows by 0.1% from update
+    301 passes the first steps' math parity, and the re-anchored twins report it as
+    implementation, starting between steps 300 and 400; the honest twins pass there."""
+    torch_adapter = pytest.importorskip("adapters.torch_adapter")
+    loaded = shortened_spec("peaks_mlp", {"training": {"epochs": 500}, "checks": {"math_parity": {"every": 100}}})
+    with monkeypatch.context() as m:
+        from tests import test_injected_bugs
+
+        m.setitem(test_injected_bugs.BUGGY, "torch_late_lr", ("torch", {"_train_step": late_lr_change(torch_adapter._train_step)}))
+        result = run_with_copies(loaded, ["torch_late_lr"])
+    checks = {(c.a.label, c.name): c for c in result.checks if c.b == ORACLE_KEY}
+    late = "torch_late_lr@cpu+float64"
+    assert checks[late, "math_loss_curve"].verdict == Verdict.PASS  # the first 100 steps cannot see it
+    anchored = checks[late, "math_anchored_loss_curve"]
+    assert anchored.verdict == Verdict.FAIL and anchored.segment == 300 and 300 < anchored.first_failure_step < 400
+    assert anchored.diagnosis.startswith("implementation") and "starts at step 30" in anchored.diagnosis and "re-anchored at step 300" in anchored.diagnosis
+    for framework in ("torch", "jax", "numpy"):
+        honest = checks.get((f"{framework}@cpu+float64", "math_anchored_loss_curve"))
+        if honest is not None:
+            assert honest.verdict == Verdict.PASS, honest
