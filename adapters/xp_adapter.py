@@ -136,7 +136,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     member = problem.jittered(step)
     jitter = trainer.jitter if member else network.plain
     ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step), reorder=trainer.reorder if member else None)
-    return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx)
+    return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps)
 
 
 def train(trainer: Trainer, start: int, stop: int) -> None:

@@ -107,6 +107,36 @@ def run_spec(
             )
         return calibration.measure_segments(oracle, found), runs
 
+    def library_references(oracle: Outcome | None, twin_keys: list[RunKey]):
+        """For each twin whose library computes a formula of its own that the oracle can
+        compute exactly (harness/known_differences.yaml, `formula`): the oracle computing it,
+        over the first steps and re-anchored at the oracle's states."""
+        states = {} if oracle is None or oracle.status != "ok" else oracle.anchor_states
+        found = {}
+        for key in twin_keys:
+            formula = diagnosis.library_formula(loaded.spec, key)
+            if formula is None:
+                continue
+            ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
+            lib = plan.library_problem(plan.twin_problem(problem), formula)
+            first = run_one(
+                lib, ref, 1, f"{loaded.name} {ref.label} (the oracle with {key.framework}'s formula)", console, isolate, cell(lib, ref, 1)
+            )
+            again = None
+            if states:
+                at, lib_all = anchored.anchored_key(ref), plan.library_problem(problem, formula)
+                again = run_anchored(
+                    lib_all,
+                    at,
+                    states,
+                    f"{loaded.name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)",
+                    console,
+                    isolate,
+                    cell(lib_all, at, 1),
+                )
+            found[key.framework, key.device] = (first, again)
+        return found
+
     outcomes = {}
     for group in plan.alternation_groups(keys):
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
@@ -119,7 +149,7 @@ def run_spec(
         outcomes.update(run_group(problem, labels, runs, console, isolate, cells))
     members32 = members(problem, FLOAT32, "calibration: its sums in another order")
     cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], FLOAT32)
-    members64, reference, cal64, twins_run, segments, anchored_runs = [], None, None, [], None, {}
+    members64, reference, cal64, twins_run, segments, anchored_runs, library = [], None, None, [], None, {}, {}
     if twins:
         first = RunKey(ORACLE, "cpu", f"first{short.total_steps}")
         reference = run_one(short, first, 1, f"{loaded.name} {first.label} (math parity's reference)", console, isolate, cell(short, first, 1))
@@ -130,8 +160,9 @@ def run_spec(
             outcomes[key] = run_one(short, key, 1, label, console, isolate, cell(short, key, 1))
             twins_run.append(key)
         segments, anchored_runs = reanchored(outcomes.get(ORACLE_KEY), twins_run)
+        library = library_references(outcomes.get(ORACLE_KEY), twins_run)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
-    cal = Calibration(cal32, cal64, reference, segments, anchored_runs) if twins else Calibration(cal32, cal64, reference)
+    cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     where = provenance.collect()

@@ -24,6 +24,7 @@ from harness.core import registry
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
 from harness.matrix import SpecResult
+from harness.reference import network
 from harness.spec.load import LoadedSpec, validate_document
 from harness.spec.model import total_steps
 from harness.verdict.calibration import tensors
@@ -88,13 +89,62 @@ def image_layers(draw, shape: tuple[int, int, int], classes: int) -> list[dict]:
     return layers
 
 
+# A recipe workload's math-parity segment: the first steps' twins, and re-anchored twins
+# every as many steps after them.
+RECIPE_SEGMENT = 30
+
+
+@st.composite
+def recipe_optimizer(draw, plain: dict) -> dict:
+    """The plain optimizer with a training recipe (harness/spec/optimizer.py): SGD with
+    momentum (Nesterov or dampening), Adam or AdamW, weight decay, clipping (often tight
+    enough to fire), and a schedule (its shape drawn once the run's length is known)."""
+    opt = dict(plain)
+    if opt["kind"] == "sgd":
+        momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
+        if momentum:
+            opt["momentum"] = momentum
+            if draw(st.booleans()):
+                opt["nesterov"] = True
+            elif draw(st.booleans()):
+                opt["dampening"] = draw(st.sampled_from([0.1, 0.5]))
+    elif draw(st.booleans()):
+        opt["kind"] = "adamw"
+        opt["weight_decay"] = draw(st.sampled_from([1e-4, 1e-2, 0.1]))
+    if opt["kind"] != "adamw" and draw(st.booleans()):
+        opt["weight_decay"] = draw(st.sampled_from([1e-4, 1e-3, 1e-2]))
+    if draw(st.booleans()):
+        opt["clip_global_norm"] = draw(st.sampled_from([0.05, 0.2, 1.0, 5.0]))
+    if draw(st.booleans()):
+        opt["schedule"] = {}
+    return opt
+
+
+@st.composite
+def schedule(draw, total: int) -> dict:
+    kind = draw(st.sampled_from(["constant", "step", "warmup_cosine"]))
+    if kind == "step":
+        return {"kind": "step", "every": draw(st.integers(5, 40)), "gamma": draw(st.sampled_from([0.5, 0.8, 0.95]))}
+    if kind == "warmup_cosine":
+        warmup = draw(st.integers(0, 20))
+        return {
+            "kind": "warmup_cosine",
+            "warmup_steps": warmup,
+            "decay_steps": draw(st.integers(warmup + 10, total + 20)),
+            "init_fraction": draw(st.sampled_from([0.0, 0.1])),
+            "end_fraction": draw(st.sampled_from([0.0, 0.01, 0.1])),
+        }
+    return {"kind": "constant"}
+
+
 @st.composite
 def spec_documents(draw) -> dict:
     """A whole valid spec: half of them MLPs (depth 1 to 3, any widths, relu or tanh, mse
     (peaks) or cross-entropy (moons)), half small-image networks (1-3 channels, 6-12
     pixels, image_layers); mean or sum, L2 on or off, SGD or Adam with sane settings, full
     or mini batches with shuffling and both last-batch rules, 20 to 60 steps."""
-    images = draw(st.booleans())
+    kind = draw(st.sampled_from(["mlp", "image", "recipe"]))
+    images, recipe = kind == "image", kind == "recipe"
     if images:
         shape = (draw(st.integers(1, 3)), draw(st.integers(6, 12)), draw(st.integers(6, 12)))
         classes = draw(st.integers(2, 4))
@@ -127,6 +177,8 @@ def spec_documents(draw) -> dict:
         model = {"input_width": 2, "layers": layers}
     reduction = draw(st.sampled_from(["mean", "sum"]))
     loss = {"kind": loss_kind, "reduction": reduction}
+    if recipe and loss_kind == "cross_entropy" and draw(st.booleans()):
+        loss["label_smoothing"] = draw(st.sampled_from([0.05, 0.1, 0.2]))
     if draw(st.booleans()):
         loss["l2"] = {"coefficient": draw(st.sampled_from([1e-4, 1e-3, 1e-2])), "divide_by_examples": draw(st.booleans())}
     full = draw(st.booleans())
@@ -143,6 +195,8 @@ def spec_documents(draw) -> dict:
         }
     else:
         optimizer = {"kind": "sgd", "lr": draw(st.sampled_from([0.01, 0.05, 0.1])) * per_example}
+    if recipe:
+        optimizer = draw(recipe_optimizer(optimizer))
     training = {
         "epochs": 1,
         "batch_size": "full" if full else batch,
@@ -153,8 +207,15 @@ def spec_documents(draw) -> dict:
     from harness.spec.model import TrainingSection
 
     per_epoch = total_steps(TrainingSection.model_validate(training), n)
-    steps = draw(st.integers(20, 60))
+    # A recipe runs long enough for its schedule and clipping to act, and for segments of
+    # re-anchored math parity after the first steps'.
+    steps = draw(st.integers(90, 150) if recipe else st.integers(20, 60))
     training["epochs"] = max(1, -(-steps // per_epoch))
+    if recipe and "schedule" in optimizer:
+        optimizer["schedule"] = draw(schedule(training["epochs"] * per_epoch))
+    checks = {"params_after_steps": {"step": min(10, training["epochs"] * per_epoch)}}
+    if recipe:
+        checks["math_parity"] = {"steps": RECIPE_SEGMENT, "every": RECIPE_SEGMENT}
     return {
         "name": "generated",
         "title": "a generated workload",
@@ -170,7 +231,7 @@ def spec_documents(draw) -> dict:
         "optimizer": optimizer,
         "training": training,
         "logging": {"loss_every": 1, "print_every": 1000},
-        "checks": {"params_after_steps": {"step": min(10, training["epochs"] * per_epoch)}},
+        "checks": checks,
         "timing": {"repeats": 1},
     }
 
@@ -179,10 +240,13 @@ def bugs_for(doc: dict) -> list[str]:
     """The injected bugs that change this spec's math: for a network with other layers than
     dense, the porting bugs of its layer kinds and activations (tests/layer_bugs.py)."""
     from tests.layer_bugs import LAYER_BUGS
+    from tests.recipe_bugs import RECIPE_BUGS
 
     present = {layer.get("kind", "dense") for layer in doc["model"]["layers"]} | {layer.get("activation") for layer in doc["model"]["layers"]}
     if present - {"dense", None, "relu", "tanh", "identity"}:
         return [name for name, (_, kinds) in LAYER_BUGS.items() if present & set(kinds)]
+    if "math_parity" in doc["checks"]:  # a recipe workload: the bugs of its recipe
+        return [name for name, (_, changes) in RECIPE_BUGS.items() if changes(doc)]
     bugs = list(BUGS_FOR_ANY)
     if doc["loss"]["reduction"] == "mean":
         bugs.append("torch_loss_sum")
@@ -213,8 +277,9 @@ class Verdict:
     known: int  # honest checks covered by a known difference
     bug: str
     bug_caught: bool  # the buggy twin fails math parity
-    # The bug changed no bit of the float64 twin on this workload (every ReLU of a layer dead,
-    # say: the bugged product is multiplied by zero): there was no math difference to catch.
+    # The bug left the float64 twin where the honest one is, to float64 rounding (1e-12
+    # relative), on this workload (every ReLU of a layer dead, say: the bugged product is
+    # multiplied by zero; a symmetric padding "swapped"): there was no math difference to catch.
     bug_inert: bool
     bug_diagnoses: list[str]  # the diagnosis of each failing float32 check of the buggy run
     ran: list[str]
@@ -222,6 +287,9 @@ class Verdict:
     # the diagnoses of the buggy run's failing checks (float32 and its twin's) name one of them.
     bug_layers: list[str] = dataclasses.field(default_factory=list)
     bug_layer_named: bool | None = None
+    # Where math parity first saw the bug: the segment re-anchored at this step (None: the
+    # first steps' twin, or not seen).
+    bug_segment: int | None = None
 
 
 def bug_layers(result: SpecResult, bug: str) -> list[str]:
@@ -248,6 +316,8 @@ def judge(result: SpecResult, bug: str) -> Verdict:
     twin = [c for c in result.checks if c.a == RunKey(bug, "cpu", precision=FLOAT64) and c.b == ORACLE_KEY]
     mine = [c for c in result.checks if c.involves(RunKey(bug, "cpu")) and c.verdict == "fail"]
     layers = bug_layers(result, bug)
+    anchored = [c for c in twin if c.verdict == "fail" and c.segment is not None]
+    first_steps = [c for c in twin if c.verdict == "fail" and c.segment is None]
     diagnosed = [c.diagnosis for c in (*mine, *twin) if c.verdict == "fail" and c.diagnosis]
     return Verdict(
         honest_failures=failing,
@@ -256,23 +326,66 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         known=sum(c.verdict == "known" for c in honest),
         bug=bug,
         bug_caught=any(c.verdict == "fail" for c in twin),  # math_divergence where the twin diverged
-        bug_inert=_same_bits(result, RunKey(bug, "cpu", precision=FLOAT64), RunKey(BUGGY[bug][0], "cpu", precision=FLOAT64)),
+        bug_inert=_same_math(result, RunKey(bug, "cpu", precision=FLOAT64), RunKey(BUGGY[bug][0], "cpu", precision=FLOAT64))
+        and _same_segments(result, bug, BUGGY[bug][0]),
         bug_diagnoses=[c.diagnosis for c in mine],
         ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
+        bug_segment=anchored[0].segment if anchored and not first_steps else None,
     )
 
 
-def _same_bits(result: SpecResult, a: RunKey, b: RunKey) -> bool:
-    """Whether two runs have the same losses, snapshots and final parameters, bit for bit."""
+ROUNDING = 1e-12  # float64 rounding over a twin's steps, relative (measured: 1e-16 to 1e-13)
+
+
+def _close(x, y) -> bool:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return x.shape == y.shape and float(np.abs(x - y).max(initial=0.0)) <= ROUNDING * max(float(np.abs(y).max(initial=0.0)), 1e-300)
+
+
+def _same_segments(result: SpecResult, bug: str, real: str) -> bool:
+    """Whether the re-anchored runs of two frameworks have the same losses, to float64
+    rounding (true where the spec has no segments)."""
+    runs = result.calibration.anchored if result.calibration else {}
+    one, two = runs.get((bug, "cpu")), runs.get((real, "cpu"))
+    if one is None and two is None:
+        return True
+    if one is None or two is None or one.status != "ok" or two.status != "ok" or set(one.segments) != set(two.segments):
+        return False
+    return all(_close(one.segments[a], two.segments[a]) for a in one.segments)
+
+
+def clipped_updates(doc: dict) -> int:
+    """How many of the oracle's updates clipped the gradient (0 without clipping)."""
+    spec = loaded(doc).spec
+    if spec.optimizer.clip_global_norm is None:
+        return 0
+    problem = inputs.build_problem(loaded(doc))
+    adapter = registry.load("numpy")
+    trainer = adapter.build(problem, adapter.put(problem, ORACLE_KEY), ORACLE_KEY)
+    fired = 0
+    for step in range(problem.total_steps):
+        before = dict(trainer.params)
+        x, y = problem.batch(trainer.data, step)
+        _, grads, _ = network.loss_and_grads(
+            np, trainer.placed, before, x, y, spec.loss, len(problem.x_train), network.Context(masks=problem.step_masks(trainer.data, step))
+        )
+        fired += float(np.sqrt(sum((g * g).sum() for g in grads.values()))) > spec.optimizer.clip_global_norm
+        adapter.train(trainer, step, step + 1)
+    return fired
+
+
+def _same_math(result: SpecResult, a: RunKey, b: RunKey) -> bool:
+    """Whether two float64 runs have the same losses, snapshots and final parameters, to
+    float64 rounding."""
     one, two = result.outcomes.get(a), result.outcomes.get(b)
     if one is None or two is None or one.status != "ok" or two.status != "ok":
         return False
-    if not np.array_equal(one.losses, two.losses) or set(one.snapshots) != set(two.snapshots):
+    if not _close(one.losses, two.losses) or set(one.snapshots) != set(two.snapshots):
         return False
     pairs = [(one.final_params, two.final_params), *((one.snapshots[s], two.snapshots[s]) for s in one.snapshots)]
-    return all(np.array_equal(x, y) for p, q in pairs for x, y in zip(tensors(p), tensors(q)))
+    return all(_close(x, y) for p, q in pairs for x, y in zip(tensors(p), tensors(q)))
 
 
 def summarize(path: Path) -> dict:
@@ -294,6 +407,9 @@ def summarize(path: Path) -> dict:
         "layer_bugs_caught": sum(r["verdict"].get("bug_layer_named") is not None for r in caught),
         "layer_bugs_with_the_layer_named": sum(bool(r["verdict"].get("bug_layer_named")) for r in caught),
         "image_workloads": sum("input_shape" in r["spec"]["model"] for r in rows),
+        "recipe_workloads": sum("math_parity" in r["spec"]["checks"] for r in rows),
+        "recipe_bugs_caught_in_a_later_segment": sum(r["verdict"].get("bug_segment") is not None for r in caught),
+        "workloads_that_clip": sum(bool(r.get("clipped_updates")) for r in rows),
         "worst_honest_ratio_quantiles": {q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)} if len(ratios) else {},
         "seconds": sum(r["seconds"] for r in rows),
     }

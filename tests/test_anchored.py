@@ -11,7 +11,7 @@ from harness.core import registry
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.inputs import problem as inputs
 from harness.spec.load import load_spec
-from tests.test_injected_bugs import register_copy, run_with_copies, shortened_spec
+from tests.test_injected_bugs import run_with_copies, shortened_spec
 from tests.test_recipes import RECIPES
 
 START, STEPS = 9, 6  # go on from the state after 9 updates, for 6 updates
@@ -77,7 +77,11 @@ def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
     assert checks[late, "math_loss_curve"].verdict == Verdict.PASS  # the first 100 steps cannot see it
     anchored = checks[late, "math_anchored_loss_curve"]
     assert anchored.verdict == Verdict.FAIL and anchored.segment == 300 and 300 < anchored.first_failure_step < 400
-    assert anchored.diagnosis.startswith("implementation") and "starts at step 30" in anchored.diagnosis and "re-anchored at step 300" in anchored.diagnosis
+    assert (
+        anchored.diagnosis.startswith("implementation")
+        and "starts at step 30" in anchored.diagnosis
+        and "re-anchored at step 300" in anchored.diagnosis
+    )
     for framework in ("torch", "jax", "numpy"):
         honest = checks.get((f"{framework}@cpu+float64", "math_anchored_loss_curve"))
         if honest is not None:

@@ -44,7 +44,12 @@ def test_honest_adapters_never_fail_and_every_injected_bug_is_implementation(dat
     verdict = family.judge(result, bug)
     if OUT:
         with open(OUT, "a") as f:
-            row = {"spec": doc, "verdict": dataclasses.asdict(verdict), "seconds": time.perf_counter() - start}
+            row = {
+                "spec": doc,
+                "verdict": dataclasses.asdict(verdict),
+                "seconds": time.perf_counter() - start,
+                "clipped_updates": family.clipped_updates(doc),
+            }
             f.write(json.dumps(row) + "\n")
     assert {f"{f}@cpu" for f in family.REAL} <= set(verdict.ran), verdict.ran
     assert not verdict.honest_failures, verdict.honest_failures

@@ -35,8 +35,10 @@ from harness.matrix import SpecResult, run_spec
 from harness.reference import network
 from harness.run.plan import matrix_keys
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
+from harness.verdict import diagnosis
 from harness.verdict.checks import Check
 from tests.layer_bugs import LAYER_BUGS
+from tests.recipe_bugs import RECIPE_BUGS
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
@@ -112,7 +114,12 @@ MLP_BUGS = {
     "torch_loss_scaled": ("torch", {"_loss": torch_loss_scaled}),
 }
 # The porting bugs of the other layer kinds (tests/layer_bugs.py): the generated family's.
-BUGGY = {**MLP_BUGS, **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in LAYER_BUGS.items()}}
+BUGGY = {
+    **MLP_BUGS,
+    **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in LAYER_BUGS.items()},
+    # and the recipe bugs (tests/recipe_bugs.py)
+    **{name: ("torch", overrides) for name, (overrides, _) in RECIPE_BUGS.items()},
+}
 LOW_PRECISION = ("torch_matmul_bfloat16", "torch_matmul_float16")
 
 
@@ -172,7 +179,13 @@ def torch_single_threaded():
 
 
 def run_with_copies(loaded: LoadedSpec, buggy: list[str], problem=None) -> SpecResult:
+    """The spec through every real adapter and the buggy copies. A copy is its library with
+    one bug: the library's catalogued differences (harness/known_differences.yaml) are its
+    too, so that what it is judged on is its bug."""
     with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
+        entries = diagnosis.library_differences()
+        inherited = tuple(e.model_copy(update={"framework": name}) for name in buggy for e in entries if e.framework == BUGGY[name][0])
+        monkeypatch.setattr(diagnosis, "library_differences", lambda: entries + inherited)
         for name in buggy:
             real, overrides = BUGGY[name]
             register_copy(monkeypatch, name, real, overrides)

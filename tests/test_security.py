@@ -111,6 +111,8 @@ def a_sample_outcome() -> Outcome:
         "repeats_first_diff_step": 7,
         "failed_at_step": 3,
         "layer_outputs": {"conv1": rng.standard_normal((4, 2, 3, 3)), "dense1": rng.standard_normal((4, 5))},
+        "anchor_states": {100: {**params(), "m/dense1.weight": rng.standard_normal((3, 4)), "v/dense1.weight": rng.standard_normal((3, 4))}},
+        "segments": {100: rng.standard_normal(20), 200: rng.standard_normal(20)},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
     assert set(sample) == {f.name for f in dataclasses.fields(Outcome)}

@@ -84,6 +84,9 @@ class Problem:
     jitter_seed: int | None = None
     # ... from this step on (a re-anchored segment's member starts rounding where it starts)
     jitter_from: int = 0
+    # The oracle computing a library's clipping (harness/run/plan.py library_problem): see
+    # harness.reference.network.recipe_gradients. 0: the spec's.
+    clip_eps: float = 0.0
     # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
     masks: dict[str, np.ndarray] = field(default_factory=dict)
 

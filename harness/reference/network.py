@@ -193,12 +193,17 @@ def adam_init(xp, params: Params, names: list[str]):
     return {"t": 0, "m": {n: xp.zeros_like(params[n]) for n in names}, "v": {n: xp.zeros_like(params[n]) for n in names}}
 
 
-def recipe_gradients(xp, params: Params, grads: Params, opt, jitter: Jitter = plain) -> Params:
+def recipe_gradients(xp, params: Params, grads: Params, opt, jitter: Jitter = plain, clip_eps: float = 0.0) -> Params:
     """The gradient the update rule takes (harness/spec/optimizer.py): clipped to the
-    global norm, then with the coupled weight decay added."""
+    global norm, then with the coupled weight decay added. With `clip_eps`, the clipping
+    is a library's instead (torch's clip_grad_norm_: max_norm / (norm + eps), at most 1, on
+    every step; harness/known_differences.yaml)."""
     if opt.clip_global_norm is not None:
         norm = jitter(xp.sqrt(sum((g * g).sum() for g in grads.values())))
-        if norm > opt.clip_global_norm:
+        if clip_eps:
+            factor = min(opt.clip_global_norm / (norm + clip_eps), 1.0)
+            grads = {name: jitter(g * factor) for name, g in grads.items()}
+        elif norm > opt.clip_global_norm:
             grads = {name: jitter(g / norm * opt.clip_global_norm) for name, g in grads.items()}
     if opt.weight_decay and opt.kind != "adamw":
         grads = {name: jitter(g + opt.weight_decay * params[name]) for name, g in grads.items()}
@@ -254,12 +259,14 @@ def adam_update(
     return new_params, {"t": t, "m": new_m, "v": new_v}
 
 
-def train_step(xp, placed: list[Placed], params: Params, opt_state, x: Array, targets: Array, spec, n_examples: int, ctx: Context):
+def train_step(
+    xp, placed: list[Placed], params: Params, opt_state, x: Array, targets: Array, spec, n_examples: int, ctx: Context, clip_eps: float = 0.0
+):
     """One optimizer step of the spec: the loss before it, the parameters and running
-    statistics after it, and the optimizer state."""
+    statistics after it, and the optimizer state (`clip_eps`: see recipe_gradients)."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)
     opt = spec.optimizer
-    grads = recipe_gradients(xp, params, grads, opt, ctx.jitter)
+    grads = recipe_gradients(xp, params, grads, opt, ctx.jitter, clip_eps)
     lr = opt.lr_at(opt_state["t"])
     if opt.kind in ("adam", "adamw"):
         params, opt_state = adam_update(xp, params, grads, opt_state, opt, jitter=ctx.jitter, lr=lr)

@@ -46,6 +46,22 @@ def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[Ru
     return [(RunKey(framework, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
 
 
+def library_problem(problem: Problem, formula) -> Problem:
+    """The problem as a library computes it where its formula differs from the spec's and
+    the oracle can compute the library's exactly (harness/known_differences.yaml,
+    `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
+    The oracle on it is the reference of that library's float64 twin."""
+    doc = problem.spec.model_dump()
+    if formula.dampening is not None and doc["optimizer"]["kind"] == "sgd" and doc["optimizer"].get("momentum"):
+        doc["optimizer"]["dampening"] = formula.dampening
+    if formula.running_var is not None:
+        for layer in doc["model"]["layers"]:
+            if layer.get("kind") == "batch_norm":
+                layer["running_var"] = formula.running_var
+    spec = type(problem.spec).model_validate(doc)
+    return replace(problem, spec=spec, clip_eps=formula.clip_eps or 0.0)
+
+
 def twin_keys(keys: list[RunKey]) -> list[RunKey]:
     """The float64 twin of every framework and device that runs strict float32."""
     twins = [k.twin for k in keys if k.framework != ORACLE and k.precision == STRICT and not k.variant]

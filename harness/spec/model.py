@@ -342,6 +342,18 @@ class KnownDifference(Strict):
         return [self.check] if self.check else list(self.checks)
 
 
+class LibraryFormula(Strict):
+    """A library's own formula where it differs from the spec's, for the oracle to compute
+    exactly (harness/verdict/library.py): the framework's float64 twin is judged against
+    the oracle computing it, so that every other bit of that framework's math stays judged.
+    clip_eps: clipping scales by max_norm / (norm + clip_eps); dampening: SGD's momentum
+    buffer takes this dampening; running_var: batch norm stores this variance."""
+
+    clip_eps: Annotated[float, Field(ge=0)] | None = None
+    dampening: Annotated[float, Field(ge=0, le=1)] | None = None
+    running_var: Literal["unbiased", "biased"] | None = None
+
+
 class LibraryDifference(KnownDifference):
     """A known difference that belongs to a library rather than to a workload
     (harness/known_differences.yaml), keyed like array-api-tests' xfail files: the
@@ -359,6 +371,9 @@ class LibraryDifference(KnownDifference):
     # The library cannot express the spec's math at all (an API without the option): its
     # float64 twin is expected to differ too, and the listed math_* checks are covered.
     twins: bool = False
+    # Or the oracle can compute the library's formula exactly: the twin is judged against
+    # that, and its math_* checks are not covered (a further difference still fails).
+    formula: LibraryFormula | None = None
 
     # Options of the spec's recipe ("optimizer.clip_global_norm", "loss.label_smoothing"):
     # the entry covers a spec that sets each of them (to anything but none, 0 or false).

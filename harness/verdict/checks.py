@@ -77,6 +77,15 @@ class Calibration:
     twin_reference: Outcome | None = None  # the oracle over the twins' steps
     segments: Segments | None = None  # the re-anchored twins' members, over each segment
     anchored: dict[tuple[str, str], Outcome] = field(default_factory=dict)  # (framework, device) -> its re-anchored run
+    # (framework, device) -> the oracle computing that library's formula (plan.library_problem):
+    # over the first steps, and re-anchored; that framework's twin is judged against them
+    library: dict[tuple[str, str], tuple[Outcome, Outcome | None]] = field(default_factory=dict)
+
+    def reference_of(self, twin: RunKey) -> Outcome | None:
+        """What a twin's first steps are judged against: the oracle's, or the oracle
+        computing the library's formula."""
+        found = self.library.get((twin.framework, twin.device))
+        return self.twin_reference if found is None else found[0]
 
 
 def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -356,7 +365,7 @@ def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
     oracle's own reordered members: a failure here is different math."""
-    reference, spread = cal.twin_reference, cal.float64
+    reference, spread = cal.reference_of(twin.key), cal.float64
     names = [f"{MATH}{n}" for n in ("initial_outputs", "initial_loss", "loss_curve", "final_outputs")]
     if reference is None or reference.status != "ok" or spread is None:
         reason = "no float64 calibration: needs ok runs of the oracle's first steps and its reordered members"
@@ -410,8 +419,14 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
         return _skipped([name], twin.key, ORACLE_KEY, rule, "no calibrated segments: needs the oracle's states and its members' re-anchored runs")
     factor, floor = spec.checks.long_run.factor, ROUNDING_ULPS * EPS[FLOAT64]
+    references = segments.reference
+    library = cal.library.get((twin.key.framework, twin.key.device))
+    if library is not None:  # the oracle computing the library's formula, from the same states
+        if library[1] is None or library[1].status != "ok" or sorted(library[1].segments) != sorted(references):
+            return _skipped([name], twin.key, ORACLE_KEY, rule, "the oracle computing the library's formula did not run every segment")
+        references = library[1].segments
     found = []
-    for start, reference in sorted(segments.reference.items()):
+    for start, reference in sorted(references.items()):
         spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)
         check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, floor, rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step

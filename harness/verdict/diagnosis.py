@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
 from harness.core.registry import FLOAT64, ORACLE, Verdict
-from harness.spec.model import KnownDifference, LibraryDifference, Spec
+from harness.spec.model import KnownDifference, LibraryDifference, LibraryFormula, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 from harness.verdict.checks import MATH, Calibration, Check
 from harness.verdict.rules import check_all
@@ -69,6 +69,16 @@ def applies(entry: KnownDifference, spec: Spec) -> bool:
         and spec.loss.kind in entry.losses
         and entry.matches_options(spec)
     )
+
+
+def library_formula(spec: Spec, key) -> LibraryFormula | None:
+    """The library formulas (harness/known_differences.yaml, `formula`) that apply to a
+    float64 twin's framework on this spec, merged; None where there are none."""
+    found: dict = {}
+    for entry in library_differences():
+        if entry.formula is not None and entry.framework == key.framework and key.device in entry.devices and applies(entry, spec):
+            found.update(entry.formula.model_dump(exclude_none=True))
+    return LibraryFormula(**found) if found else None
 
 
 def covers(entry: KnownDifference, check: Check) -> bool:
