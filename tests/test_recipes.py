@@ -14,9 +14,9 @@ from harness.core.errors import SpecError
 from harness.core.registry import FLOAT64, RunKey
 from harness.inputs import problem as inputs
 from harness.run import plan
-from harness.verdict import diagnosis
 from harness.spec.load import load_spec
 from harness.spec.optimizer import StepDecay, WarmupCosine
+from harness.verdict import diagnosis
 
 STEPS = 24
 ADAM = {"kind": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
