@@ -17,6 +17,11 @@ Activation = Literal["relu", "tanh", "identity", "gelu", "gelu_tanh"]
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 GELU_TANH_CUBIC = 0.044715
+# How far the libraries' tanh lands from the exact value, in units in the last place, at
+# most (measured on 5,000 points in [-8, 8] against mpmath, float64 and float32: XLA's up to
+# 4 ulps, mean 0.68; NumPy's and torch's up to 1): a calibration member rounds tanh's values
+# that much otherwise, or it would be closer to the oracle than JAX's honest twin is.
+TANH_ULPS = 4.0
 # Elementwise operations per value, forward and derivative: the floor's counts.
 ELEMENTWISE = {"relu": 1, "tanh": 1, "identity": 0, "gelu": 5, "gelu_tanh": 8}
 # relu: z > 0 mask times the gradient; tanh: (1 - a*a) * g
@@ -42,11 +47,11 @@ def activate(xp, z: Array, name: str, jitter=plain) -> Array:
     if name == "relu":
         return xp.maximum(z, 0)
     if name == "tanh":
-        return xp.tanh(z)
+        return jitter(xp.tanh(z), TANH_ULPS)
     if name == "gelu":
         return 0.5 * z * (1 + jitter(erf(xp)(z / math.sqrt(2))))
     if name == "gelu_tanh":
-        return 0.5 * z * (1 + jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z))))
+        return 0.5 * z * (1 + jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS))
     return z
 
 
@@ -61,6 +66,6 @@ def activation_grad(xp, z: Array, a: Array, name: str, jitter=plain) -> Array:
         cdf = 0.5 * (1 + jitter(erf(xp)(z / math.sqrt(2))))
         return cdf + z * xp.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
     if name == "gelu_tanh":
-        t = jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)))
+        t = jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS)
         return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_TANH_CUBIC * z * z)
     return xp.ones_like(z)

@@ -29,12 +29,13 @@ def jitter_function(xp, seed: int) -> Jitter:
     """Each call moves every element of an array, at random, by at most two units in its
     last place (a + a*u rounded, u uniform in [-eps, eps], seeded; the sign kept, zero
     kept): another honest rounding of every value, as an implementation computing
-    it by another formula would give. The calibration members (harness.inputs.members.reordered) run
-    with it over their first steps."""
+    it by another formula would give; `ulps` times further for a function whose libraries
+    round it that much worse (harness/layers/activations.py). The calibration members
+    (harness.inputs.members.reordered) run with it over their first steps."""
     rng = np.random.default_rng(seed)
 
-    def jitter(a: Array) -> Array:
-        eps = xp.finfo(a.dtype).eps
+    def jitter(a: Array, ulps: float = 1.0) -> Array:
+        eps = xp.finfo(a.dtype).eps * ulps
         u = xp.asarray(rng.uniform(-eps, eps, a.shape).astype(a.dtype))
         return a + a * u
 

@@ -19,7 +19,7 @@ taken here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,6 +42,10 @@ class Spread:
     params: dict[int, list[float]]  # step -> L2 distance per tensor (in the network's order)
     final_outputs: float  # L2 distance of the probe outputs after the last step
     final_outputs_max: float  # the same, as the largest |difference| of one output
+    # each final metric (train_loss, val_accuracy, ...): the largest |difference| of a
+    # member's own, measured where the curve's e(T) is only a proxy (an evaluation-mode loss
+    # through batch norm's running statistics rounds otherwise than the training loss)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,4 +116,5 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
         params=params,
         final_outputs=max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
         final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
+        metrics={m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)},
     )

@@ -193,9 +193,17 @@ def horizon_check(spec: Spec, a: RunKey, b: RunKey, la: np.ndarray, lb: np.ndarr
     )
 
 
-def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: Spread, floor: float, rule: str) -> Check:
+def loss_floor(losses: np.ndarray) -> np.ndarray:
+    """A float64 loss's own rounding, relative, per step: 4 ulps of the loss, or of 1 where
+    the loss is smaller. A cross-entropy near 0 is -log(p) of a probability p rounded next
+    to 1, so every honest library's value sits on a grid of eps in absolute terms; where the
+    calibration members happen to land on the same grid point, their spread says 0 there."""
+    return ROUNDING_ULPS * EPS[FLOAT64] * np.maximum(1.0, 1.0 / np.maximum(np.abs(losses), TINY))
+
+
+def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: Spread, floor, rule: str) -> Check:
     """The relative loss distance against the per-step allowance factor * e(t) + floor, e(t)
-    the members' spread of the curve."""
+    the members' spread of the curve (floor: a number, or one per step)."""
     allowed = factor * spread.curve + floor
     rel = relative_curve_distance(la, lb)
     outside = np.flatnonzero(~(rel <= allowed))
@@ -208,7 +216,7 @@ def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: 
         allowed=float(allowed[worst]),
         factor=factor,
         spread=float(spread.curve[worst]),
-        floor=floor,
+        floor=float(np.broadcast_to(floor, allowed.shape)[worst]),
         members=spread.runs,
         dtype=spread.dtype,
     )
@@ -277,18 +285,21 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             bound=Bound("", "max_abs", allowed, rule.factor, cal.final_outputs_max, rule.output_floor, members=cal.runs, dtype=cal.dtype),
         )
     )
-    allowed_rel = rule.factor * cal.curve[-1]
     for metric in sorted(b.metrics):
         diff = abs(a.metrics[metric] - b.metrics[metric])
-        allowed = allowed_rel * abs(b.metrics[metric]) + rule.metric_floor
-        spread = float(cal.curve[-1]) * abs(b.metrics[metric])  # e(T) * |b|: the spread in the metric's own units
+        # the spread in the metric's own units: e(T) * |b|, or the members' own distance in
+        # that metric where it is larger
+        own = cal.metrics.get(metric, 0.0)
+        spread = max(float(cal.curve[-1]) * abs(b.metrics[metric]), own)
+        allowed = rule.factor * spread + rule.metric_floor
         checks.append(
             Check(
                 f"final_{metric}",
                 a.key,
                 b.key,
                 _verdict(diff <= allowed),
-                f"|a-b| <= {rule.factor:g} * {cal.curve[-1]:.3g} * |b| + {rule.metric_floor:g} = {allowed:.3g}",
+                f"|a-b| <= {rule.factor:g} * max({cal.curve[-1]:.3g} * |b|, {own:.3g}) + {rule.metric_floor:g} = {allowed:.3g} "
+                f"(e(T) * |b|, or the members' own largest distance in it)",
                 diff,
                 diff / max(abs(b.metrics[metric]), TINY),
                 ratio=_ratio(diff, allowed),
@@ -382,8 +393,8 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             reference.losses,
             factor,
             spread,
-            ROUNDING_ULPS * eps,
-            f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g}, e64(t) = the largest "
+            loss_floor(reference.losses),
+            f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = the largest "
             f"distance of {spread.runs} float64 runs summing in other orders from the oracle "
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
@@ -418,7 +429,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         return [Check(name, twin.key, ORACLE_KEY, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
     if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
         return _skipped([name], twin.key, ORACLE_KEY, rule, "no calibrated segments: needs the oracle's states and its members' re-anchored runs")
-    factor, floor = spec.checks.long_run.factor, ROUNDING_ULPS * EPS[FLOAT64]
+    factor = spec.checks.long_run.factor
     references = segments.reference
     library = cal.library.get((twin.key.framework, twin.key.device))
     if library is not None:  # the oracle computing the library's formula, from the same states
@@ -428,7 +439,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     found = []
     for start, reference in sorted(references.items()):
         spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)
-        check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, floor, rule)
+        check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step
         found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
     failing = [c for c in found if c.verdict == Verdict.FAIL]
@@ -436,7 +447,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     starts = ", ".join(str(a) for a in sorted(segments.reference))
     tolerance = (
         f"over each segment of {spec.checks.math_parity.steps} steps from the oracle's state at steps {starts}: relative loss "
-        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g}, e64(t) = the largest distance of "
+        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = the largest distance of "
         f"{segments.runs} float64 runs summing in other orders, started from the same state"
     )
     return [
