@@ -153,7 +153,7 @@ def test_each_check_keeps_its_rule_and_tolerance_as_fields(moons_result):
 
     result, _ = moons_result
     checked = [c for r in result.records for c in r.checks]
-    assert checked and {c.bound.rule for c in checked} == {"short_horizon", "loss_curve_horizon", "envelope", "math_parity"}
+    assert checked and {c.bound.rule for c in checked} == {"short_horizon", "loss_curve_horizon", "envelope", "math_parity", "anchored_math_parity"}
     assert {c.bound.rule for c in checked} <= {r.name for r in RULES}
     written = [store.read_record(path) for path in result.paths]  # the artifact is named as it is written
     assert written and [p for r in written for p in record_problems(r)] == []

@@ -56,7 +56,7 @@ def dropout_masks(spec: Spec, steps: int, rows: int) -> dict[str, np.ndarray]:
 
 # The re-anchored twins' segments when math_parity.every is unset: their cost, a few
 # hundred float64 steps per framework, stays a small share of the run's.
-DEFAULT_SEGMENTS = 8
+DEFAULT_SEGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Problem:
     def anchors(self) -> list[int]:
         """The steps the re-anchored twins start from (harness/run/anchored.py): every
         math_parity.every steps after the first, where a whole segment of math_parity.steps
-        still fits; by default at most 8, evenly spaced. None in a truncated problem."""
+        still fits; by default at most 4, evenly spaced. None in a truncated problem."""
         if self.step_limit is not None:
             return []
         parity, total = self.spec.checks.math_parity, self.total_steps

@@ -198,10 +198,10 @@ class _Trial:
                 now = adapter.state(trainer, stop)  # read back once for both
                 if stop in snapshot_steps:
                     outcome.snapshots[stop] = now.params
-            if repeat == 0 and stop in anchors:
-                outcome.anchor_states[stop] = adapter.training_state(trainer)
                 if self.progress:  # the printer decides what to show (progress.printer)
                     self.progress(stop, float(now.losses[-1]))
+            if repeat == 0 and stop in anchors:
+                outcome.anchor_states[stop] = adapter.training_state(trainer)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
 

@@ -296,7 +296,7 @@ class MathParity(Strict):
     members: Annotated[int, Field(ge=1, le=16)] = 3
     # Re-anchored twins (harness/run/anchored.py): every `every` steps along the run, each
     # twin starts again from the oracle's state and is judged over `steps` steps. Unset:
-    # at most 8 segments, evenly spaced.
+    # at most 4 segments, evenly spaced.
     every: StepCount | None = None
 
 
