@@ -154,7 +154,7 @@ def family(session: nox.Session) -> None:
     _install(session, "torch", "jax", "test")
     out = Path(session.create_tmp()) / "family.jsonl"
     out.unlink(missing_ok=True)
-    env = {"HARNESS_FAMILY_EXAMPLES": os.environ.get("HARNESS_FAMILY_EXAMPLES", "200"), "HARNESS_FAMILY_OUT": str(out)}
+    env = {"HARNESS_FAMILY_EXAMPLES": os.environ.get("HARNESS_FAMILY_EXAMPLES", "600"), "HARNESS_FAMILY_OUT": str(out)}
     session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_family.py", *session.posargs, env=env)
     session.run("python", "-m", "tests.family", str(out))
 

@@ -34,8 +34,18 @@ from harness.core.registry import FLOAT32, RunKey
 from harness.inputs.problem import Problem
 
 BYTES = 4  # float32 values, int32 labels and row indices
-OPTIMIZER_OPS = {"sgd": 2, "adam": 12}  # per parameter: sgd p - lr*g; adam's moments, corrections, sqrt, eps, update
-OPTIMIZER_STATES = {"sgd": 0, "adam": 2}  # arrays per parameter read and written besides the parameter
+OPTIMIZER_OPS = {"sgd": 2, "adam": 12, "adamw": 14}  # per parameter: sgd p - lr*g; adam's moments, corrections, sqrt, eps, update; adamw's decay
+OPTIMIZER_STATES = {"sgd": 0, "adam": 2, "adamw": 2}  # arrays per parameter read and written besides the parameter
+
+
+def recipe_ops(opt) -> tuple[int, int]:
+    """A recipe's operations and state arrays per parameter beyond the update rule's:
+    SGD's momentum buffer (2, Nesterov 2 more), a coupled decay (2), clipping's norm and
+    scale (3)."""
+    momentum = getattr(opt, "momentum", 0.0)
+    ops = (2 + (2 if opt.nesterov else 0) if momentum else 0) + (2 if opt.weight_decay and opt.kind != "adamw" else 0)
+    ops += 3 if opt.clip_global_norm is not None else 0
+    return ops, 1 if momentum else 0
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,13 @@ def step_cost(problem: Problem) -> StepCost:
 
     weights = sum(c.weights for c in costs)
     params = sum(c.params for c in costs)
-    per_step = params * OPTIMIZER_OPS[spec.optimizer.kind] + (5 * weights if spec.loss.l2 else 0)
+    extra_ops, extra_states = recipe_ops(spec.optimizer)
+    per_step = params * (OPTIMIZER_OPS[spec.optimizer.kind] + extra_ops) + (5 * weights if spec.loss.l2 else 0)
 
     target_width = n_out if spec.loss.kind == "mse" else 1
     shuffled = problem.batch_order is not None
     batch_bytes = batch * (spec.model.in_features + target_width + (1 if shuffled else 0)) * BYTES
-    state_bytes = 2 * params * (1 + OPTIMIZER_STATES[spec.optimizer.kind]) * BYTES
+    state_bytes = 2 * params * (1 + OPTIMIZER_STATES[spec.optimizer.kind] + extra_states) * BYTES
     fewest = batch_bytes + state_bytes + BYTES  # + the loss log's slot
     activations = sum(6 * batch * c.values * BYTES for c in costs)
     return StepCost(

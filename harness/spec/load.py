@@ -31,13 +31,23 @@ UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none"
 
 
 # The tags of the discriminated unions: data kinds, optimizer kinds and layer kinds.
-DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", "adam", "sgd", *KINDS})
+DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", "adam", "adamw", "sgd", "constant", "step", "warmup_cosine", *KINDS})
+
+
+# The fields whose value is a discriminated union (a layer's is an item of model.layers).
+UNION_FIELDS = frozenset({"data", "optimizer", "schedule"})
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
     # Drop the tags pydantic inserts: a discriminated union's ("data.peaks_grid.noise" ->
-    # "data.noise") and a plain union's members ("training.batch_size.constrained-int").
-    parts = [str(p) for p in loc if p not in DISCRIMINATED_TAGS and not UNION_TAG.fullmatch(str(p))]
+    # "data.noise", where the tag follows its field: "step" is a schedule's kind and a key
+    # of checks.params_after_steps) and a plain union's members ("training.batch_size.constrained-int").
+    parts = []
+    for i, p in enumerate(loc):
+        after = loc[i - 1] if i else None
+        tag = p in DISCRIMINATED_TAGS and (after in UNION_FIELDS or isinstance(after, int))
+        if not tag and not UNION_TAG.fullmatch(str(p)):
+            parts.append(str(p))
     return ".".join(parts) or "(document)"
 
 
