@@ -211,8 +211,8 @@ def findings_mismatches(text: str, records: Sequence[Record]) -> list[str]:
     host = re.search(r"the older committed records name no kernels, and their `host.cpu_model` is `([^`]+)`", said)
     if host:
         # the runs the sentence before names (the committed CPU records ...), else the newest
-        named = re.search(r"the committed CPU records \(runs? ([0-9a-f]{12}(?: and [0-9a-f]{12})*)\) name", said)
-        newest = set(named[1].split(" and ")) if named else {max(records, key=lambda r: r.created).run_id}
+        named = re.search(r"the committed CPU records \(runs? ([0-9a-f]{12}(?:(?:, | and )[0-9a-f]{12})*)\) name", said)
+        newest = set(re.findall(r"[0-9a-f]{12}", named[1])) if named else {max(records, key=lambda r: r.created).run_id}
         older = [r for r in records if r.run_id not in newest]
         if any(r.host.blas for r in older) or {r.host.cpu_model for r in older} != {host[1]}:
             wrong.append(f"the older records' hosts: {sorted({(r.host.cpu_model, tuple(r.host.blas)) for r in older})}")
