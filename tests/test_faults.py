@@ -129,6 +129,13 @@ def test_deep_nesting_anywhere_gives_a_spec_error(depth, opener, index):
         parse_document(Path("fuzz.yaml"), "\n".join(lines))
 
 
+def interruptible() -> None:
+    """In a test's child process, before it starts: Ctrl-C's default action, whatever this
+    process had. A job started in the background (`.ci/run &`) inherits SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler: no Ctrl-C test would mean anything."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(results: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--no-floor", "--results", str(results)],
@@ -136,6 +143,7 @@ def run_cli(results: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=interruptible,
     )
 
 
@@ -302,5 +310,7 @@ def test_ctrl_c_ends_a_fresh_process_without_its_traceback(tmp_path):
             f"threading.Timer({delay}, lambda: os.killpg(0, signal.SIGINT)).start()\n"
             "try:\n    in_fresh_process(time.sleep, 20)\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
         )
-        done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120, start_new_session=True)
+        done = subprocess.run(
+            [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120, start_new_session=True, preexec_fn=interruptible
+        )
         assert done.stdout.strip() == "interrupted" and "Traceback" not in done.stderr, (delay, done.stdout, done.stderr)
