@@ -88,10 +88,9 @@ def run_spec(
             found.append(calibration.in_plain_units(outcome, member.unit_orders))
         return found
 
-    def reanchored(oracle: Outcome | None, twin_keys: list[RunKey]):
+    def reanchored(oracle: Outcome | None, states: dict, twin_keys: list[RunKey]):
         """Each twin re-anchored along the run at the oracle's states, and the float64
         members re-anchored at the same states (harness/run/anchored.py)."""
-        states = {} if oracle is None or oracle.status != "ok" else oracle.anchor_states
         if not states:
             return None, {}
         found = []
@@ -107,18 +106,17 @@ def run_spec(
             )
         return calibration.measure_segments(oracle, found), runs
 
-    def library_references(oracle: Outcome | None, twin_keys: list[RunKey]):
+    def library_references(states: dict, twin_keys: list[RunKey]):
         """For each twin whose library computes a formula of its own that the oracle can
         compute exactly (harness/known_differences.yaml, `formula`): the oracle computing it,
         over the first steps and re-anchored at the oracle's states."""
-        states = {} if oracle is None or oracle.status != "ok" else oracle.anchor_states
         found = {}
         for key in twin_keys:
             formula = diagnosis.library_formula(loaded.spec, key)
             if formula is None:
                 continue
             ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
-            lib = plan.library_problem(plan.twin_problem(problem), formula)
+            lib = plan.library_problem(short, formula)
             first = run_one(
                 lib, ref, 1, f"{loaded.name} {ref.label} (the oracle with {key.framework}'s formula)", console, isolate, cell(lib, ref, 1)
             )
@@ -159,8 +157,10 @@ def run_spec(
             label = f"{loaded.name} {key.label} (float64 twin, first {short.total_steps} steps)"
             outcomes[key] = run_one(short, key, 1, label, console, isolate, cell(short, key, 1))
             twins_run.append(key)
-        segments, anchored_runs = reanchored(outcomes.get(ORACLE_KEY), twins_run)
-        library = library_references(outcomes.get(ORACLE_KEY), twins_run)
+        oracle = outcomes.get(ORACLE_KEY)
+        states = oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}
+        segments, anchored_runs = reanchored(oracle, states, twins_run)
+        library = library_references(states, twins_run)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)

@@ -21,6 +21,7 @@ from harness.run.runner import Outcome, prepared_adapter, run_alternating
 from harness.spec.load import LoadedSpec
 
 GPU_MIN_REPEATS = 2
+PROCESS_DIED = "the run's process died (killed, or out of memory)"
 
 
 def _gpu_reasons(frameworks: list[str]) -> dict[str, str | None]:
@@ -58,8 +59,7 @@ def run_isolated(problem: Problem, labels: dict[RunKey, str], repeats: int) -> d
     try:
         return in_fresh_process(_run_child, problem, labels, repeats)
     except ProcessDied:
-        why = "the run's process died (killed, or out of memory)"
-        return {key: Outcome(key, "failed", f"{key.label}: {why}") for key in labels}
+        return {key: Outcome(key, "failed", f"{key.label}: {PROCESS_DIED}") for key in labels}
 
 
 def machine() -> dict[str, Any]:
@@ -102,7 +102,7 @@ def run_anchored(problem: Problem, key: RunKey, states: dict, label: str, consol
         try:
             outcome = in_fresh_process(anchored.run_segments, problem, key, states)
         except ProcessDied:
-            outcome = Outcome(key, "failed", f"{key.label}: the run's process died (killed, or out of memory)")
+            outcome = Outcome(key, "failed", f"{key.label}: {PROCESS_DIED}")
     else:
         outcome = anchored.run_segments(problem, key, states)
     if outcome.status != "ok":
