@@ -122,8 +122,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs); CI runs them after `tests`."""
-    _install(session, "torch", "jax", "test")
+    """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs, Ray on a simulated cluster); CI runs them after `tests`."""
+    _install(session, "torch", "jax", "test", "ray")
     session.run("pytest", "-m", "slow", "--durations=10", *session.posargs, env=_test_env())
 
 

@@ -54,6 +54,14 @@ def describe(key) -> dict[str, Any]:
     return info
 
 
+def _blas_threads() -> int | None:
+    """The threads of NumPy's BLAS (a cap, harness/run/executors.py, lowers them)."""
+    from threadpoolctl import threadpool_info
+
+    found = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas" and "numpy" in lib.get("filepath", "")]
+    return found[0] if found else os.cpu_count()
+
+
 def _describe(device: str) -> dict[str, Any]:
     if device == "cpu":
         return {
@@ -61,7 +69,7 @@ def _describe(device: str) -> dict[str, Any]:
             "version": np.__version__,
             "device_name": platform.processor() or platform.machine(),
             "math_mode": {"float32_matmul": "exact float32 (BLAS sgemm)"},
-            "threads": os.cpu_count(),
+            "threads": _blas_threads(),
         }
     import cupy
 

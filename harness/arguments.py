@@ -116,6 +116,29 @@ def parser(description: str) -> argparse.ArgumentParser:
             help=f"comma-separated, of {', '.join(DEVICES)} (default: cpu)",
         )
         p.add_argument(
+            "--executor",
+            default="local",
+            help="where the cells run: local (fresh processes of this machine), ray (a local Ray, or $RAY_ADDRESS), "
+            "ray:ADDRESS (a Ray cluster; pip install '.[ray]') (default: local)",
+        )
+        p.add_argument(
+            "--jobs",
+            type=_positive(int),
+            help="cells at once (default: local, 1 with the frameworks' own threads; ray, as the cluster has room). "
+            "With more than 1, each cell's threads are capped at cores // jobs: bits may differ from uncapped runs",
+        )
+        p.add_argument("--threads", type=_positive(int), help="each cell's torch, BLAS and XLA threads (default: the frameworks' own)")
+        p.add_argument(
+            "--gpu-types",
+            type=lambda text: [t for t in text.split(",") if t],
+            help="with --executor ray: run every GPU cell once on each of these GPU models (Ray accelerator types, e.g. H100,H200)",
+        )
+        p.add_argument(
+            "--places",
+            type=lambda text: [t for t in text.split(",") if t],
+            help="with --executor ray: run every framework cell once on a node with each of these custom Ray resources (hosts)",
+        )
+        p.add_argument(
             "--results",
             type=Path,
             default=RUNS_DIR,

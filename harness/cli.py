@@ -65,6 +65,16 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     return results_dir, keys
 
 
+def _executor(args: argparse.Namespace, console: Console):
+    """The executor the options name (harness/run/executors.py), its choice said."""
+    from harness.run import executors
+
+    kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
+    executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
+    console.print(executor.plan.describe(), highlight=False)
+    return executor
+
+
 def _also_runs(frameworks: list[str], keys: list, console: Console) -> None:
     """What runs besides the frameworks asked for, said before it runs: every verdict is
     judged against these (README, "The verdict rule")."""
@@ -101,6 +111,9 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     from harness.report import table
 
     console.print(table.verdict_table(results, members=getattr(args, "members", False)))
+    across = table.cross_host_table(results)
+    if across is not None:
+        console.print(across)
     table.print_failures(console, results)
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])
@@ -120,11 +133,14 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
     problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
     run_id = write.new_id()
-    isolate = not getattr(args, "in_process", False)
-    results = [
-        matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, isolate, args.work_dir, rates)
-        for spec, problem in zip(loaded, problems)
-    ]
+    executor = _executor(args, console)
+    try:
+        results = [
+            matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor)
+            for spec, problem in zip(loaded, problems)
+        ]
+    finally:
+        executor.shutdown()
     return results, results_dir, run_id
 
 
@@ -162,11 +178,18 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     rates = _rates(args, keys, console)
     run_id = write.new_id()
     results = []
-    for i, (loaded, value) in enumerate(points, 1):
-        problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args))
-        key = loaded.spec.sweep.key
-        console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
-        results.append(matrix.run_spec(loaded, problem, keys, results_dir, console, args.repeats, run_id, True, args.work_dir, rates))
+    executor = _executor(args, console)
+    try:
+        for i, (loaded, value) in enumerate(points, 1):
+            problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args))
+            key = loaded.spec.sweep.key
+            console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
+            run = matrix.run_spec(
+                loaded, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor
+            )
+            results.append(run)
+    finally:
+        executor.shutdown()
     return _finish_run(args, console, results, results_dir, run_id)
 
 

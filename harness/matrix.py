@@ -19,12 +19,12 @@ from harness.records import write
 from harness.records.build import build_record
 from harness.records.schema import Record
 from harness.records.write import new_id
-from harness.run import anchored, plan, progress
-from harness.run.execute import GPU_MIN_REPEATS, cell_path, machine, run_anchored, run_group, run_one
+from harness.run import anchored, cells, executors, hosts, plan, progress, schedule
+from harness.run.execute import GPU_MIN_REPEATS, cell_path, machine
 from harness.run.floor import Rates, floor_of
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
-from harness.verdict import calibration, diagnosis
+from harness.verdict import calibration, cross_host, diagnosis
 from harness.verdict.checks import Calibration, Check
 
 
@@ -40,6 +40,7 @@ class SpecResult:
     calibration: Calibration | None = None
     members64: list[Outcome] = field(default_factory=list)  # the oracle's reordered runs, first steps
     member_records: list[Record] = field(default_factory=list)  # the members', never written
+    cross_host: list[cross_host.CrossHost] = field(default_factory=list)  # runs made at several places (harness/run/hosts.py)
 
     @property
     def title(self) -> str:
@@ -48,6 +49,64 @@ class SpecResult:
         if loaded.spec.sweep is not None and loaded.profile == loaded.spec.sweep.profile:
             return f"{loaded.name} n={len(self.problem.x_train)}"
         return loaded.name
+
+
+def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[cells.Cell]:
+    """The spec's matrix as cells (harness/run/cells.py): the chosen runs, their modes
+    together; the calibration members; with `twins`, math parity's reference, members and
+    twins over the first steps, the library references, and the re-anchored members, twins
+    and library references, which need the oracle's states."""
+    name, short = loaded.name, plan.twin_problem(problem)
+    total, first_steps = problem.total_steps, short.total_steps
+
+    def cost(key: RunKey, steps: int, runs: int = 1) -> float:
+        return steps * runs * (2.0 if key.dtype == FLOAT64 else 1.0)
+
+    found = []
+    for group in plan.alternation_groups(keys):
+        # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
+        # least twice, so that run-to-run determinism on the device is measured.
+        runs = 1 if group == [ORACLE_KEY] else repeats or loaded.spec.timing.repeats
+        if group[0].device == "gpu":
+            runs = max(runs, GPU_MIN_REPEATS)
+        labels = tuple((key, f"{name} {key.label}") for key in group)
+        found.append(cells.Cell(group[0].label, cells.FRAMEWORK, labels, runs, cost=sum(cost(k, total, runs) for k in group)))
+    for key, seed in plan.member_seeds(problem, FLOAT32):
+        label = f"{name} {key.label} (calibration: its sums in another order)"
+        found.append(cells.Cell(key.label, cells.MEMBER, ((key, label),), member=seed, cost=cost(key, total)))
+    if not twins:
+        return found
+    first = RunKey(ORACLE, "cpu", f"first{first_steps}")
+    label = f"{name} {first.label} (math parity's reference)"
+    found.append(cells.Cell(first.label, cells.REFERENCE, ((first, label),), steps=first_steps, cost=cost(first, first_steps)))
+    for key, seed in plan.member_seeds(problem, FLOAT64):
+        label = f"{name} {key.label} (math parity's calibration)"
+        found.append(cells.Cell(key.label, cells.MEMBER64, ((key, label),), steps=first_steps, member=seed, cost=cost(key, first_steps)))
+    oracle = (ORACLE_KEY.label,) if ORACLE_KEY in keys and problem.anchors else None
+    anchored_cost = cost(ORACLE_KEY, problem.spec.checks.math_parity.steps * len(problem.anchors))
+    if oracle:
+        for key, seed in plan.member_seeds(problem, FLOAT64):
+            at = anchored.anchored_key(key)
+            label = f"{name} {at.label} (re-anchored math parity's calibration)"
+            found.append(cells.Cell(at.label, cells.ANCHORED_MEMBER, ((at, label),), member=seed, needs=oracle, cost=anchored_cost))
+    for key in plan.twin_keys(keys):
+        label = f"{name} {key.label} (float64 twin, first {first_steps} steps)"
+        found.append(cells.Cell(key.label, cells.TWIN, ((key, label),), steps=first_steps, cost=cost(key, first_steps)))
+        if oracle:
+            at = anchored.anchored_key(key)
+            label = f"{name} {at.label} (float64 twin, re-anchored)"
+            found.append(cells.Cell(at.label, cells.ANCHORED_TWIN, ((at, label),), needs=oracle, cost=anchored_cost))
+        formula = diagnosis.library_formula(loaded.spec, key)
+        if formula is None:
+            continue
+        ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
+        label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
+        found.append(cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps)))
+        if oracle:
+            at = anchored.anchored_key(ref)
+            label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"
+            found.append(cells.Cell(at.label, cells.LIBRARY_ANCHORED, ((at, label),), formula=formula, needs=oracle, cost=anchored_cost))
+    return found
 
 
 def run_spec(
@@ -62,109 +121,73 @@ def run_spec(
     work_dir: Path | None = None,
     rates: dict[tuple[str, str], Rates] | None = None,
     twins: bool = True,
+    executor=None,
 ) -> SpecResult:
-    """Run every key on the spec, then the calibration members, then the float64 twins of
-    every framework and device over the first steps with the oracle's float64 members;
-    check every pair, and write one record per run (keys and twins; the members are part
-    of the checks' tolerance, not records). The modes of one framework and device run in
-    one process, their repeats taking turns.
+    """Run every key on the spec, the calibration members, and the float64 twins of every
+    framework and device over the first steps with the oracle's float64 members, and
+    re-anchored along the run from the oracle's states (plan_cells); check every pair, and
+    write one record per run (keys and twins; the members are part of the checks'
+    tolerance, not records). The modes of one framework and device run in one process,
+    their repeats taking turns. The cells run on `executor` (harness/run/executors.py; by
+    default each in a fresh process one at a time with `isolate`, else in this process).
 
     With a `work_dir`, each finished cell is kept there and a later call with the same
     inputs takes it instead of running it again: a long matrix can be split over several
     calls (a time-limited GPU lease) or resumed after a crash."""
     run_id = run_id or new_id()
-    short = plan.twin_problem(problem)
+    if executor is None:
+        executor = executors.Local(executors.local_plan(1, None)) if isolate else executors.Inline()
+    planned = hosts.spread(plan_cells(loaded, problem, keys, repeats, twins), getattr(executor, "places", []))
+    source = cells.source_of(loaded, problem)
+    if isinstance(executor, executors.Inline):
+        cells.remember(problem)  # this process's cells take the driver's inputs as they are
+    kept = {}
+    if work_dir is not None:
+        here = {**machine(), **({"threads": executor.plan.threads} if executor.plan.threads else {})}
+        at = {c.name: {**here, "place": c.place} if c.place else here for c in planned}
+        kept = {c.name: {key: cell_path(work_dir, loaded, problem, key, c.repeats, at[c.name]) for key in c.keys} for c in planned}
 
-    here = None if work_dir is None else machine()  # asked once, for every cell of the matrix
+    def oracle_states(done):
+        oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
+        return oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}
 
-    def cell(p: Problem, key: RunKey, runs: int) -> Path | None:
-        return None if work_dir is None else cell_path(work_dir, loaded, p, key, runs, here)
+    steps = {c.name: c.problem(problem).total_steps if not c.anchored else 0 for c in planned}
+    done = schedule.execute(planned, source, executor, console, kept, oracle_states, steps)
 
-    def members(p: Problem, dtype: str, what: str) -> list[Outcome]:
-        found = []
-        for key, member in plan.calibration_members(p, dtype):
-            label = f"{loaded.name} {key.label} ({what})"
-            outcome = run_one(member, key, 1, label, console, isolate, cell(member, key, 1))
-            found.append(calibration.in_plain_units(outcome, member.unit_orders))
-        return found
+    def of_role(role: str) -> list[tuple[cells.Cell, Outcome]]:
+        return [(c, outcome) for c in planned if c.role == role and not hosts.is_copy(c) for outcome in done.get(c.name, {}).values()]
 
-    def reanchored(oracle: Outcome | None, states: dict, twin_keys: list[RunKey]):
-        """Each twin re-anchored along the run at the oracle's states, and the float64
-        members re-anchored at the same states (harness/run/anchored.py)."""
-        if not states:
-            return None, {}
-        found = []
-        for key, member in plan.calibration_members(problem, FLOAT64):
-            at = anchored.anchored_key(key)
-            label = f"{loaded.name} {at.label} (re-anchored math parity's calibration)"
-            found.append(run_anchored(member, at, anchored.member_states(states, member), label, console, isolate, cell(member, at, 1)))
-        runs = {}
-        for key in twin_keys:
-            at = anchored.anchored_key(key)
-            runs[key.framework, key.device] = run_anchored(
-                problem, at, states, f"{loaded.name} {at.label} (float64 twin, re-anchored)", console, isolate, cell(problem, at, 1)
-            )
-        return calibration.measure_segments(oracle, found), runs
+    def plain(c: cells.Cell, outcome: Outcome) -> Outcome:
+        return calibration.in_plain_units(outcome, c.problem(problem).unit_orders)
 
-    def library_references(states: dict, twin_keys: list[RunKey]):
-        """For each twin whose library computes a formula of its own that the oracle can
-        compute exactly (harness/known_differences.yaml, `formula`): the oracle computing it,
-        over the first steps and re-anchored at the oracle's states."""
-        found = {}
-        for key in twin_keys:
-            formula = diagnosis.library_formula(loaded.spec, key)
-            if formula is None:
-                continue
-            ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
-            lib = plan.library_problem(short, formula)
-            first = run_one(
-                lib, ref, 1, f"{loaded.name} {ref.label} (the oracle with {key.framework}'s formula)", console, isolate, cell(lib, ref, 1)
-            )
-            again = None
-            if states:
-                at, lib_all = anchored.anchored_key(ref), plan.library_problem(problem, formula)
-                again = run_anchored(
-                    lib_all,
-                    at,
-                    states,
-                    f"{loaded.name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)",
-                    console,
-                    isolate,
-                    cell(lib_all, at, 1),
-                )
-            found[key.framework, key.device] = (first, again)
-        return found
-
-    outcomes = {}
-    for group in plan.alternation_groups(keys):
-        # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
-        # least twice, so that run-to-run determinism on the device is measured.
-        runs = 1 if group == [ORACLE_KEY] else repeats or loaded.spec.timing.repeats
-        if group[0].device == "gpu":
-            runs = max(runs, GPU_MIN_REPEATS)
-        labels = {key: f"{loaded.name} {key.label}" for key in group}
-        cells = {key: cell(problem, key, runs) for key in group}
-        outcomes.update(run_group(problem, labels, runs, console, isolate, cells))
-    members32 = members(problem, FLOAT32, "calibration: its sums in another order")
+    ran = {o.key: o for _, o in of_role(cells.FRAMEWORK)}
+    outcomes = {key: ran[key] for key in keys}
+    members32 = [plain(c, o) for c, o in of_role(cells.MEMBER)]
     cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], FLOAT32)
     members64, reference, cal64, twins_run, segments, anchored_runs, library = [], None, None, [], None, {}, {}
     if twins:
-        first = RunKey(ORACLE, "cpu", f"first{short.total_steps}")
-        reference = run_one(short, first, 1, f"{loaded.name} {first.label} (math parity's reference)", console, isolate, cell(short, first, 1))
-        members64 = members(short, FLOAT64, "math parity's calibration")
+        reference = next((o for _, o in of_role(cells.REFERENCE)), None)
+        members64 = [plain(c, o) for c, o in of_role(cells.MEMBER64)]
         cal64 = calibration.measure(reference, members64, FLOAT64)
-        for key in plan.twin_keys(keys):
-            label = f"{loaded.name} {key.label} (float64 twin, first {short.total_steps} steps)"
-            outcomes[key] = run_one(short, key, 1, label, console, isolate, cell(short, key, 1))
-            twins_run.append(key)
-        oracle = outcomes.get(ORACLE_KEY)
-        states = oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}
-        segments, anchored_runs = reanchored(oracle, states, twins_run)
-        library = library_references(states, twins_run)
+        for _, outcome in of_role(cells.TWIN):
+            outcomes[outcome.key] = outcome
+            twins_run.append(outcome.key)
+        found = [o for _, o in of_role(cells.ANCHORED_MEMBER)]
+        if found:
+            segments = calibration.measure_segments(outcomes.get(ORACLE_KEY), found)
+        anchored_runs = {(o.key.framework, o.key.device): o for _, o in of_role(cells.ANCHORED_TWIN)}
+        for key in twins_run:
+            ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
+            first = done.get(ref.label, {}).get(ref)
+            if first is None:
+                continue
+            again = done.get(anchored.anchored_key(ref).label, {}).get(anchored.anchored_key(ref))
+            library[key.framework, key.device] = (first, again)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
+    result.cross_host = cross_host.rows(problem.spec, planned, done, cal)
     where = provenance.collect()
     made = [build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key)) for key in [*keys, *twins_run]]
     result.records = [record for record, _ in made]

@@ -147,6 +147,7 @@ def build_record(
         mode=key.mode,
         variant=key.variant,
         host=provenance.host,
+        worker=schema.Worker(**outcome.worker) if outcome.worker else None,
         libraries=provenance.libraries,
         git=provenance.git,
         seeds=schema.Seeds(

@@ -137,6 +137,17 @@ class Artifact(Frozen):
     sha256: str
 
 
+class Worker(Frozen):
+    """Where a run ran, when an executor ran it (harness/run/executors.py): the machine's
+    name and fingerprint, the Ray node, and the thread cap its cell ran under (None: the
+    frameworks' own threads). A run's bits depend on its thread count."""
+
+    hostname: str
+    node: str | None = None
+    threads: int | None = None
+    fingerprint: dict[str, Any]
+
+
 class Record(Frozen):
     schema_version: Literal[1]
     record_id: str
@@ -177,6 +188,7 @@ class Record(Frozen):
     artifacts: Artifact | None
     floor: FloorRecord | None = None
     calibration: CalibrationRecord | None = None
+    worker: Worker | None = None
 
 
 def json_schema() -> str:

@@ -192,3 +192,29 @@ def bench_table(written: list) -> Table:
     for row in bench_rows(written):
         table.add_row(*(cell.replace("**", "") for cell in row))  # markdown bold means nothing here
     return table
+
+
+def cross_host_table(results: Sequence) -> Table | None:
+    """A row per run made at several places (harness/run/hosts.py): the same bits or not,
+    how far apart, and the calibrated rule's verdict."""
+    rows = [(r.loaded.name, row) for r in results for row in getattr(r, "cross_host", [])]
+    if not rows:
+        return None
+    table = Table(title="Across hosts (the same cell at each place)", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for column in ("spec", "run", "places", "hosts", "bitwise", "max abs diff", "first diff step", "verdict", "diagnosis"):
+        table.add_column(column)
+    for spec, row in rows:
+        same = "-" if row.bitwise_identical is None else ("identical" if row.bitwise_identical else "differ")
+        step = "-" if row.first_diff_step is None else str(row.first_diff_step)
+        table.add_row(
+            spec,
+            row.key.label,
+            f"{row.first} / {row.other}",
+            " / ".join(row.hosts),
+            same,
+            _fmt(row.max_abs_diff, ".3g"),
+            step,
+            row.verdict,
+            row.diagnosis or "",
+        )
+    return table

@@ -15,7 +15,7 @@ from harness.core.errors import HarnessError
 from harness.core.provenance import host_fingerprint
 from harness.core.registry import RunKey, runs_on
 from harness.inputs.problem import Problem
-from harness.run import anchored, progress, workdir
+from harness.run import progress, workdir
 from harness.run.fresh import ProcessDied, in_fresh_process
 from harness.run.runner import Outcome, prepared_adapter, run_alternating
 from harness.spec.load import LoadedSpec
@@ -88,32 +88,6 @@ def cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey,
     for mark in "@+~:":
         name = name.replace(mark, "-")
     return work_dir / loaded.name / f"{name}-{digest}.json"
-
-
-def run_anchored(problem: Problem, key: RunKey, states: dict, label: str, console: Console, isolate: bool, cell: Path | None = None) -> Outcome:
-    """A re-anchored run (harness/run/anchored.py): every segment of `key` from `states`, in
-    a fresh process or this one, taken from the work folder if it finished earlier."""
-    kept = workdir.taken({key: cell}, console)
-    if kept is not None:
-        console.print(f"[bold]{label}[/bold]: finished earlier, taken from {cell}", highlight=False)
-        return kept[key]
-    console.print(f"[bold]{label}[/bold] ({key.dtype}, {len(states)} segments from steps {', '.join(map(str, sorted(states)))})")
-    if isolate:
-        try:
-            outcome = in_fresh_process(anchored.run_segments, problem, key, states)
-        except ProcessDied:
-            outcome = Outcome(key, "failed", f"{key.label}: {PROCESS_DIED}")
-    else:
-        outcome = anchored.run_segments(problem, key, states)
-    if outcome.status != "ok":
-        console.print(f"  {outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
-    elif cell is not None:
-        workdir.keep(cell, outcome, console)
-    return outcome
-
-
-def run_one(problem: Problem, key: RunKey, repeats: int, label: str, console: Console, isolate: bool, cell: Path | None = None) -> Outcome:
-    return run_group(problem, {key: label}, repeats, console, isolate, {key: cell})[key]
 
 
 def run_group(

@@ -34,16 +34,21 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     return list(groups.values())
 
 
-def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, Problem]]:
-    """The calibration members: the array-module code on the problem with its sums in
-    another order (members.reordered), each with its own seed. float32: the envelope's
-    members (long_run.members, whole runs); float64: math parity's (math_parity.members,
-    the oracle's code over the twins' first steps)."""
+def member_seeds(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, int]]:
+    """The calibration members' keys and seeds: the array-module code on the problem with
+    its sums in another order (members.reordered), each with its own seed. float32: the
+    envelope's members (long_run.members, whole runs); float64: math parity's
+    (math_parity.members, the oracle's code over the twins' first steps)."""
     if dtype == FLOAT32:
         count, framework = problem.spec.checks.long_run.members, CALIBRATION
     else:
         count, framework = problem.spec.checks.math_parity.members, ORACLE
-    return [(RunKey(framework, "cpu", f"order{i + 1}"), reordered(problem, seed=i + 1)) for i in range(count)]
+    return [(RunKey(framework, "cpu", f"order{i + 1}"), i + 1) for i in range(count)]
+
+
+def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, Problem]]:
+    """The calibration members (member_seeds), each with its problem."""
+    return [(key, reordered(problem, seed=seed)) for key, seed in member_seeds(problem, dtype)]
 
 
 def library_problem(problem: Problem, formula) -> Problem:

@@ -50,6 +50,8 @@ class Outcome:
     anchor_states: dict[int, Params] = field(default_factory=dict)
     # a re-anchored run: each segment's losses, by the step it starts at
     segments: dict[int, np.ndarray] = field(default_factory=dict)
+    # where it ran (harness/run/cells.py where): hostname, Ray node, thread cap, fingerprint
+    worker: dict[str, Any] = field(default_factory=dict)
 
 
 def first_batch_layers(adapter, trainer, problem: Problem) -> dict[str, np.ndarray]:

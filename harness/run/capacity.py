@@ -1,0 +1,62 @@
+"""What a machine gives a cell: its cores, the thread cap a cell runs under, and an
+executor's choice of cells at once and threads each (`Plan`).
+
+A cell's bits depend on its thread count: on this project's 2-core VM, torch's, NumPy's and
+the oracle's moons curves differ bitwise between 1 and 2 threads (JAX's do not; see
+docs/executor.md). So a cell keeps the frameworks' own default threads unless the executor
+runs several at once: then each cell's torch, BLAS and XLA threads are capped at
+cores // jobs (without a cap, two 2-thread cells on 2 cores ran 2-3x slower each), and the
+cap is part of the cell's identity (its record's `worker.threads`, its work-folder name).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+LOCAL, RAY, INLINE = "local", "ray", "in-process"
+# Ray retries a cell whose worker died (killed, out of memory) this many times.
+RAY_RETRIES = 2
+GPU_TYPE = "gpu-type:"  # a place that is a GPU model (--gpu-types), not a custom resource
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cap_threads(threads: int | None) -> None:
+    """In a fresh process, before any framework starts: torch's, the BLAS libraries' and
+    XLA's threads at `threads` (None: the frameworks' defaults)."""
+    if threads is None:
+        return
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    flags = os.environ.get("XLA_FLAGS", "")
+    extra = f"--xla_cpu_multi_thread_eigen={'false' if threads == 1 else 'true'} intra_op_parallelism_threads={threads}"
+    os.environ["XLA_FLAGS"] = f"{flags} {extra}".strip()
+    os.environ["HARNESS_THREADS"] = str(threads)
+    from threadpoolctl import threadpool_limits  # for a BLAS loaded before this call
+
+    threadpool_limits(limits=threads)
+
+
+def capped_threads() -> int | None:
+    """The cap this process runs under (cap_threads), or None."""
+    value = os.environ.get("HARNESS_THREADS")
+    return int(value) if value and value.isdigit() else None
+
+
+@dataclass
+class Plan:
+    """An executor's choice, said before the first cell: jobs at once, threads per cell."""
+
+    kind: str
+    jobs: int
+    threads: int | None
+
+    def describe(self) -> str:
+        threads = "the frameworks' default threads" if self.threads is None else f"{self.threads} thread(s) each"
+        return f"executor {self.kind}: {self.jobs} cell(s) at a time, {threads} ({cores()} cores here)"

@@ -1,0 +1,209 @@
+"""A spec's matrix as cells: what each run is, what it needs, and how a worker runs it.
+
+A cell names its runs (one key, or the modes of one framework and device, whose repeats
+take turns in one process), its role, its repeats, the problem it trains (the spec's, its
+first steps, a calibration member's reordering, a library's formula) and the cells whose
+outcomes it takes (a re-anchored run starts from the oracle's states). It carries no
+arrays: a worker rebuilds the spec's inputs from `Source` (the validated spec, its profile,
+its data files' folder) and refuses them if they hash otherwise than the driver's
+(`inputs_sha256`). The only arrays that travel to a worker are another cell's results: the
+oracle's states a re-anchored run starts from.
+
+`run_cell` is the one function an executor calls (harness/run/executors.py), in a fresh
+process of this machine or on a Ray worker; the driver alone checks and writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.errors import HarnessError
+from harness.core.registry import RunKey
+from harness.inputs import resources
+from harness.inputs.members import reordered
+from harness.inputs.problem import Params, Problem, build_problem, truncated
+from harness.run import anchored, plan, progress
+from harness.run.runner import Outcome, run_alternating
+from harness.spec.load import LoadedSpec
+
+# The roles of a matrix's cells, in the order the tables name them.
+FRAMEWORK = "framework run"  # a chosen cell (its modes together), or the calibration run
+ORACLE_RUN = "oracle"
+MEMBER = "calibration member"  # float32, whole run
+REFERENCE = "math parity's reference"  # the oracle over the twins' first steps
+MEMBER64 = "math parity's member"  # float64, first steps
+TWIN = "float64 twin"
+ANCHORED_MEMBER = "re-anchored member"
+ANCHORED_TWIN = "re-anchored twin"
+LIBRARY = "library reference"  # the oracle computing a library's formula
+LIBRARY_ANCHORED = "library reference, re-anchored"
+
+NO_LIMITS = resources.Limits(float("inf"), 10**18)  # the driver admitted the spec already
+
+
+class InputsDiffer(HarnessError):
+    """A worker rebuilt inputs that hash otherwise than the driver's."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """How a worker rebuilds a spec's inputs, with no arrays: the validated spec as data,
+    where its data files are, and the sha256 of the inputs the driver built."""
+
+    name: str
+    document: dict[str, Any]  # the validated spec (Spec.model_dump), profile applied
+    path: str
+    spec_sha256: str
+    profile: str
+    overrides: dict[str, Any]
+    data_dir: str | None
+    data_source: str | None
+    step_limit: int | None
+    inputs_sha256: str
+
+    def loaded(self) -> LoadedSpec:
+        from harness.spec.model import Spec
+
+        spec = Spec.model_validate(self.document)
+        return LoadedSpec(spec=spec, path=Path(self.path), sha256=self.spec_sha256, profile=self.profile, overrides=self.overrides)
+
+
+def inputs_sha256(problem: Problem) -> str:
+    """The sha256 of everything a run reads from its problem: the spec, the data, the
+    initial tensors, the batch order and slices, the dropout masks, the step limit."""
+    digest = hashlib.sha256(problem.spec.model_dump_json().encode())
+    arrays = {"x_train": problem.x_train, "y_train": problem.y_train, "x_val": problem.x_val, "y_val": problem.y_val}
+    arrays |= {f"init/{k}": v for k, v in problem.initial_params.items()}
+    arrays |= {f"mask/{k}": v for k, v in problem.masks.items()}
+    arrays["order"] = problem.batch_order
+    arrays["bounds"] = np.asarray(problem.bounds, np.int64)
+    for name in sorted(arrays):
+        a = arrays[name]
+        if a is None:
+            digest.update(f"{name}:none;".encode())
+            continue
+        a = np.ascontiguousarray(a)
+        digest.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        digest.update(a.tobytes())
+    digest.update(f"limit:{problem.step_limit};source:{problem.data_source}".encode())
+    return digest.hexdigest()
+
+
+def source_of(loaded: LoadedSpec, problem: Problem) -> Source:
+    files = problem.data_files
+    return Source(
+        name=loaded.name,
+        document=problem.spec.model_dump(),
+        path=str(loaded.path),
+        spec_sha256=loaded.sha256,
+        profile=loaded.profile,
+        overrides=loaded.overrides,
+        data_dir=str(Path(files[0].path).parent) if files else None,
+        data_source=problem.data_source,
+        step_limit=problem.step_limit,
+        inputs_sha256=inputs_sha256(problem),
+    )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of work: the runs of `labels` (key -> progress label) on a problem."""
+
+    name: str  # unique in its matrix
+    role: str
+    labels: tuple[tuple[RunKey, str], ...]
+    repeats: int = 1
+    steps: int | None = None  # the problem's first steps only
+    member: int | None = None  # a calibration member's seed (members.reordered)
+    formula: Any = None  # a library's formula (harness/known_differences.yaml)
+    needs: tuple[str, ...] = ()  # the cells whose outcomes it takes (the oracle's, for its states)
+    cost: float = 0.0  # training steps times repeats: the longest start first
+    place: str | None = None  # where an executor must run it (harness/run/ray_executor.py), if anywhere
+
+    @property
+    def keys(self) -> list[RunKey]:
+        return [key for key, _ in self.labels]
+
+    @property
+    def anchored(self) -> bool:
+        return bool(self.needs)
+
+    @property
+    def gpu(self) -> bool:
+        return any(key.device == "gpu" for key in self.keys)
+
+    def problem(self, base: Problem) -> Problem:
+        """This cell's problem, made from the spec's."""
+        p = base if self.steps is None else truncated(base, self.steps)
+        if self.member is not None:
+            p = reordered(p, seed=self.member)
+        if self.formula is not None:
+            p = plan.library_problem(p, self.formula)
+        return p
+
+
+@dataclass
+class Finished:
+    """What a worker sends back: each key's outcome, and where it ran."""
+
+    outcomes: dict[RunKey, Outcome]
+    host: dict[str, Any] = field(default_factory=dict)
+
+
+# Problems built in this process, by their inputs' sha256: the driver's own when it runs
+# cells in its process (nothing is rebuilt), a worker's for the cells it runs.
+_BUILT: dict[str, Problem] = {}
+
+
+def remember(problem: Problem) -> str:
+    digest = inputs_sha256(problem)
+    _BUILT[digest] = problem
+    return digest
+
+
+def rebuilt(source: Source) -> Problem:
+    """The spec's inputs, as the driver built them, or InputsDiffer."""
+    found = _BUILT.get(source.inputs_sha256)
+    if found is not None:
+        return found
+    loaded = source.loaded()
+    problem = build_problem(loaded, Path(source.data_dir) if source.data_dir else None, source.data_source, False, NO_LIMITS)
+    if source.step_limit is not None:
+        problem = truncated(problem, source.step_limit)
+    digest = inputs_sha256(problem)
+    if digest != source.inputs_sha256:
+        raise InputsDiffer(f"{source.name}: the inputs rebuilt here hash to {digest[:12]}, the driver's to {source.inputs_sha256[:12]}: refused")
+    _BUILT[digest] = problem
+    return problem
+
+
+def where() -> dict[str, Any]:
+    """The machine a cell ran on: its fingerprint, its name, and a Ray node's id if any."""
+    import platform
+
+    from harness.core.provenance import host_fingerprint
+    from harness.run.capacity import capped_threads
+
+    return {"hostname": platform.node(), "node": os.environ.get("HARNESS_NODE"), "threads": capped_threads(), "fingerprint": host_fingerprint()}
+
+
+def run_cell(source: Source, cell: Cell, states: dict[int, Params] | None = None, quiet: bool = False) -> Finished:
+    """Run one cell here: rebuild its problem, train its runs (their repeats taking turns),
+    or, for a re-anchored cell, every segment from `states`."""
+    problem = cell.problem(rebuilt(source))
+    out = progress.console()
+    if cell.anchored:
+        (key,) = cell.keys
+        given = anchored.member_states(states or {}, problem) if cell.member is not None else states or {}
+        outcomes = {key: anchored.run_segments(problem, key, given)}
+    else:
+        every = problem.spec.logging.print_every
+        printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in cell.labels}
+        outcomes = run_alternating(problem, cell.keys, cell.repeats, printers)
+    return Finished(outcomes, where())

@@ -1,0 +1,83 @@
+"""Where a matrix's cells run: this process (`--in-process`), fresh processes of this
+machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executor ray`).
+
+Each executor has one method, `submit(cell, call, *args) -> concurrent.futures.Future`, the
+result of `call(*args)`; a run whose process dies is a failed outcome, with the reason, not
+a crash of the matrix. The driver (harness/run/schedule.py) decides what is ready to run.
+
+Threads: harness/run/capacity.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.run.capacity import INLINE, LOCAL, RAY, Plan, cap_threads, cores
+from harness.run.fresh import in_fresh_process
+
+
+def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
+    cap_threads(threads)
+    return call(*args)
+
+
+def local_plan(jobs: int | None, threads: int | None) -> Plan:
+    """The default: one cell at a time with the frameworks' own threads (the bits every
+    record so far was made with); with --jobs N, N cells at a time, cores // N threads
+    each unless --threads says otherwise."""
+    n = cores()
+    if jobs is None:
+        jobs = max(1, n // threads) if threads else 1
+    if jobs > 1 and threads is None:
+        threads = max(1, n // jobs)
+    return Plan(LOCAL, jobs, threads)
+
+
+class Inline:
+    """Every cell in this process, one after another (debugging; timings suffer)."""
+
+    plan = Plan(INLINE, 1, None)
+
+    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(call(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver, as a pool would
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Local:
+    """Each cell in a fresh process of this machine (harness/run/fresh.py), `jobs` at once."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="cell")
+
+    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
+        return self.pool.submit(in_fresh_process, _capped, self.plan.threads, call, *args)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make(kind: str, jobs: int | None = None, threads: int | None = None, gpu_types: list[str] | None = None, places: list[str] | None = None):
+    """The executor `kind` names: in-process, local, ray or ray:ADDRESS."""
+    if kind == INLINE:
+        return Inline()
+    if kind == LOCAL:
+        if gpu_types or places:
+            raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
+        return Local(local_plan(jobs, threads))
+    if kind == RAY or kind.startswith(f"{RAY}:"):
+        from harness.run import ray_executor
+
+        address = kind.partition(":")[2] or None
+        return ray_executor.RayExecutor(address, jobs, threads, gpu_types or [], places or [])
+    raise HarnessError(f"--executor {kind}: choose local, ray or ray:ADDRESS")

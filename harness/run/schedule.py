@@ -1,0 +1,126 @@
+"""The driver's loop: submit each cell whose needs are met to the executor, the longest
+first; take a cell from the work folder instead where every run of it finished earlier;
+gather what comes back and keep each finished run there. The driver alone writes: the
+work folder here, the records in harness/matrix.py.
+
+On a local executor at most one GPU cell runs at a time: two would share one GPU and each
+other's timings."""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from harness.core.registry import RunKey
+from harness.run import workdir
+from harness.run.capacity import RAY
+from harness.run.cells import Cell, Finished, Source, run_cell
+from harness.run.execute import PROCESS_DIED
+from harness.run.fresh import ProcessDied
+from harness.run.runner import Outcome
+
+
+def _announce(console: Console, cell: Cell, steps: int) -> None:
+    for key, label in cell.labels:
+        if cell.anchored:
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, re-anchored segments)")
+        else:
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {cell.repeats} repeat(s))")
+    if len(cell.labels) > 1:
+        console.print(f"  their repeats take turns: {', '.join(k.label for k in cell.keys)}", highlight=False)
+
+
+def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
+    labels = dict(cell.labels)
+    for key, outcome in outcomes.items():
+        name = f"{labels[key]}: "
+        if outcome.status != "ok":
+            console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
+        elif cell.anchored:
+            console.print(f"  {name}{len(outcome.segments)} segments", highlight=False)
+        else:
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
+
+
+def _died(cell: Cell, reason: str) -> dict[RunKey, Outcome]:
+    return {key: Outcome(key, "failed", f"{key.label}: {reason}") for key in cell.keys}
+
+
+def execute(
+    cells: list[Cell],
+    source: Source,
+    executor,
+    console: Console,
+    kept: dict[str, dict[RunKey, Path]] | None = None,
+    states: Any = None,
+    steps: dict[str, int] | None = None,
+) -> dict[str, dict[RunKey, Outcome]]:
+    """Run `cells` on `executor`; each cell's outcomes by its name. `kept`: each cell's
+    work-folder files by key. `states(done)`: the states a re-anchored cell starts from,
+    given the finished cells (the oracle's); a cell that needs states there are none of
+    is not run. A cell that raises or whose process dies fails its runs, with the reason."""
+    kept, steps = kept or {}, steps or {}
+    done: dict[str, dict[RunKey, Outcome]] = {}
+    waiting = sorted(cells, key=lambda c: -c.cost)
+    running: dict[Future, Cell] = {}
+    local = executor.plan.kind != RAY  # Ray places and queues cells itself
+
+    def finish(cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
+        done[cell.name] = outcomes
+        for key, outcome in outcomes.items():
+            path = kept.get(cell.name, {}).get(key)
+            if path is not None and outcome.status == "ok":
+                workdir.keep(path, outcome, console)
+
+    def start(cell: Cell) -> None:
+        files = kept.get(cell.name)
+        if files and len(files) == len(cell.labels):
+            found = workdir.taken(files, console)
+            if found is not None:
+                for key, label in cell.labels:
+                    console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)
+                done[cell.name] = found
+                return
+        given = None
+        if cell.anchored:
+            given = states(done) if states else {}
+            if not given:
+                done[cell.name] = {}
+                return
+        _announce(console, cell, steps.get(cell.name, 0))
+        running[executor.submit(cell, run_cell, source, cell, given)] = cell
+
+    while waiting or running:
+        gpu_busy = local and any(c.gpu for c in running.values())
+        for cell in list(waiting):
+            if not all(n in done for n in cell.needs):
+                continue
+            if cell.gpu and gpu_busy:
+                continue
+            if local and len(running) >= executor.plan.jobs:
+                break
+            waiting.remove(cell)
+            start(cell)
+            gpu_busy = local and any(c.gpu for c in running.values())
+        if not running:
+            if waiting and not any(all(n in done for n in c.needs) for c in waiting):
+                raise RuntimeError("cells wait on cells that never run")  # a planning bug, never an input
+            continue
+        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for future in finished:
+            cell = running.pop(future)
+            try:
+                result: Finished = future.result()
+                outcomes = result.outcomes
+                for outcome in outcomes.values():
+                    outcome.worker = result.host
+            except ProcessDied:
+                outcomes = _died(cell, PROCESS_DIED)
+            except Exception as exc:  # the cell raised in its worker (inputs refused, an executor's error)
+                outcomes = _died(cell, " ".join(str(exc).split())[:300] or type(exc).__name__)
+            _report(console, cell, outcomes)
+            finish(cell, outcomes)
+    return done

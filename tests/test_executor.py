@@ -1,0 +1,75 @@
+"""The executors (harness/run/executors.py): cells in fresh processes, several at once with
+their threads capped, bitwise the same as one at a time under the same cap; a worker that
+rebuilds other inputs than the driver's is refused; Ray missing is one line."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from harness import matrix
+from harness.core.errors import HarnessError
+from harness.core.paths import SPECS_DIR
+from harness.inputs.problem import build_problem
+from harness.run import capacity, cells, executors, plan
+from harness.spec.load import load_spec
+
+SMALL = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
+
+
+def small_matrix(executor):
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
+    problem = build_problem(loaded)
+    keys = plan.matrix_keys(["numpy"], ["cpu"])
+    return matrix.run_spec(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1, executor=executor)
+
+
+def bits(outcome) -> bytes:
+    return outcome.losses.tobytes() + b"".join(np.ascontiguousarray(a).tobytes() for a in outcome.final_params.values())
+
+
+def test_default_plan_keeps_the_frameworks_threads_and_jobs_cap_them():
+    one = executors.local_plan(None, None)
+    assert (one.jobs, one.threads) == (1, None)
+    two = executors.local_plan(2, None)
+    assert (two.jobs, two.threads) == (2, max(1, capacity.cores() // 2))
+    assert executors.local_plan(None, 1).jobs == capacity.cores()
+    assert "1 cell(s) at a time" in one.describe()
+
+
+def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
+    together = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 2, 1)))
+    alone = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 1, 1)))
+    assert set(together.outcomes) == set(alone.outcomes)
+    for key, outcome in together.outcomes.items():
+        assert outcome.status == "ok", outcome.reason
+        assert bits(outcome) == bits(alone.outcomes[key]), key.label
+        assert outcome.worker["threads"] == 1 and outcome.describe["threads"] == 1
+    records = {r.framework + r.precision_mode: r for r in together.records}
+    assert all(r.worker is not None and r.worker.threads == 1 for r in records.values())
+    assert [c.verdict for c in together.checks] == [c.verdict for c in alone.checks]
+
+
+def test_a_worker_refuses_inputs_that_hash_otherwise():
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
+    problem = build_problem(loaded)
+    source = cells.source_of(loaded, problem)
+    forged = cells.Source(**{**source.__dict__, "inputs_sha256": "0" * 64})
+    (cell,) = [c for c in matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
+    with pytest.raises(cells.InputsDiffer, match="refused"):
+        cells.run_cell(forged, cell)
+    assert cells.run_cell(source, cell, quiet=True).outcomes[cell.keys[0]].status == "ok"
+
+
+def test_ray_missing_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(HarnessError, match=r"pip install '\.\[ray\]'"):
+        executors.make("ray")
+    with pytest.raises(HarnessError, match="choose local, ray or ray:ADDRESS"):
+        executors.make("slurm")
+    with pytest.raises(HarnessError, match="need --executor ray"):
+        executors.make("local", places=["host-a"])
