@@ -13,7 +13,7 @@ import numpy as np
 
 from adapters import timing, xp_fast
 from adapters.protocol import State
-from harness.core.registry import TF32
+from harness.core.registry import ORACLE, TF32
 from harness.reference import network
 
 NAME = "xp"
@@ -51,6 +51,8 @@ def describe(key) -> dict[str, Any]:
     info = _describe(key.device)
     if key.mode == "fast":
         info["fast_mode"] = xp_fast.describe(key.device)
+    elif key.framework == ORACLE or key.variant:
+        info["plain_steps"] = "allocation-free where the network allows it (plain_steps_fast: bitwise the eager steps)"
     return info
 
 
@@ -100,6 +102,9 @@ class Trainer:
     fast: Any = None  # the fast mode's preallocated step (adapters.xp_fast.FastMLP), or None
     jitter: Any = network.plain  # a calibration member's extra rounding (network.jitter_function)
     reorder: Any = None  # a calibration member's other summation orders (network.Context.reorder)
+    # The harness's own runs (the oracle, the calibration members, the references) train
+    # their plain steps on the allocation-free path, bitwise the eager steps (plain_steps_fast)
+    allocation_free: bool = False
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -126,7 +131,30 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         trainer.fast = xp_fast.FastMLP(xp, problem, data, layers, dtype, trainer.loss_log)
     else:
         trainer.opt_state = network.optimizer_init(xp, problem.spec.optimizer, params, network.trained_names(trainer.placed))
+        trainer.allocation_free = plain_steps_fast(problem, key)
     return trainer
+
+
+def plain_steps_fast(problem, key) -> bool:
+    """Whether a run trains its plain steps (those a member does not round otherwise) on the
+    allocation-free path: the harness's own runs on NumPy (the oracle's, and every variant:
+    the calibration members, the first steps' reference, the library references), where the
+    fast mode takes the network (dense, plain SGD or Adam). Bitwise the eager steps
+    (tests/test_fast_xp.py); the article-style eager runs a framework is timed by stay eager."""
+    own = key.framework == ORACLE or bool(key.variant)
+    return own and key.device == "cpu" and problem.spec.model.is_mlp and problem.spec.plain_training and not problem.clip_eps
+
+
+def _go_fast(trainer: Trainer) -> None:
+    """Hand the trainer's state to the allocation-free step: it trains the same arrays in
+    place, and Adam's moments (the eager state's arrays, kept by name for training_state)."""
+    layers = [(trainer.params[f"{p.name}.weight"], trainer.params[f"{p.name}.bias"]) for p in trainer.placed]
+    fast = xp_fast.FastMLP(trainer.xp, trainer.problem, trainer.data, layers, trainer.dtype, trainer.loss_log)
+    if trainer.problem.spec.optimizer.kind == "adam":
+        m, v = trainer.opt_state["m"], trainer.opt_state["v"]
+        fast.m = [(m[f"{p.name}.weight"], m[f"{p.name}.bias"]) for p in trainer.placed]
+        fast.v = [(v[f"{p.name}.weight"], v[f"{p.name}.bias"]) for p in trainer.placed]
+    trainer.fast = fast
 
 
 def warm_up(trainer: Trainer, plan=()) -> None:
@@ -148,6 +176,9 @@ def _update(trainer: Trainer, params, opt_state, step: int):
 
 
 def train(trainer: Trainer, start: int, stop: int) -> None:
+    problem = trainer.problem
+    if trainer.fast is None and trainer.allocation_free and start >= problem.jitter_from + problem.jitter_steps:
+        _go_fast(trainer)
     if trainer.fast is not None:
         trainer.fast.train(start, stop)
         return

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -413,6 +414,17 @@ def summarize(path: Path) -> dict:
         "worst_honest_ratio_quantiles": {q: float(np.quantile(ratios, q / 100)) for q in (50, 90, 99, 100)} if len(ratios) else {},
         "seconds": sum(r["seconds"] for r in rows),
     }
+
+
+def run_row(doc: dict, bug: str) -> dict:
+    """One example, run and judged: the JSON line `nox -s family` writes. Importable by an
+    executor's worker (harness/run/executors.py): the examples spread over processes or a
+    Ray cluster, each in its own process with its buggy copies registered there."""
+    start = time.perf_counter()
+    result = run_example(doc, bug)
+    verdict = judge(result, bug)
+    seconds = time.perf_counter() - start
+    return {"spec": doc, "bug": bug, "verdict": dataclasses.asdict(verdict), "seconds": seconds, "clipped_updates": clipped_updates(doc)}
 
 
 def main(argv: list[str]) -> int:

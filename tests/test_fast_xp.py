@@ -172,3 +172,39 @@ def test_gpu_fast_mode_repeats_bitwise_and_replays_graphs():
     trainer = trainer_of(xp_adapter, problem, "gpu", "float32", "fast")
     xp_adapter.warm_up(trainer, runner.chunk_plan(problem))
     assert all(ws.graph is not None for ws in trainer.fast.spaces.values())
+
+
+@pytest.mark.parametrize("spec_name", ["peaks_mlp", "moons_net"])
+def test_the_harness_own_runs_take_the_allocation_free_path_bitwise(spec_name, monkeypatch):
+    """The oracle (with its anchor states) and the calibration members (float32 and float64)
+    train their plain steps on the allocation-free path, after their jittered steps: the
+    same bits as all-eager, Adam's moments (peaks) and plain SGD (moons)."""
+    from harness.core.paths import SPECS_DIR
+    from harness.core.registry import ORACLE_KEY
+    from harness.inputs.members import reordered
+    from harness.inputs.problem import build_problem
+    from harness.spec.load import load_spec
+
+    problem = build_problem(load_spec(SPECS_DIR / f"{spec_name}.yaml", "quick", {"training": {"epochs": 300}}))
+    assert problem.anchors, "the oracle keeps anchor states on this problem"
+    runs = [
+        (problem, ORACLE_KEY),
+        (reordered(problem, 1), RunKey("numpy", "cpu", "order1")),
+        (reordered(problem, 2), RunKey("oracle", "cpu", "order2")),
+    ]
+    original = xp_adapter.plain_steps_fast
+    for p, key in runs:
+        assert original(p, key)
+        monkeypatch.setattr(xp_adapter, "plain_steps_fast", original)
+        hybrid = runner.run(p, key)
+        monkeypatch.setattr(xp_adapter, "plain_steps_fast", lambda problem, key: False)
+        eager = runner.run(p, key)
+        assert hybrid.status == eager.status == "ok"
+        assert np.array_equal(hybrid.losses, eager.losses), key.label
+        for name, a in eager.final_params.items():
+            assert np.array_equal(hybrid.final_params[name], a), (key.label, name)
+        assert hybrid.anchor_states.keys() == eager.anchor_states.keys()
+        for step, state in eager.anchor_states.items():
+            assert all(np.array_equal(hybrid.anchor_states[step][n], a) for n, a in state.items()), (key.label, step)
+    # a framework's own eager run, timed as the article's code, stays eager
+    assert not original(problem, RunKey("numpy", "cpu")) and not original(problem, RunKey("numpy", "cpu", precision="float64"))

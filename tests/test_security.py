@@ -113,6 +113,7 @@ def a_sample_outcome() -> Outcome:
         "layer_outputs": {"conv1": rng.standard_normal((4, 2, 3, 3)), "dense1": rng.standard_normal((4, 5))},
         "anchor_states": {100: {**params(), "m/dense1.weight": rng.standard_normal((3, 4)), "v/dense1.weight": rng.standard_normal((3, 4))}},
         "segments": {100: rng.standard_normal(20), 200: rng.standard_normal(20)},
+        "worker": {"hostname": "node-a", "node": "c143eb17c71b", "threads": 1, "fingerprint": {"CPU": ["x", 2], "GPUs": []}},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
     assert set(sample) == {f.name for f in dataclasses.fields(Outcome)}

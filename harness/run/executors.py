@@ -2,7 +2,7 @@
 machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executor ray`).
 
 Each executor has one method, `submit(cell, call, *args) -> concurrent.futures.Future`, the
-result of `call(*args)`; a run whose process dies is a failed outcome, with the reason, not
+result of `call(*args)` (`cell`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
 a crash of the matrix. The driver (harness/run/schedule.py) decides what is ready to run.
 
 Threads: harness/run/capacity.py.

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from harness.core.errors import HarnessError
+from harness.core.paths import PROJECT_ROOT
 from harness.run.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
 
 
@@ -39,8 +40,11 @@ class RayExecutor:
         self.ray = ray
         address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
+            # the workers import the project from its checkout: on a cluster, every node has
+            # one at the same path (or give Ray a runtime_env working_dir)
+            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}}
             try:
-                ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+                ray.init(address=address, include_dashboard=False, logging_level="WARNING", runtime_env=env)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise HarnessError(f"--executor ray: cannot connect to Ray at {address or 'a new local instance'}: {exc}") from None
         threads = threads or 1
@@ -49,10 +53,11 @@ class RayExecutor:
         self.remote = ray.remote(max_calls=1)(_task)
 
     def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
+        """call(*args) as a task; `cell` (harness/run/cells.py, or None) says what it needs."""
         options: dict[str, Any] = {"num_cpus": self.plan.threads, "max_retries": RAY_RETRIES}
-        if cell.gpu:
+        if cell is not None and cell.gpu:
             options["num_gpus"] = 1
-        place = cell.place
+        place = None if cell is None else cell.place
         if place and place.startswith(GPU_TYPE):
             options["accelerator_type"] = place.removeprefix(GPU_TYPE)
         elif place:
