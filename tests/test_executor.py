@@ -73,3 +73,13 @@ def test_ray_missing_is_one_line(monkeypatch):
         executors.make("slurm")
     with pytest.raises(HarnessError, match="need --executor ray"):
         executors.make("local", places=["host-a"])
+
+
+def test_a_worker_rebuilds_idx_inputs_from_their_folder(mnist_dir):
+    """An MNIST problem (IDX files, a data source) rebuilt where a worker runs: the same inputs."""
+    loaded = load_spec(SPECS_DIR / "mnist_adamw.yaml", "quick")
+    problem = build_problem(loaded, mnist_dir, "test-set")
+    source = cells.source_of(loaded, problem)
+    assert source.data_dir == str(mnist_dir.resolve()) or source.data_dir == str(mnist_dir)
+    cells._BUILT.clear()  # as in a fresh process
+    assert cells.inputs_sha256(cells.rebuilt(source)) == source.inputs_sha256

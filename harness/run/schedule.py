@@ -36,7 +36,7 @@ def _announce(console: Console, cell: Cell, steps: int) -> None:
 def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
     labels = dict(cell.labels)
     for key, outcome in outcomes.items():
-        name = f"{labels[key]}: "
+        name = f"{labels[key]}: " if len(labels) > 1 else ""
         if outcome.status != "ok":
             console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
         elif cell.anchored:
