@@ -114,6 +114,9 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     across = table.cross_host_table(results)
     if across is not None:
         console.print(across)
+    workers = table.workers_line([record for r in results for record in r.records])
+    if workers:
+        console.print(workers, highlight=False)
     table.print_failures(console, results)
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])

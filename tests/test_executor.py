@@ -83,3 +83,21 @@ def test_a_worker_rebuilds_idx_inputs_from_their_folder(mnist_dir):
     assert source.data_dir == str(mnist_dir.resolve()) or source.data_dir == str(mnist_dir)
     cells._BUILT.clear()  # as in a fresh process
     assert cells.inputs_sha256(cells.rebuilt(source)) == source.inputs_sha256
+
+
+def test_the_terminal_names_the_workers_and_each_cross_host_row():
+    from types import SimpleNamespace
+
+    from harness.core.registry import RunKey
+    from harness.report import table
+    from harness.verdict.cross_host import CrossHost
+
+    row = CrossHost(RunKey("torch", "gpu"), "gpu-type:H100", "gpu-type:H200", ("a node 1", "b node 2"), False, 3e-7, 12, "pass", None)
+    result = SimpleNamespace(loaded=SimpleNamespace(name="peaks_mlp"), cross_host=[row])
+    out = Console(file=io.StringIO(), width=250)
+    out.print(table.cross_host_table([result]))
+    text = out.file.getvalue()
+    assert "torch@gpu" in text and "differ" in text and "3e-07" in text and "H200" in text
+    assert table.cross_host_table([SimpleNamespace(loaded=result.loaded, cross_host=[])]) is None
+    worker = SimpleNamespace(hostname="vm", node=None, threads=1)
+    assert table.workers_line([SimpleNamespace(worker=worker)] * 2) == "ran on: vm (1 thread(s)): 2 run(s)"

@@ -4,6 +4,7 @@ rendered with the report's row builders (harness/report/rows.py)."""
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -218,3 +219,13 @@ def cross_host_table(results: Sequence) -> Table | None:
             row.diagnosis or "",
         )
     return table
+
+
+def workers_line(records: list) -> str | None:
+    """Where the runs ran (each record's worker): host, Ray node, thread cap."""
+    seen = Counter()
+    for w in (r.worker for r in records if r.worker is not None):
+        node = f" node {w.node}" if w.node else ""
+        threads = "the frameworks' own threads" if w.threads is None else f"{w.threads} thread(s)"
+        seen[f"{w.hostname}{node} ({threads})"] += 1
+    return "ran on: " + "; ".join(f"{where}: {n} run(s)" for where, n in seen.items()) if seen else None
