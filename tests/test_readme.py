@@ -266,9 +266,9 @@ def altered(text: str, old: str, new: str) -> str:
         ("torch 2.13.0+cpu", "torch 2.12.0+cpu", "torch"),
         ("jax 0.10.2, NumPy", "jax 0.10.1, NumPy", "jax"),
         ("Python 3.11.7", "Python 3.12.1", "host.python"),
-        ("records of 2026-11-23 (run", "records of 2026-11-22 (run", "date"),
-        ("(run 9eca01289d8d, commit", "(run 9eca01289d8e, commit", "9eca01289d8e"),
-        ("commit 6c48a8a;", "commit 6c48a8b;", "6c48a8b"),
+        ("records of 2026-11-24 (run", "records of 2026-11-22 (run", "date"),
+        ("(run f6d668528020, commit", "(run f6d668528021, commit", "f6d668528021"),
+        ("commit 8cfc6ba;", "commit 8cfc6bb;", "8cfc6bb"),
         ("630/630 (max rel 3.6e-07)", "630/630 (max rel 3.6e-08)", "verdict table"),
         ("The session reads", "On OpenBLAS's Zen kernels the session reads", "Zen"),
     ],
@@ -279,8 +279,8 @@ def test_the_readme_check_catches_a_wrong_fact(old, new, caught):
 
 
 def test_the_readme_check_rejects_the_old_sentence_on_an_amd_epyc_vm():
-    old = "(run 9eca01289d8d, commit 6c48a8a; 2-core AMD EPYC VM, torch 2.13.0, jax 0.10.2; MNIST on the offline test-set files;"
-    text = re.sub(r"\(run 9eca01289d8d, commit.*?test-set files;", old, flat(README.read_text()), count=1)
+    old = "(run f6d668528020, commit 8cfc6ba; 2-core AMD EPYC VM, torch 2.13.0, jax 0.10.2; MNIST on the offline test-set files;"
+    text = re.sub(r"\(run f6d668528020, commit.*?test-set files;", old, flat(README.read_text()), count=1)
     assert old in text
     wrong = readme_mismatches(text, committed_records())
     assert any("AMD" in line for line in wrong) and any("no sentence of the form" in line for line in wrong), wrong
@@ -289,7 +289,7 @@ def test_the_readme_check_rejects_the_old_sentence_on_an_amd_epyc_vm():
 def test_the_readme_check_reads_the_records_too():
     """The same README is wrong about records that fail a check, or that hold a GPU run."""
     records = list(committed_records())
-    i = next(i for i, r in enumerate(records) if r.run_id == "9eca01289d8d" and r.checks)
+    i = next(i for i, r in enumerate(records) if r.run_id == "f6d668528020" and r.checks)
     failing = records[i].checks[0].model_copy(update={"verdict": Verdict.FAIL.value})
     with_a_failure = [*records[:i], records[i].model_copy(update={"checks": [failing, *records[i].checks[1:]]}), *records[i + 1 :]]
     assert any("every check passes" in line for line in readme_mismatches(README.read_text(), with_a_failure))
