@@ -189,12 +189,16 @@ def run_spec(
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, cal)
     where = provenance.collect()
-    made = [build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key)) for key in [*keys, *twins_run]]
+    made = [
+        build_record(loaded, problem, outcomes[key], checks, cal, run_id, where, floors.get(key), source.inputs_sha256) for key in [*keys, *twins_run]
+    ]
     result.records = [record for record, _ in made]
     if results_dir is not None:
         result.paths = write_together(results_dir, made)
     # the members, for the terminal's table: they calibrate the checks and are not written
-    result.member_records = [build_record(loaded, problem, m, [], cal, run_id, where)[0] for m in [*members32, *members64]]
+    result.member_records = [
+        build_record(loaded, problem, m, [], cal, run_id, where, None, source.inputs_sha256)[0] for m in [*members32, *members64]
+    ]
     return result
 
 

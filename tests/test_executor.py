@@ -51,6 +51,7 @@ def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
         assert outcome.worker["threads"] == 1 and outcome.describe["threads"] == 1
     records = {r.framework + r.precision_mode: r for r in together.records}
     assert all(r.worker is not None and r.worker.threads == 1 for r in records.values())
+    assert {r.data.inputs_sha256 for r in together.records} == {cells.inputs_sha256(together.problem)}
     assert [c.verdict for c in together.checks] == [c.verdict for c in alone.checks]
 
 

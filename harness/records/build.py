@@ -92,6 +92,7 @@ def build_record(
     run_id: str,
     provenance: Provenance,
     step_floor: Floor | None = None,
+    inputs_sha256: str | None = None,
 ) -> tuple[schema.Record, bytes | None]:
     """The record of one run, from the spec, the problem, its outcome and the checks (those
     that involve the run are kept), the calibration that set their tolerances, and where it
@@ -160,6 +161,7 @@ def build_record(
             files=[schema.DataFile(name=f.name, sha256=f.sha256) for f in problem.data_files],
             n_train=len(problem.x_train),
             n_validation=0 if problem.x_val is None else len(problem.x_val),
+            inputs_sha256=inputs_sha256,
         ),
         timings=timings,
         metrics=metrics,
