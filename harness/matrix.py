@@ -97,9 +97,9 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
             label = f"{name} {at.label} (float64 twin, re-anchored)"
             found.append(cells.Cell(at.label, cells.ANCHORED_TWIN, ((at, label),), needs=oracle, cost=anchored_cost))
         formula = diagnosis.library_formula(loaded.spec, key)
-        if formula is None:
-            continue
         ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
+        if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
+            continue
         label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
         found.append(cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps)))
         if oracle:
@@ -140,7 +140,7 @@ def run_spec(
     planned = hosts.spread(plan_cells(loaded, problem, keys, repeats, twins), getattr(executor, "places", []))
     source = cells.source_of(loaded, problem)
     if isinstance(executor, executors.Inline):
-        cells.remember(problem)  # this process's cells take the driver's inputs as they are
+        cells.remember(source, problem)  # this process's cells take the driver's inputs as they are
     kept = {}
     if work_dir is not None:
         here = {**machine(), **({"threads": executor.plan.threads} if executor.plan.threads else {})}
@@ -151,8 +151,7 @@ def run_spec(
         oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
         return oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}
 
-    steps = {c.name: c.problem(problem).total_steps if not c.anchored else 0 for c in planned}
-    done = schedule.execute(planned, source, executor, console, kept, oracle_states, steps)
+    done = schedule.execute(planned, source, executor, console, kept, oracle_states, problem.total_steps)
 
     def of_role(role: str) -> list[tuple[cells.Cell, Outcome]]:
         return [(c, outcome) for c in planned if c.role == role and not hosts.is_copy(c) for outcome in done.get(c.name, {}).values()]

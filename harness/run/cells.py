@@ -34,7 +34,6 @@ from harness.spec.load import LoadedSpec
 
 # The roles of a matrix's cells, in the order the tables name them.
 FRAMEWORK = "framework run"  # a chosen cell (its modes together), or the calibration run
-ORACLE_RUN = "oracle"
 MEMBER = "calibration member"  # float32, whole run
 REFERENCE = "math parity's reference"  # the oracle over the twins' first steps
 MEMBER64 = "math parity's member"  # float64, first steps
@@ -161,10 +160,9 @@ class Finished:
 _BUILT: dict[str, Problem] = {}
 
 
-def remember(problem: Problem) -> str:
-    digest = inputs_sha256(problem)
-    _BUILT[digest] = problem
-    return digest
+def remember(source: Source, problem: Problem) -> None:
+    """The driver's own problem, for the cells it runs in its process (hashed in source_of)."""
+    _BUILT[source.inputs_sha256] = problem
 
 
 def rebuilt(source: Source) -> Problem:

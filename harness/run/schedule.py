@@ -56,13 +56,13 @@ def execute(
     console: Console,
     kept: dict[str, dict[RunKey, Path]] | None = None,
     states: Any = None,
-    steps: dict[str, int] | None = None,
+    total_steps: int = 0,
 ) -> dict[str, dict[RunKey, Outcome]]:
     """Run `cells` on `executor`; each cell's outcomes by its name. `kept`: each cell's
     work-folder files by key. `states(done)`: the states a re-anchored cell starts from,
     given the finished cells (the oracle's); a cell that needs states there are none of
     is not run. A cell that raises or whose process dies fails its runs, with the reason."""
-    kept, steps = kept or {}, steps or {}
+    kept = kept or {}
     done: dict[str, dict[RunKey, Outcome]] = {}
     waiting = sorted(cells, key=lambda c: -c.cost)
     running: dict[Future, Cell] = {}
@@ -90,7 +90,7 @@ def execute(
             if not given:
                 done[cell.name] = {}
                 return
-        _announce(console, cell, steps.get(cell.name, 0))
+        _announce(console, cell, cell.steps or total_steps)
         running[executor.submit(cell, run_cell, source, cell, given)] = cell
 
     while waiting or running:
