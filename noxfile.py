@@ -84,7 +84,7 @@ def cpu(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """Every spec on this host's CPU and GPU in every framework, with the TF32 variant and the oracle; then the GPU tests."""
+    """The smoke on the GPU; every spec on this host's CPU and GPU in every framework, with the TF32 variant and the oracle; then the GPU tests."""
     if session.venv_backend == "none":
         session.log("--no-venv: using this Python's own torch, jax and cupy builds; installing nothing")
     else:
@@ -93,6 +93,9 @@ def gpu(session: nox.Session) -> None:
         session.install("torch", "--index-url", TORCH_CUDA_INDEX[cuda])
         _install(session, f"gpu-cuda{cuda}", "test")
     mnist = _mnist_options(session)
+    # First, a minute or two: every adapter, spec network, precision and mode on the GPU, its
+    # flags read back. A failed row is said and the job goes on (exit 1 is not an error here).
+    session.run("python", "-m", "harness", "smoke", "--devices", "gpu", "--out", "runs/smoke-gpu.json", success_codes=[0, 1])
     options = ["--devices", "cpu,gpu", "--tf32", "--require-gpu", *mnist]
     session.run("python", "-m", "harness", "run", *options, *session.posargs)
     session.run("python", "-m", "harness", "bench", "--devices", "cpu,gpu", "--require-gpu", *mnist, *session.posargs)

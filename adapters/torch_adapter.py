@@ -22,6 +22,7 @@ import numpy as np
 
 from adapters import timing, torch_layers
 from adapters.protocol import State
+from harness.core.errors import Unsupported
 from harness.core.registry import TF32
 from harness.reference import network
 
@@ -58,6 +59,9 @@ def _configure(torch, precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.use_deterministic_algorithms(True)
+    # torch's default, pinned: cuDNN's benchmarking times algorithms and may pick another one
+    # each run (torch's notes on reproducibility)
+    torch.backends.cudnn.benchmark = False
 
 
 FAST_MODE = {
@@ -74,9 +78,15 @@ def describe(key) -> dict[str, Any]:
     _configure(torch, key.precision)
     name = torch.cuda.get_device_name() if key.device == "gpu" else platform.processor() or platform.machine()
     fast = {"fast_mode": FAST_MODE[key.device]} if key.mode == "fast" else {}
+    version = torch.__version__
+    # the GPU's libraries, and cuDNN's algorithm choice (its convolutions and batch norm)
+    gpu = {}
+    if key.device == "gpu":
+        version += f" (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"
+        gpu = {"cudnn.benchmark": torch.backends.cudnn.benchmark, "cudnn.deterministic": torch.backends.cudnn.deterministic}
     return {
         "library": "torch",
-        "version": torch.__version__,
+        "version": version,
         "device_name": name,
         "math_mode": {
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -84,6 +94,7 @@ def describe(key) -> dict[str, Any]:
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            **gpu,
         },
         "threads": torch.get_num_threads(),
         **fast,
@@ -168,7 +179,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         return trainer
     spec = problem.spec
     if not spec.plain_training:
-        raise ValueError(f"torch's fast mode takes plain SGD and Adam only; {spec.name} has a training recipe (run it eager)")
+        raise Unsupported(f"torch's fast mode takes plain SGD and Adam only; {spec.name} has a training recipe (run it eager)")
     # fused: one kernel for all parameters (its Adam takes 1 - beta^t in float64, as eager does);
     # capturable: Adam's step count stays on the GPU, as a CUDA graph needs
     impl = {"fused": True}

@@ -13,6 +13,7 @@ import numpy as np
 
 from adapters import timing, xp_fast
 from adapters.protocol import State
+from harness.core.errors import Unsupported
 from harness.core.registry import ORACLE, TF32
 from harness.reference import network
 
@@ -124,9 +125,9 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         trainer.reorder = np.random.default_rng([problem.jitter_seed, 1])
     if mode == "fast":  # trains the arrays of trainer.params in place; it keeps the optimizer state
         if not problem.spec.model.is_mlp:
-            raise ValueError(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
+            raise Unsupported(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
         if not problem.spec.plain_training:
-            raise ValueError(f"the array-module fast mode takes plain SGD and Adam only; {problem.spec.name} has a training recipe (run it eager)")
+            raise Unsupported(f"the array-module fast mode takes plain SGD and Adam only; {problem.spec.name} has a training recipe (run it eager)")
         layers = [(params[f"{p.name}.weight"], params[f"{p.name}.bias"]) for p in trainer.placed]
         trainer.fast = xp_fast.FastMLP(xp, problem, data, layers, dtype, trainer.loss_log)
     else:

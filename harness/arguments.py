@@ -208,5 +208,29 @@ def parser(description: str) -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
     schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
 
+    smoke = sub.add_parser(
+        "smoke",
+        help="a machine's first call: every adapter trains every spec's network for a few steps on synthetic inputs, "
+        "in every precision and mode, and reads its math-mode flags back (no data files, no records)",
+    )
+    smoke.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
+    smoke.add_argument(
+        "--frameworks",
+        type=_csv(tuple(ADAPTERS), "framework"),
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated, of {', '.join(ADAPTERS)} (default: all, each where it runs)",
+    )
+    smoke.add_argument(
+        "--devices",
+        type=_csv(DEVICES, "device"),
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated, of {', '.join(DEVICES)} (default: the CPU, and the GPU where a framework finds one)",
+    )
+    smoke.add_argument("--steps", type=_positive(int), default=3, help="steps of each run (default: 3)")
+    smoke.add_argument("--out", type=Path, help="write the rows, the versions and what the specs cover to this JSON file")
+    smoke.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
+
     sub.add_parser("list", help="list specs, adapters and devices")
     return parser

@@ -1,4 +1,4 @@
-"""Command line: `python -m harness run|bench|sweep|validate|export|compare|report|schema|list`.
+"""Command line: `python -m harness run|bench|sweep|validate|export|compare|report|schema|list|smoke`.
 
 Exit codes: 0 all runs ok and every check passed; 1 a check failed or a run failed;
 2 bad input (a spec, an option, a data file, the results folder, a spec past the resource
@@ -293,6 +293,66 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from harness.run import execute, smoke
+
+    paths = _spec_paths(args.specs, args.specs_dir)
+    frameworks = args.frameworks or list(ADAPTERS)
+    devices = args.devices
+    if devices is None:
+        try:
+            execute.require_gpu(frameworks)
+            devices = list(DEVICES)
+        except HarnessError as exc:
+            console.print(f"the CPU only: {exc}", highlight=False)
+            devices = ["cpu"]
+    elif "gpu" in devices:
+        execute.require_gpu(frameworks)
+    if args.out is not None:
+        ensure_replaceable(args.out)
+    console.print(
+        f"smoke: {len(paths)} spec(s), {args.steps} steps, on {', '.join(devices)}; each framework, device and precision in a fresh process"
+    )
+
+    def said(row) -> None:
+        mark = (
+            "[green]ok[/green]"
+            if row.passed and row.status == "ok"
+            else ("[yellow]skipped[/yellow]" if row.status == "skipped" else "[red]FAIL[/red]")
+        )
+        far = (
+            "" if row.outputs_distance is None else f"  outputs {row.outputs_distance:.1e}, first loss {row.first_loss_distance:.1e} from the oracle"
+        )
+        console.print(f"  {mark} {row.spec} {row.label} ({row.seconds:.1f} s){far}", highlight=False)
+        for problem in row.problems if row.status != "skipped" else [row.reason]:
+            console.print(f"      {problem}", highlight=False, markup=False, soft_wrap=True)
+
+    found = smoke.smoke(paths, frameworks, devices, args.steps, on_row=said)
+    covered = found["coverage"]
+    console.print(
+        f"covered: layers {', '.join(covered['layers'])}; activations {', '.join(covered['activations'])}; "
+        f"optimizers {', '.join(covered['optimizers'])}; recipes {', '.join(covered['recipes']) or 'none'}",
+        highlight=False,
+    )
+    if covered["layers not exercised"]:
+        console.print(f"not exercised by these specs: {', '.join(covered['layers not exercised'])}", style="yellow", highlight=False)
+    versions = sorted({(r["label"].split("@")[0], r["version"]) for r in found["rows"] if r["version"]})
+    for framework, version in versions:
+        console.print(f"  {framework}: {version}", highlight=False)
+    failed = [r for r in found["oracle"] + found["rows"] if r["status"] != "skipped" and r["problems"]]
+    skipped = sum(r["status"] == "skipped" for r in found["rows"])
+    ok = len(found["rows"]) - skipped - sum(r in failed for r in found["rows"])
+    console.print(
+        f"smoke: {ok} of {len(found['rows'])} runs ok, {skipped} skipped, {len(failed)} failed, in {found['seconds']:.0f} s", highlight=False
+    )
+    if args.out is not None:
+        atomic_write(args.out, (json.dumps(found, indent=1, default=str) + "\n").encode())
+        console.print(f"wrote {args.out}", highlight=False)
+    return EXIT_FAILED if failed else 0
+
+
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     for name, path in spec_load.spec_paths().items():
         console.print(f"spec {name}: {path}", highlight=False)
@@ -311,6 +371,7 @@ COMMANDS = {
     "export": cmd_export,
     "schema": cmd_schema,
     "list": cmd_list,
+    "smoke": cmd_smoke,
 }
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from harness.core.registry import FLOAT64, RunKey
-from harness.inputs.problem import Problem, batch_order, dropout_masks, initial_params
-from harness.spec.model import Spec, batch_bounds
+from harness.inputs.problem import Problem, in_memory
+from harness.spec.model import Spec
 
 STEPS = 3
 SHA = "0" * 64
@@ -46,18 +46,7 @@ def small_problem(spec: Spec, n: int = 24) -> Problem:
     rng = np.random.default_rng(11)
     x = rng.normal(size=(n, spec.model.in_features)).astype(np.float32)
     y = rng.integers(0, spec.model.n_outputs, size=n)
-    bounds = batch_bounds(spec.training, n)
-    return Problem(
-        spec=spec,
-        x_train=x,
-        y_train=y,
-        x_val=None,
-        y_val=None,
-        initial_params=initial_params(spec),
-        batch_order=batch_order(spec, n),
-        bounds=bounds,
-        masks=dropout_masks(spec, spec.training.epochs * len(bounds), max(b - a for a, b in bounds)),
-    )
+    return in_memory(spec, x, y)
 
 
 def run(framework: str, problem: Problem):

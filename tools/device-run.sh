@@ -7,6 +7,7 @@
 # ["device-carry"]`) and call again: runs that finished are reused, so a matrix longer
 # than one call completes over several.
 #
+#   tools/device-run.sh smoke [SPEC ...]     first: a minute or two, $OUT/smoke.json
 #   tools/device-run.sh [bench] [harness options, e.g. moons_net]
 #
 # Needs: python3 with the CUDA builds of torch, jax and cupy; pydantic and the rest from
@@ -28,6 +29,15 @@ mkdir -p "$work"
 export HARNESS_DATA_DIR=${HARNESS_DATA_DIR:-$PWD/$carry/mnist}
 mnist=(--data-dir "$HARNESS_DATA_DIR" --data-source test-set)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+if [ "${1:-}" = smoke ]; then
+    # The first call: every adapter, spec network, precision and mode on the GPU for a few
+    # steps, the math-mode flags read back; its JSON comes back in $OUT (a minute or two).
+    shift
+    rc=0
+    timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness smoke --devices gpu --out "$OUT/smoke.json" "$@" || rc=$?
+    echo "harness smoke exit code: $rc (1: a row failed, see above)"
+    exit "$rc"
+fi
 command=(run --tf32)
 if [ "${1:-}" = bench ]; then
     command=(bench)

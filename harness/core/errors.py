@@ -16,3 +16,9 @@ class DataError(HarnessError):
 
 class RecordError(HarnessError):
     """A results record that does not validate, or cannot be written."""
+
+
+class Unsupported(ValueError):
+    """A run an adapter cannot express in the mode asked for (a fast mode that trains dense
+    networks only, say): a documented limit of that mode, so the run is skipped with this
+    reason, not failed."""

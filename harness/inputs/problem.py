@@ -201,6 +201,23 @@ def batch_order(spec: Spec, n_train: int) -> np.ndarray | None:
     return np.stack([rng.permutation(n_train) for _ in range(training.epochs)])
 
 
+def in_memory(spec: Spec, x: np.ndarray, y: np.ndarray) -> Problem:
+    """`spec` trained on arrays at hand (no data section read, no validation split): its
+    initial state, batch order and dropout masks drawn as build_problem draws them."""
+    bounds = batch_bounds(spec.training, len(x))
+    return Problem(
+        spec=spec,
+        x_train=x,
+        y_train=y,
+        x_val=None,
+        y_val=None,
+        initial_params=initial_params(spec),
+        batch_order=batch_order(spec, len(x)),
+        bounds=bounds,
+        masks=dropout_masks(spec, spec.training.epochs * len(bounds), max(b - a for a, b in bounds)),
+    )
+
+
 def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, download: bool, limits: resources.Limits):
     spec, section = loaded.spec, loaded.spec.data
     if section.kind == "peaks_grid":
@@ -257,19 +274,10 @@ def build_problem(
     steps, step = total_steps(spec.training, len(x_train)), spec.checks.params_after_steps.step
     if step > steps:  # the check would silently not be made
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
-    params = initial_params(spec)
-    order = batch_order(spec, len(x_train))
-    bounds = batch_bounds(spec.training, len(x_train))
-    return Problem(
-        spec=spec,
-        x_train=x_train,
-        y_train=y_train,
+    return replace(
+        in_memory(spec, x_train, y_train),
         x_val=x_val,
         y_val=y_val,
-        initial_params=params,
-        batch_order=order,
-        bounds=bounds,
-        masks=dropout_masks(spec, total_steps(spec.training, len(x_train)), max(b - a for a, b in bounds)),
         data_files=files,
         data_source=used_source,
         prep_seconds=time.perf_counter() - start,

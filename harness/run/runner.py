@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.core import registry
+from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
@@ -110,6 +111,9 @@ def run_alternating(problem: Problem, keys: list[RunKey], repeats: int = 1, prog
     def attempt(key: RunKey, step: Callable[[], None]) -> None:
         try:
             step()
+        except Unsupported as exc:  # a documented limit of the adapter's mode: skipped, with why
+            outcomes[key] = Outcome(key, "skipped", str(exc))
+            trials.pop(key, None)
         except Exception as exc:  # a framework error (out of memory, driver) fails this run only
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             outcomes[key] = Outcome(key, "failed", f"{key.label} raised {detail}")
