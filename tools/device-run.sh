@@ -16,12 +16,20 @@ set -euo pipefail
 : "${OUT:?set OUT to the folder whose files come back}"
 carry=device-carry
 work=$carry/work
-# The machine's own CUDA builds of torch, jax and cupy stay: the carried wheels go to a
+# The machine's own CUDA builds of torch, jax and cupy stay, and so does every package its
+# Python has already: only the carried wheels of packages it lacks are installed, into a
 # folder of their own on PYTHONPATH (the device README's way), never into the image's Python.
 if [ -d "$carry/wheelhouse" ]; then
-    python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$carry"/wheelhouse/*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    missing=()
+    for wheel in "$carry"/wheelhouse/*.whl; do
+        name=$(basename "$wheel" | cut -d- -f1)
+        python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$name" 2>/dev/null || missing+=("$wheel")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "installing what this Python lacks: ${missing[*]##*/}"
+        python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${missing[@]}"
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 mkdir -p "$work"
