@@ -1,5 +1,5 @@
 """The matrix: one spec through the pipeline. The plan (harness/run/plan.py) names the
-runs; each runs in its own process (harness/run/execute.py); the calibration sets the
+runs; its cells run on an executor (harness/run/schedule.py, executors.py); the calibration sets the
 tolerances and the checks judge every pair (harness/verdict/); one record per run is made
 and written (harness/records/)."""
 

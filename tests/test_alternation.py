@@ -4,10 +4,12 @@ bench), so a drift in the machine's speed falls on both and their ratio holds.""
 from __future__ import annotations
 
 import numpy as np
-from rich.console import Console
 
+from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
-from harness.run import execute, plan, runner
+from harness.inputs.problem import build_problem
+from harness.run import capacity, cells, executors, plan, runner
+from harness.spec.load import load_spec
 from tests.conftest import quick_problem
 
 EAGER = CALIBRATION_KEY  # numpy@cpu
@@ -60,9 +62,16 @@ def test_a_mode_that_fails_leaves_the_other_running(monkeypatch):
     assert outcomes[EAGER].status == "ok" and outcomes[EAGER].timings["repeats"] == 3
 
 
-def test_the_matrix_runs_a_group_in_one_isolated_process():
-    problem = quick_problem("peaks_mlp")
-    labels = {EAGER: "eager", FAST: "fast"}
-    outcomes = execute.run_group(problem, labels, 2, Console(quiet=True), True, {EAGER: None, FAST: None})
-    assert list(outcomes) == [EAGER, FAST]
-    assert all(o.status == "ok" and o.timings["alternated_with"] for o in outcomes.values())
+def test_the_matrix_runs_a_group_in_one_fresh_process():
+    """One cell holds the modes of one framework and device: a worker runs them together."""
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
+    problem = build_problem(loaded)
+    cell = cells.Cell("numpy@cpu", cells.FRAMEWORK, ((EAGER, "eager"), (FAST, "fast")), repeats=2)
+    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    try:
+        finished = local.submit(cell, cells.run_cell, cells.source_of(loaded, problem), cell, None, True).result()
+    finally:
+        local.shutdown()
+    assert list(finished.outcomes) == [EAGER, FAST]
+    assert all(o.status == "ok" and o.timings["alternated_with"] for o in finished.outcomes.values())
+    assert finished.host["hostname"]

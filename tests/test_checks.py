@@ -9,7 +9,8 @@ import pytest
 from harness import matrix
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.members import in_plain_order, reordered
-from harness.run import execute, plan, runner
+from harness.run import plan, runner
+from harness.run.fresh import in_fresh_process
 from harness.spec.model import Close, KnownDifference
 from harness.verdict import checks, diagnosis
 from tests.conftest import problem_or_skip, quick_problem
@@ -142,7 +143,7 @@ def test_an_isolated_run_gives_the_same_bits():
         **{**problem.__dict__, "spec": problem.spec.model_copy(update={"training": problem.spec.training.model_copy(update={"epochs": 5})})}
     )
     here = runner.run(short, CALIBRATION_KEY)
-    there = execute.run_isolated(short, {CALIBRATION_KEY: "isolated"}, 1)[CALIBRATION_KEY]
+    there = in_fresh_process(runner.run, short, CALIBRATION_KEY)
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
 
 
