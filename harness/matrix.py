@@ -14,6 +14,7 @@ from rich.console import Console
 from harness.core import provenance
 from harness.core.errors import HarnessError
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
+from harness.inputs import members
 from harness.inputs.problem import Problem
 from harness.records import write
 from harness.records.build import build_record
@@ -157,7 +158,7 @@ def run_spec(
         return [(c, outcome) for c in planned if c.role == role and not hosts.is_copy(c) for outcome in done.get(c.name, {}).values()]
 
     def plain(c: cells.Cell, outcome: Outcome) -> Outcome:
-        return calibration.in_plain_units(outcome, c.problem(problem).unit_orders)
+        return calibration.in_plain_units(outcome, () if c.member is None else members.unit_orders(problem.spec, c.member))
 
     ran = {o.key: o for _, o in of_role(cells.FRAMEWORK)}
     outcomes = {key: ran[key] for key in keys}

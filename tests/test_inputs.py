@@ -76,3 +76,18 @@ def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
     assert np.all(np.abs(one - a) <= 2 * np.spacing(np.abs(a))) and np.all(np.sign(one) == np.sign(a))
     assert np.all(one[:10] == 0)
     assert 0.1 < np.mean(one != a) < 0.9
+
+
+@pytest.mark.parametrize("name", ["moons_net", "cnn_norm_mnist"])
+def test_a_members_unit_orders_are_known_without_making_the_member(name):
+    """The driver puts a member's outcome back in plain units from members.unit_orders,
+    which must be the orders reordered() drew (a CNN's channels, an MLP's hidden units)."""
+    from harness.inputs import members
+    from harness.run import smoke
+
+    spec = load_spec(SPECS_DIR / f"{name}.yaml", "quick").spec
+    made = members.reordered(smoke.smoke_problem(spec), seed=5).unit_orders
+    known = members.unit_orders(spec, 5)
+    assert len(known) == len(made) > 0
+    for (order, moves), (want, want_moves) in zip(known, made, strict=True):
+        assert np.array_equal(order, want) and moves == want_moves

@@ -42,6 +42,17 @@ def unit_moves(placed: list[Placed]) -> list[tuple[int, tuple[tuple[str, int], .
     return found
 
 
+def _unit_orders(rng: np.random.Generator, spec) -> tuple:
+    """Each hidden layer's order of its units (the first draws of a member's generator)."""
+    return tuple((rng.permutation(units), moves) for units, moves in unit_moves(spec.model.placed))
+
+
+def unit_orders(spec, seed: int) -> tuple:
+    """The unit orders of the member `reordered(problem, seed)` makes of any problem of
+    `spec`, without making it (the driver puts a member's outcome back in plain units)."""
+    return _unit_orders(np.random.default_rng(seed), spec)
+
+
 def reordered(problem: Problem, seed: int) -> Problem:
     """The same training in exact arithmetic, rounded otherwise: its sums taken in another
     order (the hidden units and channels in a seeded order, a layer's outputs and the next
@@ -61,14 +72,12 @@ def reordered(problem: Problem, seed: int) -> Problem:
     a batch that cannot be reordered (the whole set, all of it probe rows) still sums them
     otherwise, as another library would."""
     rng = np.random.default_rng(seed)
+    orders = _unit_orders(rng, problem.spec)
     params = dict(problem.initial_params)
-    orders = []
-    for units, moves in unit_moves(problem.spec.model.placed):
-        order = rng.permutation(units)
+    for order, moves in orders:
         for name, axis in moves:
             params[name] = np.take(params[name], order, axis=axis)
-        orders.append((order, moves))
-    moved = replace(problem, initial_params=params, unit_orders=tuple(orders), jitter_seed=seed)
+    moved = replace(problem, initial_params=params, unit_orders=orders, jitter_seed=seed)
     if problem.batch_order is None:  # each step is the whole set in order: move the rows
         keep = min(problem.spec.checks.probe_size, len(problem.x_train))
         rows = np.concatenate([np.arange(keep), keep + rng.permutation(len(problem.x_train) - keep)])
