@@ -86,3 +86,33 @@ def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
         honest = checks.get((f"{framework}@cpu+float64", "math_anchored_loss_curve"))
         if honest is not None:
             assert honest.verdict == Verdict.PASS, honest
+
+
+def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings(tmp_path):
+    """The terminal's lines of a re-anchored cell: its segments' steps as it starts, their
+    training time as it ends; tools/timings.py counts them as re-anchored runs."""
+    import io
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    from harness.run import cells, schedule
+    from harness.run.runner import Outcome
+    from tests.conftest import ROOT
+
+    key = RunKey("torch", "cpu", precision="float64", variant="anchored")
+    cell = cells.Cell(key.label, cells.ANCHORED_TWIN, ((key, f"moons_net {key.label} (float64 twin, re-anchored)"),), needs=("oracle@cpu",))
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    schedule._announce(console, cell, 100, 3)
+    outcome = Outcome(key, "ok", timings={"train_s": 1.25})
+    outcome.segments = {100: np.zeros(100), 200: np.zeros(100), 300: np.zeros(100)}
+    schedule._report(console, cell, {key: outcome})
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("(float64, 300 steps, 1 repeat(s): 3 re-anchored segments)")
+    assert lines[1].strip() == "train 1.250 s, 3 segments"
+    log = tmp_path / "run.log"
+    log.write_text(out.getvalue())
+    table = subprocess.run([sys.executable, "tools/timings.py", str(log)], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert "| moons_net | torch@cpu+float64~anchored | re-anchored runs | 300 | 1 | 1.2 |" in table

@@ -102,3 +102,54 @@ def test_the_terminal_names_the_workers_and_each_cross_host_row():
     assert table.cross_host_table([SimpleNamespace(loaded=result.loaded, cross_host=[])]) is None
     worker = SimpleNamespace(hostname="vm", node=None, threads=1)
     assert table.workers_line([SimpleNamespace(worker=worker)] * 2) == "ran on: vm (1 thread(s)): 2 run(s)"
+
+
+class _Recording:
+    """An executor that runs no training: each cell sleeps a little in a thread, and the
+    cells running at once are counted (all of them, and those on the GPU)."""
+
+    def __init__(self, kind: str, jobs: int):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.plan = capacity.Plan(kind, jobs, None)
+        self.pool = ThreadPoolExecutor(max_workers=8)
+        self.lock = threading.Lock()
+        self.active: set = set()
+        self.most = {"all": 0, "gpu": 0}
+
+    def submit(self, cell, call, *args):
+        import time
+
+        from harness.run.runner import Outcome
+
+        def work():
+            with self.lock:
+                self.active.add(cell)
+                self.most["all"] = max(self.most["all"], len(self.active))
+                self.most["gpu"] = max(self.most["gpu"], sum(c.gpu for c in self.active))
+            time.sleep(0.05)
+            with self.lock:
+                self.active.discard(cell)
+            return cells.Finished({k: Outcome(k, "ok", timings={"train_s": 0.0}, metrics={"train_loss": 0.0}) for k in cell.keys})
+
+        return self.pool.submit(work)
+
+
+@pytest.mark.parametrize(("kind", "most_gpu"), [(capacity.LOCAL, 1), (capacity.RAY, 3)])
+def test_a_local_executor_runs_one_gpu_cell_at_a_time_beside_cpu_cells(kind, most_gpu):
+    """Two GPU cells on one machine would share the GPU and each other's timings: the driver
+    holds a second back on a local executor, not CPU cells beside it. Ray places GPU cells
+    itself (num_gpus=1 each), so the driver does not hold them back there."""
+    from harness.core.registry import RunKey
+    from harness.run import schedule
+
+    planned = [
+        cells.Cell(f"{f}@{d}", cells.FRAMEWORK, ((RunKey(f, d), f"{f}@{d}"),), cost=float(i))
+        for i, (f, d) in enumerate([("torch", "gpu"), ("jax", "gpu"), ("cupy", "gpu"), ("torch", "cpu"), ("jax", "cpu"), ("numpy", "cpu")])
+    ]
+    executor = _Recording(kind, jobs=3)
+    done = schedule.execute(planned, None, executor, Console(file=io.StringIO()), total_steps=10)
+    assert set(done) == {c.name for c in planned}
+    assert executor.most["gpu"] == most_gpu
+    assert executor.most["all"] >= 2  # CPU cells ran beside a GPU cell

@@ -21,6 +21,8 @@ TRAIN = re.compile(r"^\s+train (?P<seconds>[\d.]+) s,")
 
 
 def role(label: str, text: str | None) -> str:
+    if "anchored" in label or (text and "re-anchored" in text):
+        return "re-anchored runs"
     if text and "calibration" in text:
         return "calibration members"
     if text and "reference" in text:

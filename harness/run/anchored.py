@@ -15,6 +15,7 @@ holds where float64 itself is chaotic over the whole run.
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import replace
 
@@ -40,8 +41,8 @@ def member_states(states: dict[int, Params], member: Problem) -> dict[int, Param
 
 def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
     """Each segment [a, a + math_parity.steps) trained by `key`'s adapter from the state at
-    step a; the outcome's `segments` holds each one's losses. A segment that raises or
-    diverges fails the run, with the reason."""
+    step a; the outcome's `segments` holds each one's losses, its timings["train_s"] their
+    training time together. A segment that raises or diverges fails the run, with the reason."""
     adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
@@ -53,7 +54,11 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
             stop = min(start + steps, problem.total_steps)
             trainer = adapter.build(replace(problem, jitter_from=start), data, key)
             adapter.load_state(trainer, state, start)
+            adapter.synchronize(trainer)
+            began = time.perf_counter()
             adapter.train(trainer, start, stop)
+            adapter.synchronize(trainer)
+            outcome.timings["train_s"] = outcome.timings.get("train_s", 0.0) + time.perf_counter() - began
             losses = np.asarray(adapter.state(trainer, stop).losses[start:stop], np.float64)
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:

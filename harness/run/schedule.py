@@ -23,10 +23,12 @@ from harness.run.fresh import ProcessDied
 from harness.run.runner import Outcome
 
 
-def _announce(console: Console, cell: Cell, steps: int) -> None:
+def _announce(console: Console, cell: Cell, steps: int, segments: int = 0) -> None:
+    """A cell's runs as it starts: `steps` of each (a re-anchored cell: of each of its
+    `segments`), the line tools/timings.py reads."""
     for key, label in cell.labels:
         if cell.anchored:
-            console.print(f"[bold]{label}[/bold] ({key.dtype}, re-anchored segments)")
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {segments * steps} steps, {cell.repeats} repeat(s): {segments} re-anchored segments)")
         else:
             console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {cell.repeats} repeat(s))")
     if len(cell.labels) > 1:
@@ -40,7 +42,7 @@ def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> No
         if outcome.status != "ok":
             console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
         elif cell.anchored:
-            console.print(f"  {name}{len(outcome.segments)} segments", highlight=False)
+            console.print(f"  {name}train {outcome.timings.get('train_s', 0.0):.3f} s, {len(outcome.segments)} segments", highlight=False)
         else:
             console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
 
@@ -90,7 +92,10 @@ def execute(
             if not given:
                 done[cell.name] = {}
                 return
-        _announce(console, cell, cell.steps or total_steps)
+        if cell.anchored:  # each segment is math_parity.steps long (Problem.anchors: whole ones)
+            _announce(console, cell, source.document["checks"]["math_parity"]["steps"], len(given))
+        else:
+            _announce(console, cell, cell.steps or total_steps)
         running[executor.submit(cell, run_cell, source, cell, given)] = cell
 
     while waiting or running:
