@@ -79,10 +79,12 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
         return found
     first = RunKey(ORACLE, "cpu", f"first{first_steps}")
     label = f"{name} {first.label} (math parity's reference)"
-    found.append(cells.Cell(first.label, cells.REFERENCE, ((first, label),), steps=first_steps, cost=cost(first, first_steps)))
+    found.append(cells.Cell(first.label, cells.REFERENCE, ((first, label),), steps=first_steps, cost=cost(first, first_steps), metrics=False))
     for key, seed in plan.member_seeds(problem, FLOAT64):
         label = f"{name} {key.label} (math parity's calibration)"
-        found.append(cells.Cell(key.label, cells.MEMBER64, ((key, label),), steps=first_steps, member=seed, cost=cost(key, first_steps)))
+        found.append(
+            cells.Cell(key.label, cells.MEMBER64, ((key, label),), steps=first_steps, member=seed, cost=cost(key, first_steps), metrics=False)
+        )
     oracle = (ORACLE_KEY.label,) if ORACLE_KEY in keys and problem.anchors else None
     anchored_cost = cost(ORACLE_KEY, problem.spec.checks.math_parity.steps * len(problem.anchors))
     if oracle:
@@ -102,7 +104,9 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
         label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
-        found.append(cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps)))
+        found.append(
+            cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False)
+        )
         if oracle:
             at = anchored.anchored_key(ref)
             label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"

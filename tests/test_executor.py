@@ -153,3 +153,17 @@ def test_a_local_executor_runs_one_gpu_cell_at_a_time_beside_cpu_cells(kind, mos
     assert set(done) == {c.name for c in planned}
     assert executor.most["gpu"] == most_gpu
     assert executor.most["all"] >= 2  # CPU cells ran beside a GPU cell
+
+
+def test_math_paritys_cells_skip_the_whole_set_predictions():
+    """Math parity's reference and float64 members compare curves and probe outputs only:
+    their cells skip the final predictions over the whole sets (most of a CNN member's
+    time); every run a record or the float32 envelope reads keeps them."""
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
+    problem = build_problem(loaded)
+    planned = matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
+    assert {c.role for c in planned if not c.metrics} == {cells.REFERENCE, cells.MEMBER64}
+    assert all(c.metrics for c in planned if c.role in (cells.FRAMEWORK, cells.MEMBER, cells.TWIN))
+    (reference,) = [c for c in planned if c.role == cells.REFERENCE]
+    outcome = cells.run_cell(cells.source_of(loaded, problem), reference, quiet=True).outcomes[reference.keys[0]]
+    assert outcome.status == "ok" and outcome.metrics == {} and outcome.final_outputs is not None

@@ -124,6 +124,10 @@ class Cell:
     needs: tuple[str, ...] = ()  # the cells whose outcomes it takes (the oracle's, for its states)
     cost: float = 0.0  # training steps times repeats: the longest start first
     place: str | None = None  # where an executor must run it (harness/run/ray_executor.py), if anywhere
+    # the final loss and accuracy on the whole sets: what a record and the float32 envelope
+    # read; math parity's reference, members and library references compare curves and
+    # probe outputs only, and skip the whole-set predictions (most of a CNN member's time)
+    metrics: bool = True
 
     @property
     def keys(self) -> list[RunKey]:
@@ -203,5 +207,5 @@ def run_cell(source: Source, cell: Cell, states: dict[int, Params] | None = None
     else:
         every = problem.spec.logging.print_every
         printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in cell.labels}
-        outcomes = run_alternating(problem, cell.keys, cell.repeats, printers)
+        outcomes = run_alternating(problem, cell.keys, cell.repeats, printers, cell.metrics)
     return Finished(outcomes, where())

@@ -101,10 +101,14 @@ def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | No
     return run_alternating(problem, [key], repeats, {key: progress} if progress else None)[key]
 
 
-def run_alternating(problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None) -> dict[RunKey, Outcome]:
+def run_alternating(
+    problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None, metrics: bool = True
+) -> dict[RunKey, Outcome]:
     """Train `problem` with each key `repeats` times, the keys taking turns repeat by repeat
     (eager, fast, eager, fast, ...): a drift in the machine's speed during the run falls on
-    every key alike, so their time ratio holds where back-to-back repeats would not."""
+    every key alike, so their time ratio holds where back-to-back repeats would not.
+    `metrics`: the final loss and accuracy on the whole training and validation sets (a
+    prediction over each); without, the outcome has the probe's final outputs only."""
     outcomes: dict[RunKey, Outcome] = {}
     trials: dict[RunKey, _Trial] = {}
 
@@ -126,7 +130,7 @@ def run_alternating(problem: Problem, keys: list[RunKey], repeats: int = 1, prog
             continue
 
         def start(key=key, adapter=adapter) -> None:
-            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key))
+            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key), metrics)
 
         attempt(key, start)
     for repeat in range(repeats):
@@ -169,8 +173,8 @@ class _Trial:
     state, each phase timed apart; the first keeps the curve, snapshots and outputs, the
     others are compared with it bit for bit."""
 
-    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None):
-        self.adapter, self.problem, self.key, self.progress = adapter, problem, key, progress
+    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None, metrics: bool = True):
+        self.adapter, self.problem, self.key, self.progress, self.metrics = adapter, problem, key, progress, metrics
         self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
         self.plan = chunk_plan(problem)
         self.transfer: list[float] = []
@@ -214,7 +218,7 @@ class _Trial:
         curve, params = adapter.state(trainer, total)
         if repeat == 0:
             outcome.losses, outcome.final_params = curve, params
-            _finish(adapter, trainer, problem, outcome)
+            _finish(adapter, trainer, problem, outcome, self.metrics)
         else:
             _compare_repeat(outcome, curve, params)
 
@@ -240,14 +244,16 @@ def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None
         outcome.repeats_first_diff_step = step
 
 
-def _finish(adapter, trainer, problem: Problem, outcome: Outcome) -> None:
-    """Final outputs and metrics of a trained run, or its divergence."""
+def _finish(adapter, trainer, problem: Problem, outcome: Outcome, metrics: bool = True) -> None:
+    """Final outputs and (with `metrics`) metrics of a trained run, or its divergence."""
     bad = _first_non_finite(outcome.losses, outcome.final_params)
     if bad is not None:
         outcome.status, outcome.failed_at_step = "failed", bad
         outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
         return
     outcome.final_outputs = adapter.predict(trainer, problem.probe)
+    if not metrics:
+        return
     train_out = adapter.predict(trainer, problem.x_train)
     val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
     outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)

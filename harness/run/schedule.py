@@ -43,8 +43,10 @@ def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> No
             console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
         elif cell.anchored:
             console.print(f"  {name}train {outcome.timings.get('train_s', 0.0):.3f} s, {len(outcome.segments)} segments", highlight=False)
-        else:
+        elif "train_loss" in outcome.metrics:
             console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
+        else:
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, last logged loss {outcome.losses[-1]:.7g}", highlight=False)
 
 
 def _died(cell: Cell, reason: str) -> dict[RunKey, Outcome]:
