@@ -341,16 +341,15 @@ def cmd_smoke(args: argparse.Namespace, console: Console) -> int:
     versions = sorted({(r["label"].split("@")[0], r["version"]) for r in found["rows"] if r["version"]})
     for framework, version in versions:
         console.print(f"  {framework}: {version}", highlight=False)
-    failed = [r for r in found["oracle"] + found["rows"] if r["status"] != "skipped" and r["problems"]]
-    skipped = sum(r["status"] == "skipped" for r in found["rows"])
-    ok = len(found["rows"]) - skipped - sum(r in failed for r in found["rows"])
+    counts = found["counts"]
     console.print(
-        f"smoke: {ok} of {len(found['rows'])} runs ok, {skipped} skipped, {len(failed)} failed, in {found['seconds']:.0f} s", highlight=False
+        f"smoke: {counts['ok']} of {len(found['rows'])} runs ok, {counts['skipped']} skipped, {counts['failed']} failed, in {found['seconds']:.0f} s",
+        highlight=False,
     )
     if args.out is not None:
         atomic_write(args.out, (json.dumps(found, indent=1, default=str) + "\n").encode())
         console.print(f"wrote {args.out}", highlight=False)
-    return EXIT_FAILED if failed else 0
+    return 0 if found["passed"] else EXIT_FAILED
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.registry import ADAPTERS, FLOAT64, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
+from harness.core.registry import ADAPTERS, EAGER, FAST, FLOAT64, ORACLE_KEY, STRICT, TF32, RunKey
 from harness.inputs.problem import Problem, in_memory, truncated
 from harness.layers import KINDS
+from harness.run import plan
 from harness.run.fresh import ProcessDied, in_fresh_process
 from harness.spec.load import load_spec
 from harness.spec.model import Spec
@@ -95,10 +96,11 @@ def smoke_problem(spec: Spec, steps: int = STEPS, seed: int = 0) -> Problem:
     """`spec`'s network, initial state, loss and recipe on seeded normal inputs of its shape:
     two batches of its size and a smaller third (or FULL_BATCH_ROWS rows, full-batch),
     trained for `steps` steps."""
-    training = spec.training
-    rows = FULL_BATCH_ROWS if training.batch_size == "full" else 2 * training.batch_size + max(1, training.batch_size // 2)
-    if training.batch_size != "full" and training.last_batch != "keep":
-        rows = 3 * training.batch_size
+    training, size = spec.training, spec.training.batch_size
+    if size == "full":
+        rows = FULL_BATCH_ROWS
+    else:  # a smaller last batch where the spec keeps one; dropped, a third whole one
+        rows = 2 * size + max(1, size // 2) if training.last_batch == "keep" else 3 * size
     spec = spec.model_copy(update={"training": training.model_copy(update={"epochs": max(training.epochs, steps)})})
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, spec.model.in_features)).astype(np.float32)
@@ -197,18 +199,13 @@ def judged(spec: str, key: RunKey, got: dict[str, Any], reference: dict[str, Any
 
 
 def keys_for(frameworks: list[str], devices: list[str]) -> list[list[RunKey]]:
-    """The groups of keys, one fresh process each: per framework, device and precision,
-    strict with its fast mode, the float64 twin, and TF32 on the GPU."""
-    groups = []
-    for device in devices:
-        for framework in frameworks:
-            if not runs_on(framework, device):
-                continue
-            groups.append([RunKey(framework, device), RunKey(framework, device, mode="fast")])
-            groups.append([RunKey(framework, device, precision=FLOAT64)])
-            if device == "gpu":
-                groups.append([RunKey(framework, device, precision=TF32)])
-    return groups
+    """The groups of keys, one fresh process each, as the matrix plans them (harness/run/plan.py):
+    each chosen framework and device strict, its modes together; its float64 twin; and on
+    the GPU, TF32 (eager)."""
+    runs = [k for k in plan.matrix_keys(frameworks, devices, tf32=True, modes=(EAGER, FAST)) if k.framework in frameworks]
+    strict = [k for k in runs if k.precision == STRICT]
+    tf32 = [[k] for k in runs if k.precision == TF32 and k.mode == EAGER]
+    return plan.alternation_groups(strict) + [[twin] for twin in plan.twin_keys(strict)] + tf32
 
 
 def coverage(specs: list[Spec]) -> dict[str, list[str]]:
@@ -236,7 +233,8 @@ def coverage(specs: list[Spec]) -> dict[str, list[str]]:
 def smoke(
     spec_paths: list[Path], frameworks: list[str] | None, devices: list[str], steps: int = STEPS, repeats: int = 2, on_row=None
 ) -> dict[str, Any]:
-    """The smoke: its rows (one per spec and run), what the specs cover, and the host."""
+    """The smoke: its rows (one per spec and run), how many are ok, skipped and failed (the
+    oracle's too), what the specs cover, and the host."""
     frameworks = list(frameworks or ADAPTERS)
     specs = [load_spec(path, "quick") for path in spec_paths]
     began = time.perf_counter()
@@ -272,6 +270,11 @@ def smoke(
         "coverage": coverage([s.spec for s in specs]),
         "oracle": [asdict(r) for r in oracle],
         "rows": [asdict(r) for r in rows],
+        "counts": {
+            "ok": sum(r.status == "ok" and r.passed for r in rows),
+            "skipped": sum(r.status == "skipped" for r in rows),
+            "failed": sum(not r.passed for r in rows + oracle),
+        },
         "passed": all(r.passed for r in rows + oracle),
         "seconds": round(time.perf_counter() - began, 1),
     }
