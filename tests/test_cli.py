@@ -14,6 +14,7 @@ from harness import arguments, cli
 from harness.core import paths
 from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
+from tests.test_security import tiny_moons
 
 
 def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
@@ -21,7 +22,8 @@ def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 
 def test_run_writes_records_and_exits_zero(tmp_path):
-    done = harness("run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--results", str(tmp_path))
+    spec = tiny_moons(tmp_path)  # the moons spec at 64 points and 3 steps: every part of a run, in seconds
+    done = harness("run", str(spec), "--frameworks", "numpy", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
     said = " ".join(done.stdout.split())  # what runs besides the frameworks asked for, said first
@@ -37,13 +39,11 @@ def test_run_writes_records_and_exits_zero(tmp_path):
 
 
 def test_a_failing_check_exits_one(tmp_path):
-    doc = yaml.safe_load((SPECS_DIR / "moons_net.yaml").read_text())
-    doc["checks"]["initial_loss"] = {"rtol": 0.0, "atol": 0.0}  # float32 cannot equal float64 exactly
-    spec = tmp_path / "strict_moons.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    done = harness("run", str(spec), "--profile", "quick", "--frameworks", "numpy", "--no-records", "--no-floor")
+    spec = tiny_moons(tmp_path, checks__initial_loss={"rtol": 0.0, "atol": 0.0})  # float32 cannot equal float64 exactly
+    done = harness("run", str(spec), "--frameworks", "numpy", "--no-records", "--no-floor")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL moons_net numpy@cpu vs oracle@cpu: initial_loss" in done.stdout
+    assert "diagnosis: rounding: float32 only, the spec's tolerance is zero;" in " ".join(done.stdout.split())
 
 
 def test_bad_input_exits_two_and_writes_nothing(tmp_path):

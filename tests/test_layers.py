@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.layers import KINDS, activations
+from harness.layers import KINDS, activations, dense, place
 from harness.layers.base import Context
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,6 +112,32 @@ def test_backward_matches_central_differences(kind):
         assert agree(KINDS[kind], section, params, x, mask)
 
     check()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_init_draws_the_kinds_tensors_in_their_order(kind):
+    """TENSORS names what init draws, in its order: the names every adapter and the members'
+    orders use, read without drawing."""
+
+    @settings(max_examples=5, deadline=None)
+    @given(cases(kind))
+    def check(case):
+        assert tuple(case[2]) == KINDS[kind].TENSORS and set(KINDS[kind].BUFFERS) <= set(case[2])
+
+    check()
+
+
+def test_placing_a_network_draws_nothing(monkeypatch):
+    """A spec is placed (its names and shapes) before its memory estimate refuses it: a
+    width of 10^9 once drew 16 GB of weights, for 90 s, only to be refused."""
+
+    def refuse(*args):
+        raise AssertionError("place drew a tensor")
+
+    monkeypatch.setattr(dense, "draw_weight", refuse)
+    monkeypatch.setattr(dense, "draw_bias", refuse)
+    placed = place([dense.Section(width=10**9), dense.Section(width=2)], (2,))
+    assert [p.trained for p in placed] == [["dense1.weight", "dense1.bias"], ["dense2.weight", "dense2.bias"]]
 
 
 def wrong_backward(module):

@@ -4,7 +4,8 @@ step's cost for the floor, and the oracle's forward and hand-written backward pa
 array-module code (harness/reference/network.py composes them).
 
 A layer module has: KIND, PREFIX (its tensors are named PREFIXk.weight, ...: dense1,
-conv1, bn1, ln1, numbered per kind), BUFFERS (state that is not trained), Section,
+conv1, bn1, ln1, numbered per kind), TENSORS (the names init draws, in its order),
+BUFFERS (those of them that are state, not trained), Section,
 out_shape, init, cost, forward and backward. A new kind is one module here plus one
 translation per adapter.
 """
@@ -74,19 +75,10 @@ class Placed:
         return [f"{self.name}.{k}" for k in self.local_names if k not in self.module.BUFFERS]
 
 
-class _NamesOnly:
-    """A scheme for drawing a layer's tensors only to learn their names."""
-
-    weights = "glorot_uniform"
-    biases = "zeros"
-
-
-_NAMES_ONLY = _NamesOnly()
-
-
 def place(layers, input_shape: Shape) -> list[Placed]:
     """Every layer with its name and shapes; a ValueError that names the layer by its
-    position where a shape does not fit."""
+    position where a shape does not fit. Nothing is drawn: a spec is placed before its
+    memory estimate refuses a layer too wide to hold."""
     placed, counts, shape = [], {}, tuple(input_shape)
     for i, section in enumerate(layers):
         module = KINDS[section.kind]
@@ -95,8 +87,7 @@ def place(layers, input_shape: Shape) -> list[Placed]:
             out = module.out_shape(section, shape)
         except ValueError as exc:
             raise ValueError(f"model.layers.{i}: {exc}") from None
-        names = tuple(module.init(section, shape, np.random.RandomState(0), _NAMES_ONLY))
-        placed.append(Placed(i, f"{module.PREFIX}{counts[module.PREFIX]}", section, shape, out, names))
+        placed.append(Placed(i, f"{module.PREFIX}{counts[module.PREFIX]}", section, shape, out, module.TENSORS))
         shape = out
     return placed
 
@@ -116,6 +107,9 @@ def initial_tensors(placed: list[Placed], init) -> dict[str, np.ndarray]:
     rng = np.random.RandomState(init.seed)
     tensors = {}
     for p in placed:
-        for local, value in p.module.init(p.section, p.in_shape, rng, init).items():
+        drawn = p.module.init(p.section, p.in_shape, rng, init)
+        if tuple(drawn) != p.local_names:
+            raise RuntimeError(f"{p.module.KIND}.init drew {list(drawn)}, not its TENSORS {list(p.local_names)}")
+        for local, value in drawn.items():
             tensors[f"{p.name}.{local}"] = np.asarray(value).astype(np.float32)
     return tensors

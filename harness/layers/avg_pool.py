@@ -10,6 +10,7 @@ from harness.layers.pooling import PoolSection, cost, init, out_shape, view
 
 KIND = "avg_pool"
 PREFIX = "avgpool"
+TENSORS: tuple[str, ...] = ()
 BUFFERS: tuple[str, ...] = ()
 __all__ = ["Section", "out_shape", "init", "cost", "forward", "backward"]
 

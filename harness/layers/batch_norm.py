@@ -18,6 +18,7 @@ from harness.layers.sizes import Eps
 
 KIND = "batch_norm"
 PREFIX = "bn"
+TENSORS = ("scale", "bias", "running_mean", "running_var")
 BUFFERS = ("running_mean", "running_var")
 
 

@@ -17,6 +17,7 @@ from harness.layers.sizes import Channels, Extent
 
 KIND = "conv2d"
 PREFIX = "conv"
+TENSORS = ("weight", "bias")
 BUFFERS: tuple[str, ...] = ()
 
 

@@ -13,6 +13,7 @@ from harness.layers.sizes import PositiveInt
 
 KIND = "dense"
 PREFIX = "dense"
+TENSORS = ("weight", "bias")  # what init draws, in its order
 BUFFERS: tuple[str, ...] = ()
 
 

@@ -15,6 +15,7 @@ from harness.layers.base import Context, Cost, Shape, features
 
 KIND = "dropout"
 PREFIX = "dropout"
+TENSORS: tuple[str, ...] = ()
 BUFFERS: tuple[str, ...] = ()
 
 

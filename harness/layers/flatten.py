@@ -13,6 +13,7 @@ from harness.layers.base import Context, Cost, Shape, features
 
 KIND = "flatten"
 PREFIX = "flatten"
+TENSORS: tuple[str, ...] = ()
 BUFFERS: tuple[str, ...] = ()
 
 

@@ -14,6 +14,7 @@ from harness.layers.sizes import Eps
 
 KIND = "layer_norm"
 PREFIX = "ln"
+TENSORS = ("scale", "bias")
 BUFFERS: tuple[str, ...] = ()
 
 

@@ -12,6 +12,7 @@ from harness.layers.pooling import PoolSection, cost, init, out_shape, view
 
 KIND = "max_pool"
 PREFIX = "maxpool"
+TENSORS: tuple[str, ...] = ()
 BUFFERS: tuple[str, ...] = ()
 __all__ = ["Section", "out_shape", "init", "cost", "forward", "backward"]
 

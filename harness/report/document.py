@@ -359,16 +359,23 @@ def sweep_section(doc: Document, latest: list[Record], figures) -> None:
 # --- writing ----------------------------------------------------------------------------
 
 
+def writable(out: Path) -> Path:
+    """The figures' folder beside `out`; a HarnessError where `out` is not a regular file or
+    a missing one (a FIFO or a device is refused, not replaced by a file), or the figures'
+    folder is not a folder."""
+    ensure_replaceable(out)
+    figures_dir = out.parent / FIGURES_DIR
+    if figures_dir.is_symlink() or (figures_dir.exists() and not figures_dir.is_dir()):
+        raise HarnessError(f"{figures_dir}: not a folder; refusing to write figures into it")
+    return figures_dir
+
+
 def write(doc: Document, out: Path) -> None:
     """Write the figures into figures/ beside `out`, then REPORT.md last, each file whole
     (harness/core/atomic.py). Of what is in figures/, only the figures an earlier report
     wrote and this one does not are removed: they are listed in figures/.written-by-harness.
     Nothing else in either folder is touched."""
-    folder = out.parent
-    ensure_replaceable(out)  # a FIFO or a device is refused, not replaced by a file
-    figures_dir = folder / FIGURES_DIR
-    if figures_dir.is_symlink() or (figures_dir.exists() and not figures_dir.is_dir()):
-        raise HarnessError(f"{figures_dir}: not a folder; refusing to write figures into it")
+    figures_dir = writable(out)
     manifest = figures_dir / WRITTEN
     earlier = set()
     if manifest.is_file() and not manifest.is_symlink():
@@ -385,6 +392,7 @@ def write(doc: Document, out: Path) -> None:
 
 def report(results_dir: Path, out: Path | None = None, profile: str | None = None) -> tuple[Path, Document]:
     out = out or results_dir / REPORT_NAME
+    writable(out)  # before the figures are drawn, not after
     doc = build(results_dir, profile)
     write(doc, out)
     return out, doc

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from fnmatch import fnmatchcase
 from importlib import metadata
 from pathlib import Path
@@ -169,8 +170,19 @@ def _forward(check: Check) -> str:
     return f"; its forward pass first differs at layer {check.forward_layer} (the first batch)"
 
 
+def _over(check: Check) -> str:
+    """How far past its tolerance a check is: "2.5x the calibrated tolerance", or the spec's
+    own (an override), or past a tolerance of zero; "" where it has no ratio."""
+    if check.ratio is None:
+        return ""
+    whose = "the calibrated tolerance" if check.bound is None or check.bound.factor is not None else "the spec's tolerance"
+    if math.isinf(check.ratio):
+        return f"{whose} is zero"
+    return f"{check.ratio:.3g}x {whose}"
+
+
 def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
-    ratio = "" if check.ratio is None else f"{check.ratio:.3g}x the calibrated tolerance"
+    ratio = _over(check)
     if check.name.startswith(MATH):
         how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
         return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding{_forward(check)}"
