@@ -24,6 +24,7 @@ from harness.records import store, write
 from harness.spec.load import parse_document, validate_document
 from harness.spec.yamlsafe import MAX_DEPTH
 from tests.conftest import ROOT
+from tests.test_security import tiny_moons
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
 SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=12)
@@ -136,9 +137,12 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_cli(results: Path) -> subprocess.Popen:
+def run_cli(results: Path, spec: str | Path = "moons_net", *profile: str) -> subprocess.Popen:
+    """`harness run` of `spec` with numpy, its records into `results`; the moons spec's quick
+    profile by default."""
+    profile = profile or ("--profile", "quick")
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--frameworks", "numpy", "--no-floor", "--results", str(results)],
+        [sys.executable, "-m", "harness", "run", str(spec), *profile, "--frameworks", "numpy", "--no-floor", "--results", str(results)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -174,9 +178,11 @@ def test_an_interrupt_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_two_runs_writing_at_once_do_not_clobber(tmp_path):
-    first, second = run_cli(tmp_path), run_cli(tmp_path)
+    spec = tiny_moons(tmp_path)  # two runs of seconds, writing their records at the same moment
+    results = tmp_path / "results"
+    first, second = run_cli(results, spec, "--profile", "full"), run_cli(results, spec, "--profile", "full")
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
-    written = sorted(tmp_path.rglob("*.json"))
+    written = sorted(results.rglob("*.json"))
     assert len(written) == 6 and len({p.name for p in written}) == 6  # 3 records (numpy, oracle, numpy's twin) each
     for path in written:
         store.read_record(path)
@@ -199,9 +205,11 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
 @pytest.mark.slow
 def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     """A long matrix split over calls (or resumed after a crash) runs each cell once; the
-    records of the second call carry the first call's numbers."""
+    records of the second call carry the first call's numbers. The moons spec at 64 points
+    and 300 steps: long enough for re-anchored segments, over in seconds."""
     work = tmp_path / "work"
-    base = [sys.executable, "-m", "harness", "run", "moons_net", "--profile", "quick", "--no-floor", "--work-dir", str(work)]
+    spec = tiny_moons(tmp_path, training__epochs=300, checks__params_after_steps__step=10, logging={"loss_every": 1, "print_every": 100})
+    base = [sys.executable, "-m", "harness", "run", str(spec), "--no-floor", "--work-dir", str(work)]
     first = subprocess.run([*base, "--frameworks", "numpy", "--no-records"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "finished earlier" not in first.stdout
