@@ -202,6 +202,20 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
         write.ensure_writable(blocked / "r")
 
 
+def test_a_work_dir_that_cannot_be_written_stops_the_run_before_it_starts(tmp_path):
+    """Not every cell run and none kept: one line, exit 2, before anything runs."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the folder should be")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(tiny_moons(tmp_path)), "--no-records", "--work-dir", str(blocked / "w")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr == f"error: {blocked / 'w'}: the work folder cannot be written: not a folder\n"
+
+
 @pytest.mark.slow
 def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     """A long matrix split over calls (or resumed after a crash) runs each cell once; the

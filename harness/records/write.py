@@ -34,13 +34,14 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def ensure_writable(results_dir: Path) -> None:
-    """Fail before any run when the results folder cannot be written, creating nothing: a
-    run that then fails on its data leaves no empty folder behind (write_record makes it)."""
+def ensure_writable(results_dir: Path, what: str = "results folder") -> None:
+    """Fail before any run when the results folder (or the work folder: `what`) cannot be
+    written, creating nothing: a run that then fails on its data leaves no empty folder
+    behind (write_record makes it)."""
     existing = results_dir
     while not existing.exists() and existing != existing.parent:
         if existing.is_symlink():  # a link to nowhere: mkdir would fail after every run
-            raise RecordError(f"{results_dir}: the results folder cannot be written: {existing} is a link to nothing")
+            raise RecordError(f"{results_dir}: the {what} cannot be written: {existing} is a link to nothing")
         existing = existing.parent
     try:
         if not existing.is_dir():
@@ -52,7 +53,7 @@ def ensure_writable(results_dir: Path) -> None:
         elif not os.access(existing, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied", str(existing))
     except OSError as exc:
-        raise RecordError(f"{results_dir}: the results folder cannot be written: {exc.strerror or exc}") from None
+        raise RecordError(f"{results_dir}: the {what} cannot be written: {exc.strerror or exc}") from None
 
 
 def artifact_bytes(losses: np.ndarray, params, envelope: np.ndarray | None = None) -> bytes:
