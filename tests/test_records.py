@@ -22,16 +22,26 @@ from harness.records import build as recording
 from harness.records import schema as records
 from harness.records import store, write
 from harness.run import plan
-from tests.conftest import ROOT, quick_problem
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
 def moons_result(tmp_path_factory):
-    from harness.core.paths import SPECS_DIR
+    """The moons spec at 64 points and 8 hidden units, its quick profile 300 steps: every
+    kind of record and check (re-anchored math parity too), in seconds."""
+    from harness.inputs.problem import build_problem
     from harness.spec.load import load_spec
+    from tests.test_security import tiny_moons
 
-    loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
-    problem = quick_problem("moons_net")
+    spec = tiny_moons(
+        tmp_path_factory.mktemp("spec"),
+        training__epochs=400,
+        profiles={"quick": {"training": {"epochs": 300}}},
+        checks__params_after_steps__step=10,
+        logging={"loss_every": 1, "print_every": 100},
+    )
+    loaded = load_spec(spec, "quick")
+    problem = build_problem(loaded)
     out = tmp_path_factory.mktemp("results")
     keys = plan.matrix_keys(["numpy"], ["cpu"])
     result = matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
