@@ -128,6 +128,14 @@ def test_every_failing_check_gets_a_diagnosis(twin, expected):
         assert found[1].diagnosis.startswith("implementation: the float64 twin differs from the oracle")
 
 
+def test_a_tf32_run_beyond_float32s_spread_is_said_to_be_tf32_rounding():
+    tf32 = RunKey("torch", "gpu", precision="tf32")
+    failing = checks.Check("params_after_step_1", tf32, ORACLE_KEY, "fail", "rule", first_failure_step=1, ratio=40.0)
+    twin = checks.Check("math_initial_loss", RunKey("torch", "gpu", precision=FLOAT64), ORACLE_KEY, "pass", "rule", ratio=0.1)
+    found = diagnosis.diagnose(ADAM, [failing, twin])[0].diagnosis
+    assert found.startswith("rounding: TF32, products of 10-bit mantissas as --tf32 allows, 40x the calibrated tolerance of float32;")
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_diverging_run_is_failed_with_its_step():
     problem = quick_problem("peaks_mlp")

@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
-from harness.core.registry import FLOAT64, ORACLE, Verdict
+from harness.core.registry import FLOAT64, ORACLE, TF32, Verdict
 from harness.spec.model import KnownDifference, LibraryDifference, LibraryFormula, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 from harness.verdict.checks import MATH, Calibration, Check
@@ -201,6 +201,8 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
     if missing:
         return f"undiagnosed: no float64 twin of {', '.join(missing)} was judged"
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
+    if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
+        return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with the oracle{modes}"
     return f"rounding: float32 only, {ratio}; the float64 twins agree with the oracle{modes}"
 
 
