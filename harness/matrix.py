@@ -107,10 +107,33 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
         found.append(
             cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False)
         )
+        for seed_key, seed in plan.member_seeds(problem, FLOAT64):  # that formula's own rounding spread
+            mk = RunKey(ORACLE, "cpu", f"{ref.variant}-{seed_key.variant}")
+            label = f"{name} {mk.label} (math parity's calibration, {key.framework}'s formula)"
+            found.append(
+                cells.Cell(
+                    mk.label,
+                    cells.LIBRARY_MEMBER,
+                    ((mk, label),),
+                    steps=first_steps,
+                    member=seed,
+                    formula=formula,
+                    cost=cost(mk, first_steps),
+                    metrics=False,
+                )
+            )
         if oracle:
             at = anchored.anchored_key(ref)
             label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"
             found.append(cells.Cell(at.label, cells.LIBRARY_ANCHORED, ((at, label),), formula=formula, needs=oracle, cost=anchored_cost))
+            for seed_key, seed in plan.member_seeds(problem, FLOAT64):
+                at = anchored.anchored_key(RunKey(ORACLE, "cpu", f"{ref.variant}-{seed_key.variant}"))
+                label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
+                found.append(
+                    cells.Cell(
+                        at.label, cells.LIBRARY_ANCHORED_MEMBER, ((at, label),), member=seed, formula=formula, needs=oracle, cost=anchored_cost
+                    )
+                )
     return found
 
 
@@ -168,7 +191,7 @@ def run_spec(
     outcomes = {key: ran[key] for key in keys}
     members32 = [plain(c, o) for c, o in of_role(cells.MEMBER)]
     cal32 = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32], FLOAT32)
-    members64, reference, cal64, twins_run, segments, anchored_runs, library = [], None, None, [], None, {}, {}
+    members64, reference, cal64, twins_run, segments, anchored_runs, library, library_spread = [], None, None, [], None, {}, {}, {}
     if twins:
         reference = next((o for _, o in of_role(cells.REFERENCE)), None)
         members64 = [plain(c, o) for c, o in of_role(cells.MEMBER64)]
@@ -187,8 +210,16 @@ def run_spec(
                 continue
             again = done.get(anchored.anchored_key(ref).label, {}).get(anchored.anchored_key(ref))
             library[key.framework, key.device] = (first, again)
+
+            def mine(role: str, ref=ref) -> list[tuple[cells.Cell, Outcome]]:
+                return [(c, o) for c, o in of_role(role) if o.key.variant.startswith(f"{ref.variant}-")]
+
+            spread = calibration.measure(first, [plain(c, o) for c, o in mine(cells.LIBRARY_MEMBER)], FLOAT64)
+            again_members = [o for _, o in mine(cells.LIBRARY_ANCHORED_MEMBER)]
+            segments_of = calibration.measure_segments_against(again.segments, again_members) if again is not None and again.status == "ok" else None
+            library_spread[key.framework, key.device] = (spread, segments_of)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
-    cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library)
+    cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library, library_spread)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, cal)

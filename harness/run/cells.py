@@ -42,6 +42,10 @@ ANCHORED_MEMBER = "re-anchored member"
 ANCHORED_TWIN = "re-anchored twin"
 LIBRARY = "library reference"  # the oracle computing a library's formula
 LIBRARY_ANCHORED = "library reference, re-anchored"
+# the oracle's reordered members computing a library's formula: the spread of that formula's
+# own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
+LIBRARY_MEMBER = "library member"
+LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
 

@@ -67,7 +67,15 @@ def measure_segments(oracle: Outcome | None, members: list[Outcome]) -> Segments
     starts = sorted(oracle.anchor_states)
     if not starts or any(sorted(m.segments) != starts for m in members):
         return None
-    reference = {a: oracle.losses[a : a + len(members[0].segments[a])] for a in starts}
+    return measure_segments_against({a: oracle.losses[a : a + len(members[0].segments[a])] for a in starts}, members)
+
+
+def measure_segments_against(reference: dict[int, np.ndarray], members: list[Outcome]) -> Segments | None:
+    """The members' spread over each segment around `reference` (each segment's losses, by
+    the step it starts at); None unless every member ran every segment."""
+    starts = sorted(reference)
+    if not starts or not members or any(m.status != "ok" or sorted(m.segments) != starts for m in members):
+        return None
     curve = {a: np.maximum.accumulate(np.max([relative_curve_distance(m.segments[a], reference[a]) for m in members], axis=0)) for a in starts}
     return Segments(len(members), reference, curve)
 

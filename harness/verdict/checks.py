@@ -80,12 +80,30 @@ class Calibration:
     # (framework, device) -> the oracle computing that library's formula (plan.library_problem):
     # over the first steps, and re-anchored; that framework's twin is judged against them
     library: dict[tuple[str, str], tuple[Outcome, Outcome | None]] = field(default_factory=dict)
+    # (framework, device) -> the spread of that library's formula, over the first steps and
+    # re-anchored: its own reordered members around it. A formula can carry rounding further
+    # than the spec's (SGD without dampening takes longer steps), so its twin is calibrated
+    # on the dynamics it is judged on.
+    library_spread: dict[tuple[str, str], tuple[Spread | None, Segments | None]] = field(default_factory=dict)
 
     def reference_of(self, twin: RunKey) -> Outcome | None:
         """What a twin's first steps are judged against: the oracle's, or the oracle
         computing the library's formula."""
         found = self.library.get((twin.framework, twin.device))
         return self.twin_reference if found is None else found[0]
+
+    def spread_of(self, twin: RunKey) -> Spread | None:
+        """The float64 spread a twin's first steps are calibrated on: the oracle's members',
+        or those computing the library's formula where the twin is judged against it."""
+        if (twin.framework, twin.device) not in self.library:
+            return self.float64
+        return self.library_spread.get((twin.framework, twin.device), (None, None))[0]
+
+    def segments_of(self, twin: RunKey) -> Segments | None:
+        """The re-anchored spread a twin is calibrated on (as spread_of, per segment)."""
+        if (twin.framework, twin.device) not in self.library:
+            return self.segments
+        return self.library_spread.get((twin.framework, twin.device), (None, None))[1]
 
 
 def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -128,19 +146,23 @@ def tensor_check(
     cal: Spread,
     names: list[str] | None = None,
     step: int | None = None,
+    at_least_one: bool = False,
 ) -> Check:
-    """Per tensor: ||a - b|| <= factor * s + ROUNDING_ULPS * eps * ||b||, s the members' spread."""
+    """Per tensor: ||a - b|| <= factor * s + ROUNDING_ULPS * eps * ||b||, s the members' spread;
+    with `at_least_one`, the floor is ROUNDING_ULPS * eps * max(||b||, 1): a float64 loss
+    below 1 (loss_floor)."""
     va = [np.asarray(x, np.float64) for x in va]
     vb = [np.asarray(y, np.float64) for y in vb]
     eps = EPS[cal.dtype]
+    size = "max(||b||, 1)" if at_least_one else "||b||"
     rule = (
-        f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * ||b||, s = the largest distance "
+        f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * {size}, s = the largest distance "
         f"of {cal.runs} {cal.dtype} runs summing in other orders from the oracle"
     )
     if [x.shape for x in va] != [y.shape for y in vb]:
         return Check(name, a, b, Verdict.FAIL, rule, reason="shapes differ", first_failure_step=step)
     errors = [float(np.linalg.norm(x - y)) for x, y in zip(va, vb)]
-    allowed = [factor * s + ROUNDING_ULPS * eps * float(np.linalg.norm(y)) for s, y in zip(spread, vb)]
+    allowed = [factor * s + ROUNDING_ULPS * eps * max(float(np.linalg.norm(y)), 1.0 if at_least_one else 0.0) for s, y in zip(spread, vb)]
     ratios = [_ratio(e, t) for e, t in zip(errors, allowed)]
     worst = int(np.argmax(ratios))
     max_abs, max_rel = _errors(np.concatenate([x.ravel() for x in va]), np.concatenate([y.ravel() for y in vb]))
@@ -350,7 +372,10 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
             checks.append(Check(prefix + name, a.key, b.key, Verdict.SKIPPED, "calibrated", reason=NO_CALIBRATION))
         else:
             labels = names if name.startswith("params") else None
-            checks.append(tensor_check(prefix + name, a.key, b.key, va, vb, spread_of(cal), factor, cal, labels, step))
+            # math parity's step-0 loss takes the loss curve's floor (loss_floor): 4 ulps of the
+            # loss, or of 1 where the loss is smaller, the step-0 point of the same curve
+            loss = bool(prefix) and name == "initial_loss"
+            checks.append(tensor_check(prefix + name, a.key, b.key, va, vb, spread_of(cal), factor, cal, labels, step, at_least_one=loss))
     return checks
 
 
@@ -376,7 +401,7 @@ def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
     oracle's own reordered members: a failure here is different math."""
-    reference, spread = cal.reference_of(twin.key), cal.float64
+    reference, spread = cal.reference_of(twin.key), cal.spread_of(twin.key)
     names = [f"{MATH}{n}" for n in ("initial_outputs", "initial_loss", "loss_curve", "final_outputs")]
     if reference is None or reference.status != "ok" or spread is None:
         reason = "no float64 calibration: needs ok runs of the oracle's first steps and its reordered members"
@@ -421,7 +446,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     the float64 members started from the same state. The first segment to fail is where
     the difference starts."""
     name = f"{MATH}anchored_loss_curve"
-    run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments
+    run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments_of(twin.key)
     if run is None and segments is None:
         return []  # a run too short for a segment after the first steps
     rule = "math parity re-anchored at the oracle's state"
@@ -438,7 +463,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         references = library[1].segments
     found = []
     for start, reference in sorted(references.items()):
-        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)
+        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)  # the segment's own spread
         check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step
         found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
