@@ -107,8 +107,9 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
         found.append(
             cells.Cell(ref.label, cells.LIBRARY, ((ref, label),), steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False)
         )
-        for seed_key, seed in plan.member_seeds(problem, FLOAT64):  # that formula's own rounding spread
-            mk = RunKey(ORACLE, "cpu", f"{ref.variant}-{seed_key.variant}")
+        # that formula's own rounding spread: the oracle's members computing it
+        library_members = [(RunKey(ORACLE, "cpu", f"{ref.variant}-{k.variant}"), seed) for k, seed in plan.member_seeds(problem, FLOAT64)]
+        for mk, seed in library_members:
             label = f"{name} {mk.label} (math parity's calibration, {key.framework}'s formula)"
             found.append(
                 cells.Cell(
@@ -126,8 +127,8 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
             at = anchored.anchored_key(ref)
             label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"
             found.append(cells.Cell(at.label, cells.LIBRARY_ANCHORED, ((at, label),), formula=formula, needs=oracle, cost=anchored_cost))
-            for seed_key, seed in plan.member_seeds(problem, FLOAT64):
-                at = anchored.anchored_key(RunKey(ORACLE, "cpu", f"{ref.variant}-{seed_key.variant}"))
+            for mk, seed in library_members:
+                at = anchored.anchored_key(mk)
                 label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
                 found.append(
                     cells.Cell(
@@ -210,12 +211,9 @@ def run_spec(
                 continue
             again = done.get(anchored.anchored_key(ref).label, {}).get(anchored.anchored_key(ref))
             library[key.framework, key.device] = (first, again)
-
-            def mine(role: str, ref=ref) -> list[tuple[cells.Cell, Outcome]]:
-                return [(c, o) for c, o in of_role(role) if o.key.variant.startswith(f"{ref.variant}-")]
-
-            spread = calibration.measure(first, [plain(c, o) for c, o in mine(cells.LIBRARY_MEMBER)], FLOAT64)
-            again_members = [o for _, o in mine(cells.LIBRARY_ANCHORED_MEMBER)]
+            theirs = f"{ref.variant}-"  # the members computing that library's formula (plan_cells)
+            spread = calibration.measure(first, [plain(c, o) for c, o in of_role(cells.LIBRARY_MEMBER) if o.key.variant.startswith(theirs)], FLOAT64)
+            again_members = [o for _, o in of_role(cells.LIBRARY_ANCHORED_MEMBER) if o.key.variant.startswith(theirs)]
             segments_of = calibration.measure_segments_against(again.segments, again_members) if again is not None and again.status == "ok" else None
             library_spread[key.framework, key.device] = (spread, segments_of)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
