@@ -14,7 +14,7 @@ from harness import arguments, cli
 from harness.core import paths
 from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
-from tests.test_security import tiny_moons
+from tests.helpers import tiny_moons
 
 
 def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ from harness.records import store, write
 from harness.spec.load import parse_document, validate_document
 from harness.spec.yamlsafe import MAX_DEPTH
 from tests.conftest import ROOT
-from tests.test_security import tiny_moons
+from tests.helpers import tiny_moons
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
 SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=12)

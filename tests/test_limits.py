@@ -41,7 +41,7 @@ from harness.run import workdir
 from harness.spec import model
 from harness.spec.load import load_spec, spec_paths, sweep_overrides
 from tests.conftest import ROOT
-from tests.test_security import a_sample_outcome, harness, one_line_error, tiny_moons, write_spec
+from tests.helpers import a_sample_outcome, harness, one_line_error, tiny_moons, write_spec
 
 BLOCKED_S = 5.0  # a reader still running after this long is blocked on its FIFO
 

@@ -31,7 +31,7 @@ def moons_result(tmp_path_factory):
     kind of record and check (re-anchored math parity too), in seconds."""
     from harness.inputs.problem import build_problem
     from harness.spec.load import load_spec
-    from tests.test_security import tiny_moons
+    from tests.helpers import tiny_moons
 
     spec = tiny_moons(
         tmp_path_factory.mktemp("spec"),
