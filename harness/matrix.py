@@ -5,7 +5,7 @@ and written (harness/records/)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ from rich.console import Console
 
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey, Verdict
 from harness.inputs import members
 from harness.inputs.problem import Problem
 from harness.records import write
@@ -72,9 +72,7 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
             runs = max(runs, GPU_MIN_REPEATS)
         labels = tuple((key, f"{name} {key.label}") for key in group)
         found.append(cells.Cell(group[0].label, cells.FRAMEWORK, labels, runs, cost=sum(cost(k, total, runs) for k in group)))
-    for key, seed in plan.member_seeds(problem, FLOAT32):
-        label = f"{name} {key.label} (calibration: its sums in another order)"
-        found.append(cells.Cell(key.label, cells.MEMBER, ((key, label),), member=seed, cost=cost(key, total)))
+    found += member_cells(loaded, problem, plan.member_seeds(problem, FLOAT32))
     if not twins:
         return found
     first = RunKey(ORACLE, "cpu", f"first{first_steps}")
@@ -138,6 +136,29 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
     return found
 
 
+def member_cells(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, int]]) -> list[cells.Cell]:
+    """The envelope's float32 members (whole runs), one cell each."""
+    found = []
+    for key, seed in seeds:
+        label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
+        found.append(cells.Cell(key.label, cells.MEMBER, ((key, label),), member=seed, cost=problem.total_steps))
+    return found
+
+
+def on_rounding_alone(checks: list[Check]) -> list[Check]:
+    """The failing float32 checks whose float64 twins agree with the oracle, judged on the
+    calibrated envelope (not a spec's own tolerance, nor a TF32 run's)."""
+    return [
+        c
+        for c in checks
+        if c.verdict == Verdict.FAIL
+        and (c.diagnosis or "").startswith(diagnosis.FLOAT32_ROUNDING)
+        and c.bound is not None
+        and c.bound.factor is not None
+        and c.bound.dtype == FLOAT32
+    ]
+
+
 def run_spec(
     loaded: LoadedSpec,
     problem: Problem,
@@ -170,11 +191,15 @@ def run_spec(
     source = cells.source_of(loaded, problem)
     if isinstance(executor, executors.Inline):
         cells.remember(source, problem)  # this process's cells take the driver's inputs as they are
-    kept = {}
-    if work_dir is not None:
+
+    def kept_of(planned: list[cells.Cell]) -> dict[str, dict[RunKey, Path]]:
+        if work_dir is None:
+            return {}
         here = {**machine(), **({"threads": executor.plan.threads} if executor.plan.threads else {})}
         at = {c.name: {**here, "place": c.place} if c.place else here for c in planned}
-        kept = {c.name: {key: cell_path(work_dir, loaded, problem, key, c.repeats, at[c.name]) for key in c.keys} for c in planned}
+        return {c.name: {key: cell_path(work_dir, loaded, problem, key, c.repeats, at[c.name]) for key in c.keys} for c in planned}
+
+    kept = kept_of(planned)
 
     def oracle_states(done):
         oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
@@ -219,6 +244,23 @@ def run_spec(
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library, library_spread)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
+    more = plan.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look)
+    doubted = on_rounding_alone(checks)
+    if doubted and more and cal32 is not None:
+        # The envelope's second look (Envelope): more members before a rounding failure stands.
+        worst = max(doubted, key=lambda c: c.ratio or 0)
+        console.print(
+            f"  {loaded.name}: {len(doubted)} float32 checks fail on rounding alone ({worst.a.label} vs {worst.b.label}: "
+            f"{worst.name}, {worst.ratio:.3g}x); measuring the envelope again with {len(more)} more members"
+        )
+        again = hosts.spread(member_cells(loaded, problem, more), getattr(executor, "places", []))
+        found = schedule.execute(again, source, executor, console, kept_of(again), oracle_states, problem.total_steps)
+        extra = [plain(c, o) for c in again if not hosts.is_copy(c) for o in found.get(c.name, {}).values()]
+        wider = calibration.measure(outcomes.get(ORACLE_KEY), [outcomes.get(CALIBRATION_KEY), *members32, *extra], FLOAT32)
+        if wider is not None:  # a member that failed leaves the first look's verdicts standing
+            members32 = [*members32, *extra]
+            cal = replace(cal, float32=wider)
+            checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     result = SpecResult(loaded, problem, outcomes, members32, checks, [], calibration=cal, members64=members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, cal)
     where = provenance.collect()

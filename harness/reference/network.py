@@ -80,8 +80,18 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
 
 
 def log_softmax(xp, logits: Array, jitter: Jitter = plain) -> Array:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    return shifted - xp.log(jitter(xp.exp(shifted).sum(axis=1, keepdims=True)))
+    """z - max - log(sum(exp(z - max))), as torch computes it. A calibration member
+    (`jitter`) computes it as z - lse, lse = max + log(sum) rounded at its own size, as
+    jax.nn.logsumexp and optax do: where the label's logit is the largest and the loss
+    nears 0, lse - z cancels, and its rounding is a few ulps of the logit, not of the loss
+    (an honest float64 JAX was 2x the calibrated loss curve's tolerance on members that
+    rounded the loss at its own size only)."""
+    top = logits.max(axis=1, keepdims=True)
+    shifted = logits - top
+    log_sum = xp.log(jitter(xp.exp(shifted).sum(axis=1, keepdims=True)))
+    if jitter is plain:
+        return shifted - log_sum
+    return logits - jitter(top + log_sum)
 
 
 def l2_scale(loss_section, n_examples: int) -> float:
@@ -105,8 +115,16 @@ def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter =
         rows = xp.arange(n)
         smoothing = loss_section.label_smoothing
         if smoothing:  # the targets (1 - s) * one_hot + s / K
-            q = xp.full(outputs.shape, smoothing / outputs.shape[1], dtype=outputs.dtype)
-            q[rows, targets] += 1 - smoothing
+            off, on = smoothing / outputs.shape[1], 1 - smoothing
+            if jitter is not plain:
+                # A member rounds the two constants once more, every row alike: the rows of
+                # torch's and optax's targets (their gradients through the log-softmax, p *
+                # sum(q) - q) sum to 1 + delta, delta a rounding of those constants shared
+                # by every row, which shifts a gradient summed over the batch 25-40x
+                # further than rounding each row on its own does.
+                off, on = (jitter(xp.asarray(c, dtype=outputs.dtype)) for c in (off, on))
+            q = xp.full(outputs.shape, off, dtype=outputs.dtype)
+            q[rows, targets] += on
             total = -(q * logp).sum()
             d_out = jitter(xp.exp(logp)) - q
         else:

@@ -34,16 +34,18 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     return list(groups.values())
 
 
-def member_seeds(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, int]]:
+def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None) -> list[tuple[RunKey, int]]:
     """The calibration members' keys and seeds: the array-module code on the problem with
     its sums in another order (members.reordered), each with its own seed. float32: the
     envelope's members (long_run.members, whole runs); float64: math parity's
-    (math_parity.members, the oracle's code over the twins' first steps)."""
+    (math_parity.members, the oracle's code over the twins' first steps). With `upto`, the
+    members after those, up to that many in all (the envelope's second look)."""
     if dtype == FLOAT32:
         count, framework = problem.spec.checks.long_run.members, CALIBRATION
     else:
         count, framework = problem.spec.checks.math_parity.members, ORACLE
-    return [(RunKey(framework, "cpu", f"order{i + 1}"), i + 1) for i in range(count)]
+    seeds = range(count + 1, upto + 1) if upto is not None else range(1, count + 1)
+    return [(RunKey(framework, "cpu", f"order{i}"), i) for i in seeds]
 
 
 def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, Problem]]:

@@ -37,6 +37,7 @@ MAX_PROBE = 65_536  # checks.probe_size (256): rows whose outputs every run keep
 MAX_LAYERS = 128  # model.layers (2-9): each is a Python-level step of every forward pass
 MAX_PROFILES = 32  # profiles (2-3): each is merged and validated whenever the spec loads
 MAX_SWEEP_POINTS = 64  # sweep.values (8): each is a set of runs
+MAX_MEMBERS = 16  # a calibration's members (4 and 3; 16 on the envelope's second look): each is a whole run
 # data.noise (0.2): the standard deviation of the noise added to moons of radius 1; at 1
 # the two classes already overlap. The report's decision-boundary figure draws a mesh of
 # step 0.01 over the data's range: its points grow with the square of the noise (a noise
@@ -277,10 +278,17 @@ class Envelope(Strict):
     array-module float32 run and the float64 oracle on this spec: the plain run and `members`
     more that take its float32 sums in other orders (members.reordered; per step for the
     curve, running maximum). Two runs may differ by at most factor * e + floor; the
-    short-horizon checks use the same runs and factor (harness/verdict/calibration.py)."""
+    short-horizon checks use the same runs and factor (harness/verdict/calibration.py).
+
+    `members` is a first sample. Where a float32 check fails on rounding alone (the float64
+    twins agree with the oracle), e is measured again with `second_look` members in all
+    before the check fails (harness/matrix.py): a network whose float32 training can take
+    one of two paths (a layer norm over 2 features) sends about one member in ten down the
+    other, which 4 members miss a third of the time. 0, or no more than `members`: none."""
 
     factor: Annotated[float, Field(ge=1)] = 10.0
-    members: Annotated[int, Field(ge=0, le=16)] = 4
+    members: Annotated[int, Field(ge=0, le=MAX_MEMBERS)] = 4
+    second_look: Annotated[int, Field(ge=0, le=MAX_MEMBERS)] = MAX_MEMBERS
     curve_floor: NonNegative = 1e-6
     output_floor: NonNegative = 1e-5
     metric_floor: NonNegative = 1e-6
@@ -293,7 +301,7 @@ class MathParity(Strict):
     there is different math, not rounding."""
 
     steps: StepCount = 100
-    members: Annotated[int, Field(ge=1, le=16)] = 3
+    members: Annotated[int, Field(ge=1, le=MAX_MEMBERS)] = 3
     # Re-anchored twins (harness/run/anchored.py): every `every` steps along the run, each
     # twin starts again from the oracle's state and is judged over `steps` steps. Unset:
     # at most 4 segments, evenly spaced.
