@@ -13,7 +13,7 @@ from rich.console import Console
 
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, RunKey
 from harness.inputs import members
 from harness.inputs.problem import Problem
 from harness.records import write
@@ -145,20 +145,6 @@ def member_cells(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey,
     return found
 
 
-def on_rounding_alone(checks: list[Check]) -> list[Check]:
-    """The failing float32 checks whose float64 twins agree with the oracle, judged on the
-    calibrated envelope (not a spec's own tolerance, nor a TF32 run's)."""
-    return [
-        c
-        for c in checks
-        if c.verdict == Verdict.FAIL
-        and (c.diagnosis or "").startswith(diagnosis.FLOAT32_ROUNDING)
-        and c.bound is not None
-        and c.bound.factor is not None
-        and c.bound.dtype == FLOAT32
-    ]
-
-
 def run_spec(
     loaded: LoadedSpec,
     problem: Problem,
@@ -245,7 +231,7 @@ def run_spec(
     cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library, library_spread)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     more = plan.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look)
-    doubted = on_rounding_alone(checks)
+    doubted = diagnosis.on_rounding_alone(checks)
     if doubted and more and cal32 is not None:
         # The envelope's second look (Envelope): more members before a rounding failure stands.
         worst = max(doubted, key=lambda c: c.ratio or 0)

@@ -88,6 +88,14 @@ def judged(row: dict) -> list[str]:
     return []
 
 
+def passes_and_catches(doc: dict, bug: str):
+    """One workload with its bug: no honest check fails, and math parity sees the bug."""
+    result = family.run_example(doc, bug)
+    row = {"spec": doc, "bug": bug, "verdict": dataclasses.asdict(family.judge(result, bug))}
+    assert judged(row) == [] and row["verdict"]["bug_caught"]
+    return result
+
+
 # Two workloads of a fresh draw (HARNESS_FAMILY_SEED=20261126, 300 workloads) on which the
 # rules of 2026-11-24 failed JAX's honest float64 twin, each with the bug it was drawn with.
 # Peaks on 25 points, SGD with momentum, dampening and clipping: optax has no dampening, so
@@ -125,9 +133,7 @@ WIDTH_ONE = {
 
 @pytest.mark.parametrize("doc", [NO_DAMPENING, WIDTH_ONE], ids=["no-dampening", "width-one"])
 def test_the_fresh_draws_false_alarms_pass_and_their_bug_is_still_caught(doc):
-    result = family.run_example(doc, "torch_late_rate")
-    row = {"spec": doc, "bug": "torch_late_rate", "verdict": dataclasses.asdict(family.judge(result, "torch_late_rate"))}
-    assert judged(row) == [] and row["verdict"]["bug_caught"]
+    result = passes_and_catches(doc, "torch_late_rate")
     cal, jax = result.calibration, ("jax", "cpu")
     assert jax in cal.library  # judged against the oracle with optax's formula (no dampening) ...
     if doc is NO_DAMPENING:  # ... calibrated on that formula's own members, which spread further
@@ -164,9 +170,7 @@ NEAR_ZERO_LOSS = {
 
 
 def test_a_loss_near_zero_through_jaxs_logsumexp_passes_and_its_bug_is_still_caught():
-    result = family.run_example(NEAR_ZERO_LOSS, "torch_other_gelu")
-    row = {"spec": NEAR_ZERO_LOSS, "bug": "torch_other_gelu", "verdict": dataclasses.asdict(family.judge(result, "torch_other_gelu"))}
-    assert judged(row) == [] and row["verdict"]["bug_caught"]
+    result = passes_and_catches(NEAR_ZERO_LOSS, "torch_other_gelu")
     losses = result.outcomes[RunKey("jax", "cpu", precision="float64")].losses
     assert losses[0] > 50 and losses[11] < 1e-9  # the loss does fall near 0
 
@@ -218,9 +222,7 @@ LABEL_SMOOTHING = {
 
 
 def test_a_label_smoothed_workload_passes_and_its_bug_is_still_caught():
-    result = family.run_example(LABEL_SMOOTHING, "torch_late_rate")
-    row = {"spec": LABEL_SMOOTHING, "bug": "torch_late_rate", "verdict": dataclasses.asdict(family.judge(result, "torch_late_rate"))}
-    assert judged(row) == [] and row["verdict"]["bug_caught"]
+    passes_and_catches(LABEL_SMOOTHING, "torch_late_rate")
 
 
 def test_the_members_round_label_smoothings_targets_as_torch_does():

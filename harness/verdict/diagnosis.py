@@ -28,15 +28,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
-from harness.core.registry import FLOAT64, ORACLE, TF32, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, TF32, Verdict
 from harness.spec.model import KnownDifference, LibraryDifference, LibraryFormula, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 from harness.verdict.checks import MATH, Calibration, Check
 from harness.verdict.rules import check_all
 
-# A failing float32 check whose float64 twins agree with the oracle begins so (the envelope's
-# second look, harness/matrix.py, looks for it).
-FLOAT32_ROUNDING = "rounding: float32 only"
+FLOAT32_ROUNDING = "rounding: float32 only"  # how _diagnosis begins where on_rounding_alone is true
 
 
 @functools.cache
@@ -208,6 +206,21 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
         return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with the oracle{modes}"
     return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with the oracle{modes}"
+
+
+def on_rounding_alone(checks: list[Check]) -> list[Check]:
+    """The failing float32 checks whose float64 twins agree with the oracle, judged on the
+    calibrated envelope (not a spec's own tolerance, nor a TF32 run's): those the
+    envelope's second look (harness/matrix.py) judges again on more members."""
+    return [
+        c
+        for c in checks
+        if c.verdict == Verdict.FAIL
+        and (c.diagnosis or "").startswith(FLOAT32_ROUNDING)
+        and c.bound is not None
+        and c.bound.factor is not None
+        and c.bound.dtype == FLOAT32
+    ]
 
 
 def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
