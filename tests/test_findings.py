@@ -116,17 +116,41 @@ class Judge:
     members that sum in other orders (plan.calibration_members)."""
 
     def __init__(self, problem):
+        self.problem = problem
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        members = [calibration.in_plain_units(ok(runner.run(p, key)), p.unit_orders) for key, p in plan.calibration_members(problem)]
+        self.members = [self.member(key, p) for key, p in plan.calibration_members(problem)]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
-        self.calibration = calibration.measure(self.oracle, [self.reference, *members], "float32")
+        self.calibration = calibration.measure(self.oracle, [self.reference, *self.members], "float32")
+        self.second_looks = 0
 
-    def __call__(self, outcome) -> dict[str, checks.Check]:
+    @staticmethod
+    def member(key, problem):
+        return calibration.in_plain_units(ok(runner.run(problem, key)), problem.unit_orders)
+
+    def __call__(self, outcome, cal=None) -> dict[str, checks.Check]:
         """Each check by name; the step-10 parameters' as `params_after_step`."""
         outcome = replace(ok(outcome), key=RunKey(outcome.key.framework, "cpu", "under-test"))
-        found = {c.name: c for c in rules.pair_checks(self.spec, outcome, self.oracle, checks.Calibration(self.calibration, None))}
+        cal = checks.Calibration(cal or self.calibration, None)
+        found = {c.name: c for c in rules.pair_checks(self.spec, outcome, self.oracle, cal)}
         found["params_after_step"] = found.pop(f"params_after_step_{self.spec.checks.params_after_steps.step}")
+        return found
+
+    @functools.cached_property
+    def wider(self):
+        """The envelope's second look (harness/matrix.py): measured again on
+        long_run.second_look members in all."""
+        more = plan.calibration_members(self.problem, upto=self.spec.checks.long_run.second_look)
+        return calibration.measure(self.oracle, [self.reference, *self.members, *(self.member(k, p) for k, p in more)], "float32")
+
+    def as_the_matrix(self, outcome) -> dict[str, checks.Check]:
+        """The verdicts the matrix gives a run whose float32 failures are rounding alone (a
+        reordering's float64 twin is the oracle's code): where a check fails on the first
+        look, every check is judged again on the second."""
+        found = self(outcome)
+        if any(c.verdict == "fail" for c in found.values()):
+            self.second_looks += 1
+            return self(outcome, self.wider)
         return found
 
 
@@ -153,22 +177,27 @@ def other_order(problem, seed: int):
 
 def test_the_calibrated_checks_hold_other_summation_orders_at_40000_points(monkeypatch):
     """The members sum in other orders (members.reordered), so a run that differs from them
-    only in the order of its float32 sums passes every calibrated check: twenty more
-    orderings of the same code, and the same code with its forward products summed by einsum
-    (exactly as accurate as BLAS's), on the article's own 40,000 points. Calibrated by
-    one-ulp members of a single ordering instead, 12 of those 20 left the envelope (at step 6
-    or 11).
+    only in the order of its float32 sums passes every calibrated check, as the matrix judges
+    it: twenty more orderings of the same code, and the same code with its forward products
+    summed by einsum (exactly as accurate as BLAS's), on the article's own 40,000 points.
+    Calibrated by one-ulp members of a single ordering instead, 12 of those 20 left the
+    envelope (at step 6 or 11).
 
-    The step-10 parameter check is calibrated by the same members: the einsum run, which
-    missed the earlier fixed tolerance (1e-5 + 1e-4 |p|) by 14 times, passes it, and so does
-    every ordering (at most 0.12 of its tolerance, measured over 40 orderings)."""
+    On an Intel host (OpenBLAS's SkylakeX kernels) all 20 pass on the first look's 8
+    members (the step-10 parameters at most 0.12 of their tolerance over 40 orderings). On an
+    AMD EPYC host (Haswell kernels) 3 of the 20 (seeds 106, 110, 120) leave it by 1.10x to
+    1.14x, a jump that 8 members did not see, and pass the envelope's second look (16
+    members) under 0.5x. The step-10 parameter check is calibrated by the same members: the
+    einsum run, which missed the earlier fixed tolerance (1e-5 + 1e-4 |p|) by 14 times,
+    passes it."""
     problem = sweep_problem(200, 40)
     judge = Judge(problem)
     assert judge.calibration.runs == 9
     for seed in range(101, 121):
-        found = judge(other_order(problem, seed))
+        found = judge.as_the_matrix(other_order(problem, seed))
         assert [c.name for c in found.values() if c.verdict != "pass"] == [], seed
         assert found["params_after_step"].ratio > 1e-3  # judged: the orderings' parameters differ
+    assert judge.second_looks <= 5  # a jump now and then, not a first look that fails as a rule
     # Its hidden units left where the reordering put them, an ordering fails the step-10
     # check by four orders of magnitude. An earlier version of this test compared them so, and
     # took that for a false alarm of the calibrated check (a ReLU flip no member covered).
@@ -180,8 +209,9 @@ def test_the_calibrated_checks_hold_other_summation_orders_at_40000_points(monke
     magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
     blas = relative_to_magnitude(x @ w, exact, magnitude)
     assert relative_to_magnitude(einsum_affine(x, w, 0), exact, magnitude) <= 1.5 * blas  # as accurate
+    assert judge.wider.runs == 17  # its members measured with BLAS's products, before einsum replaces them
     monkeypatch.setattr(dense, "affine", einsum_affine)
-    einsum = judge(runner.run(problem, CALIBRATION_KEY))
+    einsum = judge.as_the_matrix(runner.run(problem, CALIBRATION_KEY))
     assert einsum["loss_curve_envelope"].verdict == "pass"
     assert einsum["params_after_step"].verdict == "pass"
     assert einsum["params_after_step"].max_abs_error > 10 * 1e-5  # ten times the fixed check's atol
@@ -217,7 +247,10 @@ def test_torch_at_160000_points_differs_by_summation_order(monkeypatch):
 def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, points_per_axis, steps):
     """The sweep's JAX failures at 100, 400, 10,000 and 80,089 points (final outputs, final loss,
     parameters after step 10): the array-module code given optax's float32 bias corrections
-    fails every check JAX fails against the oracle; without them it fails none."""
+    is as far from the oracle as JAX on every check JAX fails (each ratio within 25% of
+    JAX's; measured within 10%); without them it fails none.
+    A check JAX fails near its tolerance may fall on either side of it for the other run
+    (100 points, on an AMD EPYC host: JAX's loss curve at 1.06x, the code's at 0.98x)."""
     pytest.importorskip("flax")
     pytest.importorskip("optax")
     problem = sweep_problem(points_per_axis, steps)
@@ -230,7 +263,7 @@ def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, poin
     assert jax_fails
     assert not failing(judge.reference)
     monkeypatch.setattr(network, "adam_update", functools.partial(network.adam_update, corrections=float32_bias_corrections))
-    like_optax = failing(runner.run(problem, CALIBRATION_KEY))
-    assert set(jax_fails) <= set(like_optax)
-    if "params_after_step" in jax_fails:  # by about as much
-        assert like_optax["params_after_step"].max_abs_error == pytest.approx(jax_fails["params_after_step"].max_abs_error, rel=0.25)
+    like_optax = judge(runner.run(problem, CALIBRATION_KEY))
+    for name, jax_check in jax_fails.items():
+        assert like_optax[name].ratio == pytest.approx(jax_check.ratio, rel=0.25), name
+    assert any(c.verdict == "fail" for c in like_optax.values())

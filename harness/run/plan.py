@@ -48,9 +48,9 @@ def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None
     return [(RunKey(framework, "cpu", f"order{i}"), i) for i in seeds]
 
 
-def calibration_members(problem: Problem, dtype: str = FLOAT32) -> list[tuple[RunKey, Problem]]:
-    """The calibration members (member_seeds), each with its problem."""
-    return [(key, reordered(problem, seed=seed)) for key, seed in member_seeds(problem, dtype)]
+def calibration_members(problem: Problem, dtype: str = FLOAT32, upto: int | None = None) -> list[tuple[RunKey, Problem]]:
+    """The calibration members (member_seeds, `upto` as there), each with its problem."""
+    return [(key, reordered(problem, seed=seed)) for key, seed in member_seeds(problem, dtype, upto)]
 
 
 def library_problem(problem: Problem, formula) -> Problem:
