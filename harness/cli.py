@@ -345,12 +345,15 @@ def cmd_smoke(args: argparse.Namespace, console: Console) -> int:
         console.print(f"  {framework}: {version}", highlight=False)
     counts = found["counts"]
     console.print(
-        f"smoke: {counts['ok']} of {len(found['rows'])} runs ok, {counts['skipped']} skipped, {counts['failed']} failed, in {found['seconds']:.0f} s",
+        f"smoke: {counts['ok']} of {len(found['rows'])} runs ok, {counts['skipped']} skipped, {counts['failed']} failed, in {found['seconds']:.0f} s"
+        + (" (interrupted: the rows above are all it ran)" if found["interrupted"] else ""),
         highlight=False,
     )
     if args.out is not None:
         atomic_write(args.out, (json.dumps(found, indent=1, default=str) + "\n").encode())
         console.print(f"wrote {args.out}", highlight=False)
+    if found["interrupted"]:
+        return EXIT_INTERRUPTED
     return 0 if found["passed"] else EXIT_FAILED
 
 

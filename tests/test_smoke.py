@@ -180,3 +180,26 @@ def test_smoke_asked_for_a_gpu_where_there_is_none_stops_with_one_line():
         pytest.skip("this host has a GPU")
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "GPU" in done.stderr
+
+
+def test_an_interrupted_smoke_keeps_its_rows_in_its_json_and_exits_130(tmp_path, monkeypatch):
+    """A lease's budget ends the smoke with SIGINT (tools/device-run.sh contact): the rows it
+    ran are written, marked interrupted and not passed, and the command exits 130."""
+    from harness import cli
+
+    calls = []
+
+    def in_this_process_then_interrupted(call, *args):
+        calls.append(args[1])
+        if len(calls) == 3:  # the oracle's process, the first group's, then Ctrl-C
+            raise KeyboardInterrupt
+        return call(*args)
+
+    monkeypatch.setattr(smoke, "in_fresh_process", in_this_process_then_interrupted)
+    out = tmp_path / "smoke.json"
+    code = cli.main(["smoke", "peaks_mlp", "--frameworks", "numpy", "--devices", "cpu", "--out", str(out)])
+    found = json.loads(out.read_text())
+    assert code == 130 and found["interrupted"] and not found["passed"]
+    first = [k.label for k in calls[1]]
+    assert [r["label"] for r in found["rows"]] == first and all(r["status"] == "ok" for r in found["rows"])
+    assert len(calls) == 3 and found["oracle"][0]["status"] == "ok"

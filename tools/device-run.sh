@@ -7,14 +7,20 @@
 # ["device-carry"]`) and call again: runs that finished are reused, so a matrix longer
 # than one call completes over several.
 #
+#   tools/device-run.sh contact              a lease's one call (about 9 minutes): smoke, matrix,
+#                                            bench, GPU tests, each with a budget of its own
 #   tools/device-run.sh smoke [SPEC ...]     first: a minute or two, $OUT/smoke.json
 #   tools/device-run.sh [bench] [harness options, e.g. moons_net]
+#
+# REHEARSAL=1 runs any of them on this machine's CPU instead (no --require-gpu, the GPU
+# devices replaced by the CPU): the shell's logic, budgets and archives, no GPU figure.
 #
 # Needs: python3 with the CUDA builds of torch, jax and cupy; pydantic and the rest from
 # device-carry/wheelhouse (tools/device-prepare.sh); MNIST files in device-carry/mnist.
 set -euo pipefail
 : "${OUT:?set OUT to the folder whose files come back}"
-carry=device-carry
+carry=${CARRY:-device-carry}  # what the call carried; CARRY and RESULTS move them (a rehearsal's test)
+results=${RESULTS:-results-device}
 work=$carry/work
 # The machine's own CUDA builds of torch, jax and cupy stay, and so does every package its
 # Python has already: only the carried wheels of packages it lacks are installed, into a
@@ -32,17 +38,61 @@ if [ -d "$carry/wheelhouse" ]; then
     fi
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+gpu=gpu both=cpu,gpu need=(--require-gpu)
+if [ -n "${REHEARSAL:-}" ]; then
+    echo "REHEARSAL: on this machine's CPU; nothing here is a GPU figure"
+    gpu=cpu both=cpu need=()
+fi
 mkdir -p "$work"
 [ -f "$carry/work.tar.gz" ] && tar -xzf "$carry/work.tar.gz" -C "$carry"
-export HARNESS_DATA_DIR=${HARNESS_DATA_DIR:-$PWD/$carry/mnist}
+export HARNESS_DATA_DIR=${HARNESS_DATA_DIR:-$(cd "$carry" && pwd)/mnist}
 mnist=(--data-dir "$HARNESS_DATA_DIR" --data-source test-set)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+# One phase of `contact`: its own budget (INT, then KILL 10 s later), its exit code said,
+# and the phases after it run whatever it returned.
+phase() {
+    local name=$1 budget=$2 rc=0
+    shift 2
+    echo "== $name (budget ${budget} s, $(date -u +%H:%M:%S)): $*"
+    SECONDS=0
+    timeout --signal=INT --kill-after=10 "$budget" "$@" || rc=$?
+    case $rc in
+        124 | 130 | 137) echo "== $name: exit code $rc after ${SECONDS} s: its budget ran out; what it finished is kept" ;;
+        *) echo "== $name: exit code $rc after ${SECONDS} s" ;;
+    esac
+    summary+=("$name $rc ${SECONDS}s")
+}
+
+contact() {
+    summary=()
+    python3 -c 'import sys, torch, jax, numpy; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda, "jax", jax.__version__, jax.devices(), "numpy", numpy.__version__)' || true
+    phase smoke "${SMOKE_S:-110}" python3 -m harness smoke --devices "$gpu" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
+    phase matrix "${MATRIX_S:-220}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
+        --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-peaks_mlp mnist_mlp mnist_adamw lenet_mnist cnn_norm_mnist}
+    phase bench "${BENCH_S:-110}" python3 -m harness bench --devices "$both" "${need[@]}" --repeats 3 \
+        --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
+    phase gpu-tests "${TESTS_S:-50}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
+    tar -czf "$OUT/work.tar.gz" -C "$carry" work
+    if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
+    printf 'phase exit-code seconds: %s\n' "${summary[@]}"
+}
+
+if [ "${1:-}" = contact ]; then
+    # The whole first contact in one call, for a lease of 15 device minutes (a machine's
+    # start, this call of at most 600 s, a second call only while it is still warm). The
+    # budgets add up to 490 s (530 with every phase killed 10 s after its INT), which leaves
+    # the archives time inside a call's 600 s; what each phase finished is kept. $OUT gets contact.log,
+    # smoke.json, pytest-gpu.xml, records.tar.gz and work.tar.gz.
+    contact 2>&1 | tee "$OUT/contact.log"
+    exit 0
+fi
 if [ "${1:-}" = smoke ]; then
     # The first call: every adapter, spec network, precision and mode on the GPU for a few
     # steps, the math-mode flags read back; its JSON comes back in $OUT (a minute or two).
     shift
     rc=0
-    timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness smoke --devices gpu --out "$OUT/smoke.json" "$@" || rc=$?
+    timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness smoke --devices "$gpu" --out "$OUT/smoke.json" "$@" || rc=$?
     echo "harness smoke exit code: $rc (1: a row failed, see above)"
     exit "$rc"
 fi
@@ -54,9 +104,9 @@ fi
 rc=0
 # INT first (the harness keeps every finished cell and exits 130), KILL 30 s later if it
 # hangs; the default leaves the archives time inside the device's 600 s limit.
-timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness "${command[@]}" --devices cpu,gpu --require-gpu \
-    --work-dir "$work" --results results-device "${mnist[@]}" "$@" || rc=$?
+timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness "${command[@]}" --devices "$both" "${need[@]}" \
+    --work-dir "$work" --results "$results" "${mnist[@]}" "$@" || rc=$?
 tar -czf "$OUT/work.tar.gz" -C "$carry" work
-[ -d results-device ] && tar -czf "$OUT/records.tar.gz" results-device
+if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
 echo "harness exit code: $rc (124/130: the budget ran out; call again with the work folder carried back)"
 exit "$rc"

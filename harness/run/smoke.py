@@ -234,28 +234,36 @@ def smoke(
     spec_paths: list[Path], frameworks: list[str] | None, devices: list[str], steps: int = STEPS, repeats: int = 2, on_row=None
 ) -> dict[str, Any]:
     """The smoke: its rows (one per spec and run), how many are ok, skipped and failed (the
-    oracle's too), what the specs cover, and the host."""
+    oracle's too), what the specs cover, and the host. Interrupted (Ctrl-C, a lease's
+    budget), it returns the rows it has, `interrupted` and not passed."""
     frameworks = list(frameworks or ADAPTERS)
     specs = [load_spec(path, "quick") for path in spec_paths]
     began = time.perf_counter()
-    try:
-        reference = in_fresh_process(_group, spec_paths, [ORACLE_KEY], steps, 1)
-    except ProcessDied:
-        reference = {}
+    reference: dict = {}
     rows: list[Row] = []
-    for keys in keys_for(frameworks, devices):
+    interrupted = False
+    try:
         try:
-            found = in_fresh_process(_group, spec_paths, keys, steps, repeats)
+            reference = in_fresh_process(_group, spec_paths, [ORACLE_KEY], steps, 1)
         except ProcessDied:
-            found = {
-                (s.name, k.label): {"status": "failed", "reason": "the smoke's process died (killed, or out of memory)"} for s in specs for k in keys
-            }
-        for loaded in specs:
-            for key in keys:
-                row = judged(loaded.name, key, found[loaded.name, key.label], reference.get((loaded.name, ORACLE_KEY.label)), steps)
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
+            pass
+        for keys in keys_for(frameworks, devices):
+            try:
+                found = in_fresh_process(_group, spec_paths, keys, steps, repeats)
+            except ProcessDied:
+                found = {
+                    (s.name, k.label): {"status": "failed", "reason": "the smoke's process died (killed, or out of memory)"}
+                    for s in specs
+                    for k in keys
+                }
+            for loaded in specs:
+                for key in keys:
+                    row = judged(loaded.name, key, found[loaded.name, key.label], reference.get((loaded.name, ORACLE_KEY.label)), steps)
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
+    except KeyboardInterrupt:
+        interrupted = True
     oracle = [
         judged(
             s.name, ORACLE_KEY, reference.get((s.name, ORACLE_KEY.label), {"status": "failed", "reason": "the oracle's process died"}), None, steps
@@ -275,6 +283,7 @@ def smoke(
             "skipped": sum(r.status == "skipped" for r in rows),
             "failed": sum(not r.passed for r in rows + oracle),
         },
-        "passed": all(r.passed for r in rows + oracle),
+        "passed": not interrupted and all(r.passed for r in rows + oracle),
+        "interrupted": interrupted,
         "seconds": round(time.perf_counter() - began, 1),
     }

@@ -1,0 +1,67 @@
+"""tools/device-run.sh contact, the one call of a 15-minute GPU lease, rehearsed on this CPU
+(REHEARSAL=1): every phase runs with a budget of its own, a phase that runs out ends with
+130 and the next one runs, and $OUT gets only what the device tool brings back (at most 8
+plain files, named in letters, digits, '.', '_' and '-')."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.helpers import tiny_moons
+
+pytestmark = pytest.mark.slow  # a minute of fresh processes: `nox -s slow`
+
+
+def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_what_comes_back(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    if shutil.which("timeout") is None or shutil.which("tar") is None:
+        pytest.skip("needs coreutils' timeout and tar")
+    spec = tiny_moons(tmp_path, profiles={name: {"training": {"epochs": 3}} for name in ("quick", "bench")})
+    out, carry, results = tmp_path / "out", tmp_path / "carry", tmp_path / "records"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3: this Python
+        "OUT": str(out),
+        "CARRY": str(carry),
+        "RESULTS": str(results),
+        "REHEARSAL": "1",
+        "SMOKE_S": "3",  # runs out: the smoke is interrupted, and says so in its JSON
+        "SMOKE_SPECS": str(spec),
+        "MATRIX_S": "240",
+        "MATRIX_SPECS": str(spec),
+        "BENCH_S": "240",
+        "BENCH_SPECS": str(spec),
+        "TESTS_S": "120",
+        "TESTS": "tests/test_smoke.py",
+    }
+    done = subprocess.run(["bash", "tools/device-run.sh", "contact"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    log = (out / "contact.log").read_text()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "REHEARSAL" in done.stdout
+    codes = dict(re.findall(r"^== (\S+): exit code (\d+) after", log, flags=re.M))
+    assert list(codes) == ["smoke", "matrix", "bench", "gpu-tests"], log
+    assert codes["smoke"] in ("130", "124") and codes["matrix"] == "0" and codes["bench"] == "0", log
+    assert codes["gpu-tests"] == "5", log  # no test of test_smoke.py is marked gpu: none collected
+
+    files = sorted(p.name for p in out.rglob("*"))
+    assert set(files) <= {"contact.log", "smoke.json", "pytest-gpu.xml", "records.tar.gz", "work.tar.gz"} and len(files) <= 8
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files)
+    if (out / "smoke.json").exists():  # interrupted before its first group: no rows, but never half a file
+        assert json.loads((out / "smoke.json").read_text())["interrupted"] is True
+    with tarfile.open(out / "records.tar.gz") as archive:
+        records = [m.name for m in archive.getmembers() if m.name.endswith(".json")]
+    assert any("_full_" in name for name in records) and any("_bench_" in name for name in records)  # the matrix's and the bench's
+    with tarfile.open(out / "work.tar.gz") as archive:
+        assert any(m.name.startswith("work/") for m in archive.getmembers())
