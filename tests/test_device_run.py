@@ -1,6 +1,6 @@
 """tools/device-run.sh contact, the one call of a 15-minute GPU lease, rehearsed on this CPU
 (REHEARSAL=1): every phase runs with a budget of its own, a phase that runs out ends with
-130 and the next one runs, and $OUT gets only what the device tool brings back (at most 8
+timeout's 124 (or the harness's 130) and the next one runs, and $OUT gets only what the device tool brings back (at most 8
 plain files, named in letters, digits, '.', '_' and '-')."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "CARRY": str(carry),
         "RESULTS": str(results),
         "REHEARSAL": "1",
-        "SMOKE_S": "3",  # runs out: the smoke is interrupted, and says so in its JSON
+        "SMOKE_S": "3",  # runs out: interrupted, most likely before its first row (then it writes no JSON)
         "SMOKE_SPECS": str(spec),
         "MATRIX_S": "240",
         "MATRIX_SPECS": str(spec),

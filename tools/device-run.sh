@@ -64,6 +64,18 @@ phase() {
     summary+=("$name $rc ${SECONDS}s")
 }
 
+# The records, and the finished cells for a call that resumes them, into $OUT; the cells
+# only where the device tool brings the file back (16 MiB a file): a warm machine keeps
+# them in $work for the next call anyway.
+archives() {
+    if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
+    tar -czf "$OUT/work.tar.gz" -C "$carry" work
+    if [ "$(stat -c %s "$OUT/work.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+        rm "$OUT/work.tar.gz"
+        echo "work.tar.gz is over 15 MiB and would not come back: the finished cells stay in $work on this machine"
+    fi
+}
+
 contact() {
     summary=()
     python3 -c 'import sys, torch, jax, numpy; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda, "jax", jax.__version__, jax.devices(), "numpy", numpy.__version__)' || true
@@ -73,14 +85,7 @@ contact() {
     phase bench "${BENCH_S:-80}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
         --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
     phase gpu-tests "${TESTS_S:-40}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
-    if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
-    # The finished cells, for a call that resumes them, where the device tool brings the file
-    # back (16 MiB a file); a warm machine keeps them in $work for the next call anyway.
-    tar -czf "$OUT/work.tar.gz" -C "$carry" work
-    if [ "$(stat -c %s "$OUT/work.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
-        rm "$OUT/work.tar.gz"
-        echo "work.tar.gz is over 15 MiB and would not come back: the finished cells stay in $work on this machine"
-    fi
+    archives
     printf 'phase exit-code seconds: %s\n' "${summary[@]}"
 }
 
@@ -114,7 +119,6 @@ rc=0
 # hangs; the default leaves the archives time inside the device's 600 s limit.
 timeout --signal=INT --kill-after=30 "${BUDGET_S:-480}" python3 -m harness "${command[@]}" --devices "$both" "${need[@]}" \
     --work-dir "$work" --results "$results" "${mnist[@]}" "$@" || rc=$?
-tar -czf "$OUT/work.tar.gz" -C "$carry" work
-if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
+archives
 echo "harness exit code: $rc (124/130: the budget ran out; call again with the work folder carried back)"
 exit "$rc"
