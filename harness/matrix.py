@@ -170,9 +170,13 @@ def run_spec(
     With a `work_dir`, each finished cell is kept there and a later call with the same
     inputs takes it instead of running it again: a long matrix can be split over several
     calls (a time-limited GPU lease) or resumed after a crash."""
+    if executor is None:  # one of its own, shut down (its kept processes ended) when done
+        own = executors.Local(executors.local_plan(1, None)) if isolate else executors.Inline()
+        try:
+            return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own)
+        finally:
+            own.shutdown()
     run_id = run_id or new_id()
-    if executor is None:
-        executor = executors.Local(executors.local_plan(1, None)) if isolate else executors.Inline()
     planned = hosts.spread(plan_cells(loaded, problem, keys, repeats, twins), getattr(executor, "places", []))
     source = cells.source_of(loaded, problem)
     if isinstance(executor, executors.Inline):

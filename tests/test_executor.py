@@ -5,6 +5,7 @@ rebuilds other inputs than the driver's is refused; Ray missing is one line."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 import numpy as np
@@ -53,6 +54,50 @@ def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
     assert all(r.worker is not None and r.worker.threads == 1 for r in records.values())
     assert {r.data.inputs_sha256 for r in together.records} == {cells.inputs_sha256(together.problem)}
     assert [c.verdict for c in together.checks] == [c.verdict for c in alone.checks]
+
+
+def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
+    """The local executor runs the calibration cells (members, math parity's reference) one
+    after another in a process it keeps, every other cell in a fresh one; a matrix gives
+    the bits, verdicts and records it gives with every cell in the driver's process."""
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
+    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    calibrating = [c for c in planned if c.calibrates]
+    assert {c.role for c in calibrating} == {cells.MEMBER, cells.MEMBER64, cells.REFERENCE}
+    assert {c.role for c in planned if not c.calibrates} == {cells.FRAMEWORK, cells.TWIN}  # recorded, timed: fresh
+    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    try:
+        kept = {local.submit(c, os.getpid).result() for c in calibrating}
+        fresh = [local.submit(c, os.getpid).result() for c in planned if not c.calibrates]
+        together = small_matrix(local)
+    finally:
+        local.shutdown()
+    assert len(kept) == 1 and len(set(fresh)) == len(fresh) and not kept & set(fresh)
+    inline = small_matrix(executors.Inline())
+    assert set(together.outcomes) == set(inline.outcomes)
+    for key, outcome in together.outcomes.items():
+        assert outcome.status == "ok" and bits(outcome) == bits(inline.outcomes[key]), key.label
+    for ours, theirs in [(together.members, inline.members), (together.members64, inline.members64)]:
+        assert len(ours) == len(theirs) == 1 and bits(ours[0]) == bits(theirs[0])
+    assert bits(together.calibration.twin_reference) == bits(inline.calibration.twin_reference)
+    assert [(c.name, c.verdict, c.ratio) for c in together.checks] == [(c.name, c.verdict, c.ratio) for c in inline.checks]
+
+
+def test_a_kept_process_that_dies_fails_its_cell_and_the_next_gets_a_new_one():
+    from harness.run.fresh import ProcessDied
+
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
+    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    member = next(c for c in planned if c.role == cells.MEMBER)
+    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    try:
+        first = local.submit(member, os.getpid).result()
+        with pytest.raises(ProcessDied):
+            local.submit(member, os._exit, 3).result()
+        after = local.submit(member, os.getpid).result()
+        assert after != first and local.submit(member, os.getpid).result() == after
+    finally:
+        local.shutdown()
 
 
 def test_a_worker_refuses_inputs_that_hash_otherwise():

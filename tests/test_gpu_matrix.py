@@ -163,10 +163,11 @@ def test_require_gpu_needs_the_gpu_device():
 
 
 def test_sweep_writes_ordinary_records_with_the_point_in_the_overrides(tmp_path):
-    done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "torch", "--repeats", "1", "--no-floor", "--results", str(tmp_path))
+    done = _harness("sweep", "peaks_mlp", "--values", "10", "--frameworks", "numpy", "--repeats", "1", "--no-floor", "--results", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     written = [store.read_record(p) for p in (tmp_path / "peaks_mlp").glob("*.json")]
-    assert {r.framework for r in written} == {"torch", "numpy", "oracle"}
+    # numpy, its float64 twin, the oracle
+    assert {(r.framework, r.precision_mode) for r in written} == {("numpy", "strict"), ("numpy", "float64"), ("oracle", "strict")}
     for record in written:
         assert record.spec.profile == "sweep" and record.data.n_train == 100
         assert record.spec.overrides == {"training": {"epochs": 100}, "data": {"points_per_axis": 10}}

@@ -30,7 +30,7 @@ def cores() -> int:
 def cap_threads(threads: int | None) -> None:
     """In a fresh process, before any framework starts: torch's, the BLAS libraries' and
     XLA's threads at `threads` (None: the frameworks' defaults)."""
-    if threads is None:
+    if threads is None or capped_threads() == threads:  # none, or a kept process's next call
         return
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         os.environ[name] = str(threads)

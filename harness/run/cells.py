@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.errors import HarnessError
-from harness.core.registry import RunKey
+from harness.core.registry import CALIBRATION, ORACLE, RunKey
 from harness.inputs import resources
 from harness.inputs.members import reordered
 from harness.inputs.problem import Params, Problem, build_problem, truncated
@@ -46,6 +46,9 @@ LIBRARY_ANCHORED = "library reference, re-anchored"
 # own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
 LIBRARY_MEMBER = "library member"
 LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
+
+# The roles of the runs that calibrate the checks: no record holds them, nothing times them.
+CALIBRATING = frozenset({MEMBER, REFERENCE, MEMBER64, ANCHORED_MEMBER, LIBRARY, LIBRARY_ANCHORED, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER})
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
 
@@ -145,6 +148,13 @@ class Cell:
     def gpu(self) -> bool:
         return any(key.device == "gpu" for key in self.keys)
 
+    @property
+    def calibrates(self) -> bool:
+        """A run no record holds and nothing times, of the array-module code on the CPU (a
+        calibration member, math parity's reference, a library's reference): it loads no
+        framework, so such cells may share a worker process (executors.Local)."""
+        return self.role in CALIBRATING and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
+
     def problem(self, base: Problem) -> Problem:
         """This cell's problem, made from the spec's."""
         p = base if self.steps is None else truncated(base, self.steps)
@@ -169,7 +179,9 @@ _BUILT: dict[str, Problem] = {}
 
 
 def remember(source: Source, problem: Problem) -> None:
-    """The driver's own problem, for the cells it runs in its process (hashed in source_of)."""
+    """The driver's own problem, for the cells it runs in its process (hashed in source_of).
+    A process keeps one spec's problem only: a matrix runs its specs one after another."""
+    _BUILT.clear()
     _BUILT[source.inputs_sha256] = problem
 
 
@@ -185,6 +197,7 @@ def rebuilt(source: Source) -> Problem:
     digest = inputs_sha256(problem)
     if digest != source.inputs_sha256:
         raise InputsDiffer(f"{source.name}: the inputs rebuilt here hash to {digest[:12]}, the driver's to {source.inputs_sha256[:12]}: refused")
+    _BUILT.clear()
     _BUILT[digest] = problem
     return problem
 

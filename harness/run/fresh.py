@@ -1,7 +1,11 @@
 """One call in a fresh Python process (spawned, not forked): the runs of one framework,
 the GPU probe, the hardware rates. Frameworks' thread pools and GPU memory never meet
 (torch on 2 cores ran 30x slower after JAX had run in the same process), and on Linux the
-child dies with its parent, even when the parent is killed with SIGKILL."""
+child dies with its parent, even when the parent is killed with SIGKILL.
+
+`Reused`: calls one after another in the same spawned processes, for work that loads no
+framework and times nothing (the calibration runs of harness/run/executors.py's Local),
+where a fresh process each would cost more than the work."""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -36,18 +41,59 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _pool(workers: int) -> ProcessPoolExecutor:
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
+
+
+def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> Future:
+    """pool.submit, which starts the pool's processes as it needs them: each child starts
+    with SIGINT blocked (a mask is inherited across exec) until _die_with_parent has set
+    its default action."""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(call, *args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+
+
 def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
     """call(*args) in a new process; its result, its exception, or ProcessDied."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-        # The child starts with SIGINT blocked (a mask is inherited across exec) until
-        # _die_with_parent has set its default action.
-        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            future = pool.submit(call, *args)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+    with _pool(1) as pool:
+        future = _submit(pool, call, *args)
         try:
             return future.result()
         except BrokenProcessPool:
             raise ProcessDied from None
+
+
+class Reused:
+    """Up to `workers` spawned processes, started on the first calls and kept for the next
+    (each dies with its parent, as a fresh one does). `call` blocks, and is safe from several
+    threads. A process that dies fails the calls it held with ProcessDied; the next call
+    starts new processes."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.lock = threading.Lock()
+        self.pool: ProcessPoolExecutor | None = None
+
+    def call(self, call: Callable[..., Any], *args: Any) -> Any:
+        with self.lock:
+            if self.pool is None:
+                self.pool = _pool(self.workers)
+            pool = self.pool
+        try:
+            return _submit(pool, call, *args).result()
+        except BrokenProcessPool:
+            with self.lock:
+                if self.pool is pool:
+                    self.pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise ProcessDied from None
+
+    def shutdown(self) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
