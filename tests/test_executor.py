@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
     assert [(c.name, c.verdict, c.ratio) for c in together.checks] == [(c.name, c.verdict, c.ratio) for c in inline.checks]
 
 
-def test_a_kept_process_that_dies_fails_its_cell_and_the_next_gets_a_new_one():
+def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_one():
     from harness.run.fresh import ProcessDied
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
@@ -98,6 +99,14 @@ def test_a_kept_process_that_dies_fails_its_cell_and_the_next_gets_a_new_one():
         assert after != first and local.submit(member, os.getpid).result() == after
     finally:
         local.shutdown()
+    two = executors.Local(capacity.Plan(capacity.LOCAL, 2, 1))  # a kept process per cell thread
+    try:
+        alive = two.submit(member, time.sleep, 3.0)
+        with pytest.raises(ProcessDied):
+            two.submit(member, os._exit, 3).result()
+        assert alive.result() is None  # the other thread's process went on
+    finally:
+        two.shutdown()
 
 
 def test_a_worker_refuses_inputs_that_hash_otherwise():

@@ -27,11 +27,16 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+_CAPPED: int | None = None  # the cap this process set (a kept process sets it once)
+
+
 def cap_threads(threads: int | None) -> None:
     """In a fresh process, before any framework starts: torch's, the BLAS libraries' and
     XLA's threads at `threads` (None: the frameworks' defaults)."""
-    if threads is None or capped_threads() == threads:  # none, or a kept process's next call
+    global _CAPPED
+    if threads is None or threads == _CAPPED:  # none, or a kept process's next call
         return
+    _CAPPED = threads
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         os.environ[name] = str(threads)
     flags = os.environ.get("XLA_FLAGS", "")

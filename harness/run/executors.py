@@ -56,13 +56,14 @@ class Inline:
 class Local:
     """Each cell in a fresh process of this machine (harness/run/fresh.py), `jobs` at once;
     the calibration runs of the array-module code (`Cell.calibrates`: no record, no timing,
-    no framework) one after another in up to `jobs` processes kept for them. A fresh process
-    costs about 0.9 s on the 2-core VM, where a member of a quick profile trains in 0.1 s."""
+    no framework) one after another in a process kept for them by each of the `jobs` cell
+    threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
+    profile trains in 0.1 s."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
         self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="cell")
-        self.kept = Reused(plan.jobs)
+        self.kept = Reused()
 
     def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
         if cell is not None and cell.calibrates:

@@ -68,32 +68,31 @@ def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
 
 
 class Reused:
-    """Up to `workers` spawned processes, started on the first calls and kept for the next
-    (each dies with its parent, as a fresh one does). `call` blocks, and is safe from several
-    threads. A process that dies fails the calls it held with ProcessDied; the next call
-    starts new processes."""
+    """One spawned process per calling thread (an executor's cell thread), started on that
+    thread's first call and kept for its next; each dies with its parent, as a fresh one
+    does. A process that dies fails the call it held with ProcessDied, and that thread's
+    next call starts a new one: a death never fails another thread's call."""
 
-    def __init__(self, workers: int):
-        self.workers = workers
+    def __init__(self):
         self.lock = threading.Lock()
-        self.pool: ProcessPoolExecutor | None = None
+        self.pools: dict[int, ProcessPoolExecutor] = {}
 
     def call(self, call: Callable[..., Any], *args: Any) -> Any:
+        me = threading.get_ident()
         with self.lock:
-            if self.pool is None:
-                self.pool = _pool(self.workers)
-            pool = self.pool
+            pool = self.pools.get(me)
+            if pool is None:
+                pool = self.pools[me] = _pool(1)
         try:
             return _submit(pool, call, *args).result()
         except BrokenProcessPool:
             with self.lock:
-                if self.pool is pool:
-                    self.pool = None
+                self.pools.pop(me, None)
             pool.shutdown(wait=False, cancel_futures=True)
             raise ProcessDied from None
 
     def shutdown(self) -> None:
         with self.lock:
-            pool, self.pool = self.pool, None
-        if pool is not None:
+            pools, self.pools = list(self.pools.values()), {}
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
