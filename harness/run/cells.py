@@ -179,8 +179,9 @@ _BUILT: dict[str, Problem] = {}
 
 
 def remember(source: Source, problem: Problem) -> None:
-    """The driver's own problem, for the cells it runs in its process (hashed in source_of).
-    A process keeps one spec's problem only: a matrix runs its specs one after another."""
+    """The problem this process's next cells take: the driver's own, for the cells it runs
+    in its process (hashed in source_of), or one a worker rebuilt. A process keeps one
+    spec's problem only: a matrix runs its specs one after another."""
     _BUILT.clear()
     _BUILT[source.inputs_sha256] = problem
 
@@ -197,8 +198,7 @@ def rebuilt(source: Source) -> Problem:
     digest = inputs_sha256(problem)
     if digest != source.inputs_sha256:
         raise InputsDiffer(f"{source.name}: the inputs rebuilt here hash to {digest[:12]}, the driver's to {source.inputs_sha256[:12]}: refused")
-    _BUILT.clear()
-    _BUILT[digest] = problem
+    remember(source, problem)
     return problem
 
 

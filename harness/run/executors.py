@@ -66,9 +66,8 @@ class Local:
         self.kept = Reused()
 
     def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
-        if cell is not None and cell.calibrates:
-            return self.pool.submit(self.kept.call, _capped, self.plan.threads, call, *args)
-        return self.pool.submit(in_fresh_process, _capped, self.plan.threads, call, *args)
+        where = self.kept.call if cell is not None and cell.calibrates else in_fresh_process
+        return self.pool.submit(where, _capped, self.plan.threads, call, *args)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -41,9 +41,10 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
+def _pool() -> ProcessPoolExecutor:
+    """A pool of one spawned process, which dies with this one."""
     context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
+    return ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
 
 
 def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> Future:
@@ -59,7 +60,7 @@ def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> 
 
 def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
     """call(*args) in a new process; its result, its exception, or ProcessDied."""
-    with _pool(1) as pool:
+    with _pool() as pool:
         future = _submit(pool, call, *args)
         try:
             return future.result()
@@ -82,7 +83,7 @@ class Reused:
         with self.lock:
             pool = self.pools.get(me)
             if pool is None:
-                pool = self.pools[me] = _pool(1)
+                pool = self.pools[me] = _pool()
         try:
             return _submit(pool, call, *args).result()
         except BrokenProcessPool:
