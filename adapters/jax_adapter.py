@@ -131,18 +131,7 @@ def transformation(opt):
     A plain spec gets optax.sgd or optax.adam alone, as it always did."""
     import optax
 
-    lr = opt.lr
-    if opt.schedule is not None and opt.schedule.kind == "step":
-        lr = optax.exponential_decay(opt.lr, transition_steps=opt.schedule.every, decay_rate=opt.schedule.gamma, staircase=True)
-    elif opt.schedule is not None and opt.schedule.kind == "warmup_cosine":
-        s = opt.schedule
-        lr = optax.warmup_cosine_decay_schedule(
-            init_value=opt.lr * s.init_fraction,
-            peak_value=opt.lr,
-            warmup_steps=s.warmup_steps,
-            decay_steps=s.decay_steps,
-            end_value=opt.lr * s.end_fraction,
-        )
+    lr = _rate(optax, opt)
     if opt.kind == "adamw":
         rule = optax.adamw(lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
     elif opt.kind == "adam":
@@ -155,6 +144,43 @@ def transformation(opt):
     if opt.weight_decay and opt.kind != "adamw":
         before.append(optax.add_decayed_weights(opt.weight_decay))
     return optax.chain(*before, rule) if before else rule
+
+
+def _rate(optax, opt):
+    """The spec's rate, or its schedule as optax builds it."""
+    if opt.schedule is not None and opt.schedule.kind == "step":
+        return optax.exponential_decay(opt.lr, transition_steps=opt.schedule.every, decay_rate=opt.schedule.gamma, staircase=True)
+    if opt.schedule is not None and opt.schedule.kind == "warmup_cosine":
+        s = opt.schedule
+        return optax.warmup_cosine_decay_schedule(
+            init_value=opt.lr * s.init_fraction,
+            peak_value=opt.lr,
+            warmup_steps=s.warmup_steps,
+            decay_steps=s.decay_steps,
+            end_value=opt.lr * s.end_fraction,
+        )
+    return opt.lr
+
+
+def schedule_rates(opt, steps: int) -> list[float]:
+    """The learning rate of updates 0 .. steps - 1 as optax computes it inside the float64
+    twin's update: the schedule jitted, at its int32 update count, under x64 (float32 values:
+    harness/known_differences.yaml, optax-schedule-float32). x64 is put back as it was."""
+    import optax
+
+    jax = _jax()
+    import jax.numpy as jnp
+
+    rate = _rate(optax, opt)
+    if not callable(rate):
+        return [float(rate)] * steps
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        at = jax.jit(rate)
+        return [float(at(jnp.int32(t))) for t in range(steps)]
+    finally:
+        jax.config.update("jax_enable_x64", before)
 
 
 def _masks_at(problem, data, t, size: int):

@@ -143,7 +143,7 @@ def plain_steps_fast(problem, key) -> bool:
     fast mode takes the network (dense, plain SGD or Adam). Bitwise the eager steps
     (tests/test_fast_xp.py); the article-style eager runs a framework is timed by stay eager."""
     own = key.framework == ORACLE or bool(key.variant)
-    return own and key.device == "cpu" and problem.spec.model.is_mlp and problem.spec.plain_training and not problem.clip_eps
+    return own and key.device == "cpu" and problem.spec.model.is_mlp and problem.spec.plain_training and not problem.computes_library
 
 
 def _go_fast(trainer: Trainer) -> None:
@@ -172,8 +172,12 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     x, y = problem.batch(trainer.data, step)
     member = problem.jittered(step)
     jitter = trainer.jitter if member else network.plain
-    ctx = network.Context(jitter=jitter, masks=problem.step_masks(trainer.data, step), reorder=trainer.reorder if member else None)
-    return network.train_step(trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps)
+    masks = problem.step_masks(trainer.data, step)
+    ctx = network.Context(jitter=jitter, masks=masks, reorder=trainer.reorder if member else None, sequential_loss=problem.sequential_loss)
+    corrections = network.float32_bias_corrections if problem.float32_corrections else network.bias_corrections
+    return network.train_step(
+        trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps, problem.rates, corrections
+    )
 
 
 def train(trainer: Trainer, start: int, stop: int) -> None:

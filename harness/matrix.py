@@ -73,6 +73,7 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
         labels = tuple((key, f"{name} {key.label}") for key in group)
         found.append(cells.Cell(group[0].label, cells.FRAMEWORK, labels, runs, cost=sum(cost(k, total, runs) for k in group)))
     found += member_cells(loaded, problem, plan.member_seeds(problem, FLOAT32))
+    found += library_member_cells(loaded, problem, keys)
     if not twins:
         return found
     first = RunKey(ORACLE, "cpu", f"first{first_steps}")
@@ -97,7 +98,7 @@ def plan_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats
             at = anchored.anchored_key(key)
             label = f"{name} {at.label} (float64 twin, re-anchored)"
             found.append(cells.Cell(at.label, cells.ANCHORED_TWIN, ((at, label),), needs=oracle, cost=anchored_cost))
-        formula = diagnosis.library_formula(loaded.spec, key)
+        formula = plan.resolved(diagnosis.library_formula(loaded.spec, key), problem)
         ref = RunKey(ORACLE, "cpu", f"as-{key.framework}")
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
@@ -142,6 +143,24 @@ def member_cells(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey,
     for key, seed in seeds:
         label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
         found.append(cells.Cell(key.label, cells.MEMBER, ((key, label),), member=seed, cost=problem.total_steps))
+    return found
+
+
+def library_member_cells(loaded: LoadedSpec, problem: Problem, keys: list[RunKey]) -> list[cells.Cell]:
+    """For each framework whose library has catalogued behaviours on this spec
+    (harness/known_differences.yaml), float32 members computing them: the array-module
+    code, reordered as the envelope's members are, whole runs. How far they get from the
+    oracle is how far those entries can explain a check (diagnosis.reach)."""
+    found = []
+    frameworks = dict.fromkeys(k.framework for k in keys if k.framework not in (ORACLE, CALIBRATION_KEY.framework) and k.precision != FLOAT64)
+    for framework in frameworks:
+        behaviour = plan.resolved(diagnosis.library_behaviour(loaded.spec, framework, keys), problem)
+        if behaviour is None:
+            continue
+        for key, seed in plan.member_seeds(problem, FLOAT32):
+            mk = RunKey(key.framework, key.device, f"as-{framework}-{key.variant}")
+            label = f"{loaded.name} {mk.label} (calibration: {framework}'s catalogued behaviour, its sums in another order)"
+            found.append(cells.Cell(mk.label, cells.LIBRARY32, ((mk, label),), member=seed, formula=behaviour, cost=problem.total_steps))
     return found
 
 
@@ -232,7 +251,10 @@ def run_spec(
             segments_of = calibration.measure_segments_against(again.segments, again_members) if again is not None and again.status == "ok" else None
             library_spread[key.framework, key.device] = (spread, segments_of)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
-    cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library, library_spread)
+    library32: dict[str, list[Outcome]] = {}
+    for c, o in of_role(cells.LIBRARY32):  # numpy@cpu~as-<framework>-order<i>
+        library32.setdefault(o.key.variant.removeprefix("as-").rsplit("-", 1)[0], []).append(plain(c, o))
+    cal = Calibration(cal32, cal64, reference, segments, anchored_runs, library, library_spread, library32)
     checks = diagnosis.verdicts(problem.spec, outcomes, cal)
     more = plan.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look)
     doubted = diagnosis.on_rounding_alone(checks)

@@ -241,13 +241,13 @@ def bugs_for(doc: dict) -> list[str]:
     """The injected bugs that change this spec's math: for a network with other layers than
     dense, the porting bugs of its layer kinds and activations (tests/layer_bugs.py)."""
     from tests.layer_bugs import LAYER_BUGS
-    from tests.recipe_bugs import RECIPE_BUGS
+    from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
 
     present = {layer.get("kind", "dense") for layer in doc["model"]["layers"]} | {layer.get("activation") for layer in doc["model"]["layers"]}
     if present - {"dense", None, "relu", "tanh", "identity"}:
         return [name for name, (_, kinds) in LAYER_BUGS.items() if present & set(kinds)]
     if "math_parity" in doc["checks"]:  # a recipe workload: the bugs of its recipe
-        return [name for name, (_, changes) in RECIPE_BUGS.items() if changes(doc)]
+        return [name for name, (_, changes) in {**RECIPE_BUGS, **JAX_RECIPE_BUGS}.items() if changes(doc)]
     bugs = list(BUGS_FOR_ANY)
     if doc["loss"]["reduction"] == "mean":
         bugs.append("torch_loss_sum")

@@ -56,6 +56,28 @@ def _momentum_flipped(holder, p):
         holder.momentum = 1 - p.section.momentum  # flax's convention passed to torch
 
 
+def _biased_forward(self, x):
+    """nn.BatchNorm's training pass, storing the biased batch variance (flax's) in
+    running_var where torch stores the unbiased one; evaluation as torch's own."""
+    import torch
+    import torch.nn.functional as F
+
+    if not self.training:
+        return type(self).forward(self, x)
+    dims = [0, *range(2, x.dim())]
+    out = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+    with torch.no_grad():
+        m = self.momentum
+        self.running_mean.mul_(1 - m).add_(m * x.mean(dim=dims))
+        self.running_var.mul_(1 - m).add_(m * x.var(dim=dims, unbiased=False))
+    return out
+
+
+def _stores_biased_var(holder, p):
+    if p.module.KIND == "batch_norm":
+        holder.forward = types.MethodType(_biased_forward, holder)
+
+
 def _other_gelu(nn, name):
     swapped = {"gelu": "gelu_tanh", "gelu_tanh": "gelu"}.get(name, name)
     return torch_layers._activation(nn, swapped)
@@ -70,6 +92,7 @@ LAYER_BUGS = {
     "torch_padding_swapped": (_padding_swapped(), ("conv2d",)),
     "torch_norm_eps": (_with(_eps_tenfold), ("batch_norm", "layer_norm")),
     "torch_bn_momentum_flipped": (_with(_momentum_flipped), ("batch_norm",)),
+    "torch_bn_biased_var": (_with(_stores_biased_var), ("batch_norm",)),
     "torch_other_gelu": (_copy(_activation=_other_gelu), ("gelu", "gelu_tanh")),
     "torch_dropout_unscaled": (_copy(apply_mask=_unscaled), ("dropout",)),
 }

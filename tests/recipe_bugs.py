@@ -2,12 +2,16 @@
 JAX, each a replacement of one function of adapters/torch_adapter.py (tests/test_injected_bugs.py
 registers a copy of the adapter with it): the schedule one step off, coupled and decoupled
 weight decay swapped, clipping with another eps, label smoothing over K - 1 classes,
-Nesterov's formula dropped, and a learning rate that changes late in the run. Each says
-which generated specs it changes the math of (tests/family.py)."""
+Nesterov's formula dropped, and a learning rate that changes late in the run; and of
+adapters/jax_adapter.py's optax chain (JAX_RECIPE_BUGS): each leaf clipped by its own norm,
+AdamW's decay at the peak rate instead of the scheduled one. A JAX copy inherits optax's
+catalogued differences (the float32 schedule and bias corrections), so each is a bug on
+top of a known behaviour. Each says which generated specs it changes the math of
+(tests/family.py)."""
 
 from __future__ import annotations
 
-from adapters import torch_adapter
+from adapters import jax_adapter, torch_adapter
 from harness.reference import network
 
 LATE = 0.5  # the late change starts halfway through the run
@@ -105,4 +109,54 @@ RECIPE_BUGS = {
     "torch_smoothing_over_others": ({"_train_step": _train_step(loss=_smoothing_over_others)}, lambda doc: _has(doc, "loss", "label_smoothing")),
     "torch_no_nesterov": ({"_optimizer": _no_nesterov}, lambda doc: _has(doc, "optimizer", "nesterov")),
     "torch_late_rate": ({"_train_step": _train_step(late=True)}, lambda doc: True),
+}
+
+
+def _jax_clip_per_leaf(opt):
+    """optax's chain with each gradient leaf clipped by its own norm (max_norm / ||g_leaf||,
+    at most 1) where the spec clips by the global norm."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    if opt.clip_global_norm is None:
+        return jax_adapter.transformation(opt)
+    unclipped = jax_adapter.transformation(opt.model_copy(update={"clip_global_norm": None}))
+    limit = opt.clip_global_norm
+
+    def clip(updates, params=None):
+        return jax.tree.map(lambda g: g * jnp.minimum(1.0, limit / jnp.linalg.norm(g)), updates)
+
+    return optax.chain(optax.stateless(clip), unclipped)
+
+
+def _jax_decay_at_peak(opt):
+    """AdamW written as optax.adam at the schedule plus a decay of peak lr * weight_decay * p:
+    the decay at the peak rate where optax.adamw (and torch) decay at the scheduled one."""
+    import jax
+    import optax
+
+    if opt.kind != "adamw" or not opt.weight_decay:
+        return jax_adapter.transformation(opt)
+    adam = jax_adapter.transformation(opt.model_copy(update={"kind": "adam", "weight_decay": 0.0}))
+    shrink = opt.lr * opt.weight_decay
+
+    def decay(updates, params):
+        return jax.tree.map(lambda u, p: u - shrink * p, updates, params)
+
+    return optax.chain(adam, optax.stateless(decay))
+
+
+def _scheduled(doc: dict) -> bool:
+    return doc["optimizer"].get("schedule", {}).get("kind", "constant") != "constant"
+
+
+# name -> (the jax_adapter functions the copy gets instead of its own, which generated spec
+# documents it changes the math of)
+JAX_RECIPE_BUGS = {
+    "jax_clip_per_leaf": ({"transformation": _jax_clip_per_leaf}, lambda doc: _has(doc, "optimizer", "clip_global_norm")),
+    "jax_decay_at_peak": (
+        {"transformation": _jax_decay_at_peak},
+        lambda doc: doc["optimizer"]["kind"] == "adamw" and _has(doc, "optimizer", "weight_decay") and _scheduled(doc),
+    ),
 }

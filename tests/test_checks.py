@@ -3,6 +3,8 @@ and isolated runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -65,8 +67,11 @@ def test_close_check_with_different_shapes_fails_instead_of_raising():
 JAX_CPU = RunKey("jax", "cpu")
 
 
-def fake_check(verdict: str, name: str = "loss_curve_envelope", key: RunKey = JAX_CPU) -> checks.Check:
-    return checks.Check(name, key, ORACLE_KEY, verdict, "rule")
+def fake_check(verdict: str, name: str = "loss_curve_envelope", key: RunKey = JAX_CPU, ratio: float = 3.0) -> checks.Check:
+    return checks.Check(name, key, ORACLE_KEY, verdict, "rule", ratio=ratio)
+
+
+REACHED = {"jax": {"loss_curve_envelope": 0.5, "initial_loss": 0.5}, "torch": {"loss_curve_envelope": 1.0}}  # the library members' ratios
 
 
 ADAM = quick_problem("peaks_mlp").spec  # Adam, mse
@@ -74,20 +79,38 @@ SGD_CROSS_ENTROPY = quick_problem("moons_net").spec  # sgd, cross_entropy
 
 
 def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
-    """The library file covers JAX's float32 checks on any Adam spec, never its float64 twin
-    (math parity) and never an SGD spec; the entry is non-strict."""
-    marked = diagnosis.apply_known_differences(ADAM, [fake_check("fail"), fake_check("fail", "initial_loss")])
+    """The library file covers JAX's float32 checks on any Adam spec, as far as the members
+    computing optax's bias corrections reach (10 x 0.5 here), never its float64 twin (math
+    parity) and never an SGD spec; the entry is non-strict."""
+    marked = diagnosis.apply_known_differences(ADAM, [fake_check("fail"), fake_check("fail", "initial_loss")], REACHED)
     assert [c.verdict for c in marked] == ["known", "fail"]
     assert marked[0].reason.startswith("known difference: optax.adam") and "optax-adam" in marked[0].diagnosis
-    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("pass")])] == ["pass"]
+    assert "0.6 of what it explains" in marked[0].diagnosis
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("pass")], REACHED)] == ["pass"]
     twin = fake_check("fail", "math_loss_curve", RunKey("jax", "cpu", precision=FLOAT64))
-    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [twin])] == ["fail"]
-    assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")])] == ["fail"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [twin], REACHED)] == ["fail"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")], REACHED)] == ["fail"]
+
+
+def test_a_library_entry_explains_a_check_only_as_far_as_its_members_reach():
+    """Beyond factor x what the members computing the library's behaviour reach, a covered
+    check fails, diagnosed implementation and saying how far beyond; where no such member
+    ran, the entry explains nothing. Against another run, that run's own tolerance adds."""
+    beyond = diagnosis.apply_known_differences(ADAM, [fake_check("fail", ratio=4.0e11)], REACHED)
+    assert beyond[0].verdict == "fail"
+    assert beyond[0].diagnosis.startswith("implementation: beyond what optax-adam-float32-bias-corrections explains (8e+10x")
+    kept = diagnosis.diagnose(ADAM, beyond)
+    assert kept[0].diagnosis.startswith("implementation: beyond what optax-adam-float32-bias-corrections explains")
+    unmeasured = diagnosis.apply_known_differences(ADAM, [fake_check("fail")], {})
+    assert unmeasured[0].verdict == "fail" and "no members computing its behaviour ran" in unmeasured[0].diagnosis
+    pair = checks.Check("loss_curve_envelope", TORCH, JAX_CPU, "fail", "rule", ratio=5.5)  # 1 (torch) + 10 x 0.5 (jax)
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [pair], REACHED)] == ["known"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [dataclasses.replace(pair, ratio=6.5)], REACHED)] == ["fail"]
 
 
 def test_a_library_entry_applies_only_inside_its_version_range(monkeypatch):
     monkeypatch.setattr(diagnosis, "_installed", lambda library: "0.0.1")
-    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("fail")])] == ["fail"]
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("fail")], REACHED)] == ["fail"]
 
 
 def test_a_strict_spec_entry_that_stops_failing_is_reported():
@@ -104,10 +127,10 @@ def test_a_strict_spec_entry_that_stops_failing_is_reported():
 def test_a_known_difference_of_the_fast_mode_leaves_the_eager_mode_judged():
     fast, eager = RunKey("torch", "cpu", mode="fast"), RunKey("torch", "cpu")
     judged = [
-        checks.Check("loss_curve_envelope", fast, ORACLE_KEY, "fail", "rule"),
-        checks.Check("loss_curve_envelope", eager, ORACLE_KEY, "fail", "rule"),
+        checks.Check("loss_curve_envelope", fast, ORACLE_KEY, "fail", "rule", ratio=2.0),
+        checks.Check("loss_curve_envelope", eager, ORACLE_KEY, "fail", "rule", ratio=2.0),
     ]
-    found = diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, judged)
+    found = diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, judged, REACHED)
     assert [c.verdict for c in found] == ["known", "fail"] and "inductor" in found[0].diagnosis
 
 

@@ -38,7 +38,7 @@ from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_do
 from harness.verdict import diagnosis
 from harness.verdict.checks import Check
 from tests.layer_bugs import LAYER_BUGS
-from tests.recipe_bugs import RECIPE_BUGS
+from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
 SHORT_HORIZON = ("initial_outputs", "initial_loss", "params_after_step_1", "params_after_step_10")
@@ -119,6 +119,7 @@ BUGGY = {
     **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in LAYER_BUGS.items()},
     # and the recipe bugs (tests/recipe_bugs.py)
     **{name: ("torch", overrides) for name, (overrides, _) in RECIPE_BUGS.items()},
+    **{name: ("jax", overrides) for name, (overrides, _) in JAX_RECIPE_BUGS.items()},
 }
 LOW_PRECISION = ("torch_matmul_bfloat16", "torch_matmul_float16")
 

@@ -87,8 +87,19 @@ class Problem:
     # The oracle computing a library's clipping (harness/run/plan.py library_problem): see
     # harness.reference.network.recipe_gradients. 0: the spec's.
     clip_eps: float = 0.0
+    # ... and a library's other behaviours (harness/known_differences.yaml): the learning
+    # rate of each update as its schedule computes it, Adam's bias corrections in float32,
+    # the logged loss summed one example after another. None / False: the spec's.
+    rates: tuple[float, ...] | None = None
+    float32_corrections: bool = False
+    sequential_loss: bool = False
     # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
     masks: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def computes_library(self) -> bool:
+        """Whether the array-module code computes a library's behaviour instead of the spec's."""
+        return bool(self.clip_eps or self.rates is not None or self.float32_corrections or self.sequential_loss)
 
     @property
     def jitter_steps(self) -> int:

@@ -34,6 +34,9 @@ class Context:
     # than dense take their long sums (batch norm's statistics, layer norm's, a convolution's
     # gradients over the batch and the pixels) over their terms in a seeded order.
     reorder: np.random.Generator | None = None
+    # The logged loss summed one example after another (a library's few partial sums,
+    # harness/known_differences.yaml `loss_sum`); its gradient is unchanged.
+    sequential_loss: bool = False
 
     def total(self, xp, a: Array, axis: int) -> Array:
         """a summed over `axis`. Everyone but a calibration member sums pairwise: the terms

@@ -102,12 +102,14 @@ def l2_scale(loss_section, n_examples: int) -> float:
     return l2.coefficient / 2 / (n_examples if l2.divide_by_examples else 1)
 
 
-def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain) -> tuple[Array, Array]:
-    """The data term of the loss and its gradient with respect to the outputs."""
+def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain, sequential: bool = False) -> tuple[Array, Array]:
+    """The data term of the loss and its gradient with respect to the outputs; with
+    `sequential`, the loss's terms summed one example after another (its gradient alike)."""
     n = outputs.shape[0]
     if loss_section.kind == "mse":
         diff = outputs - targets
         total = (diff * diff).sum()
+        terms = (diff * diff).reshape(n, -1).sum(axis=1)
         d_out = 2 * diff
         denom = diff.size if loss_section.reduction == "mean" else 1
     else:
@@ -126,12 +128,16 @@ def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter =
             q = xp.full(outputs.shape, off, dtype=outputs.dtype)
             q[rows, targets] += on
             total = -(q * logp).sum()
+            terms = -(q * logp).sum(axis=1)
             d_out = jitter(xp.exp(logp)) - q
         else:
             total = -logp[rows, targets].sum()
+            terms = -logp[rows, targets]
             d_out = jitter(xp.exp(logp))
             d_out[rows, targets] -= 1
         denom = n if loss_section.reduction == "mean" else 1
+    if sequential:
+        total = xp.cumsum(terms)[-1]
     return total / denom, d_out / denom
 
 
@@ -151,7 +157,7 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     jitter = ctx.jitter
     ctx.l2_scale = l2_scale(loss_section, n_examples)
     outputs, caches = forward(xp, placed, params, x, ctx)
-    loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter)
+    loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter, ctx.sequential_loss)
     d_a = jitter(d_a)
     found: dict[str, Array] = {}
     for i in reversed(range(len(placed))):
@@ -249,6 +255,13 @@ def bias_corrections(opt, t: int) -> tuple[float, float]:
     return 1 - opt.beta1**t, 1 - opt.beta2**t
 
 
+def float32_bias_corrections(opt, t: int) -> tuple[float, float]:
+    """1 - beta^t as optax computes it: in float32, with beta rounded to float32
+    (harness/known_differences.yaml, optax-adam-float32-bias-corrections)."""
+    one = np.float32(1)
+    return float(one - np.float32(opt.beta1) ** np.float32(t)), float(one - np.float32(opt.beta2) ** np.float32(t))
+
+
 def adam_denominator(xp, v_hat: Array, eps: float) -> Array:
     return xp.sqrt(v_hat) + eps
 
@@ -279,16 +292,29 @@ def adam_update(
 
 
 def train_step(
-    xp, placed: list[Placed], params: Params, opt_state, x: Array, targets: Array, spec, n_examples: int, ctx: Context, clip_eps: float = 0.0
+    xp,
+    placed: list[Placed],
+    params: Params,
+    opt_state,
+    x: Array,
+    targets: Array,
+    spec,
+    n_examples: int,
+    ctx: Context,
+    clip_eps: float = 0.0,
+    rates: tuple[float, ...] | None = None,
+    corrections=bias_corrections,
 ):
     """One optimizer step of the spec: the loss before it, the parameters and running
-    statistics after it, and the optimizer state (`clip_eps`: see recipe_gradients)."""
+    statistics after it, and the optimizer state. A library's behaviour instead of the
+    spec's (harness/run/plan.py library_problem): `clip_eps` (see recipe_gradients), `rates`
+    (the learning rate of update t is rates[t]), `corrections` (Adam's bias corrections)."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)
     opt = spec.optimizer
     grads = recipe_gradients(xp, params, grads, opt, ctx.jitter, clip_eps)
-    lr = opt.lr_at(opt_state["t"])
+    lr = opt.lr_at(opt_state["t"]) if rates is None else rates[opt_state["t"]]
     if opt.kind in ("adam", "adamw"):
-        params, opt_state = adam_update(xp, params, grads, opt_state, opt, jitter=ctx.jitter, lr=lr)
+        params, opt_state = adam_update(xp, params, grads, opt_state, opt, corrections=corrections, jitter=ctx.jitter, lr=lr)
     else:
         params, opt_state = sgd_update(params, grads, opt_state, opt, lr, ctx.jitter)
     return loss, {**params, **updates}, opt_state

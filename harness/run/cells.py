@@ -46,9 +46,12 @@ LIBRARY_ANCHORED = "library reference, re-anchored"
 # own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
 LIBRARY_MEMBER = "library member"
 LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
+# the float32 members computing a library's catalogued behaviours: how far a known
+# difference can carry that framework's float32 runs (harness/verdict/diagnosis.py reach)
+LIBRARY32 = "library float32 member"
 
 # The roles of the runs that calibrate the checks: no record holds them, nothing times them.
-CALIBRATING = frozenset({MEMBER, REFERENCE, MEMBER64, ANCHORED_MEMBER, LIBRARY, LIBRARY_ANCHORED, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER})
+CALIBRATING = frozenset({MEMBER, REFERENCE, MEMBER64, ANCHORED_MEMBER, LIBRARY, LIBRARY_ANCHORED, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER, LIBRARY32})
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
 

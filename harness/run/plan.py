@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from harness.core import registry
 from harness.core.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT32, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
 from harness.inputs.members import reordered
 from harness.inputs.problem import Problem, truncated
@@ -66,7 +67,31 @@ def library_problem(problem: Problem, formula) -> Problem:
             if layer.get("kind") == "batch_norm":
                 layer["running_var"] = formula.running_var
     spec = type(problem.spec).model_validate(doc)
-    return replace(problem, spec=spec, clip_eps=formula.clip_eps or 0.0)
+    rates = formula.rates if isinstance(formula.rates, tuple) else None
+    if formula.rates is not None and rates is None:
+        raise ValueError(f"library_problem: the rates of {formula.rates!r} were not computed (plan.resolved)")
+    return replace(
+        problem,
+        spec=spec,
+        clip_eps=formula.clip_eps or 0.0,
+        rates=rates,
+        float32_corrections=formula.bias_corrections == "float32",
+        sequential_loss=formula.loss_sum == "sequential",
+    )
+
+
+def resolved(formula, problem: Problem):
+    """A library formula with what it names computed: `rates: optax` becomes the learning
+    rate of every update of the run as optax's schedule gives it (adapters/jax_adapter.py
+    schedule_rates, in this process, once per spec), a sequence of numbers the worker's
+    oracle takes as they are. None stays None."""
+    if formula is None or formula.rates is None or isinstance(formula.rates, tuple):
+        return formula
+    steps = problem.spec.training.epochs * len(problem.bounds)
+    if problem.spec.optimizer.schedule is None:
+        return formula.model_copy(update={"rates": None})
+    values = tuple(registry.load("jax").schedule_rates(problem.spec.optimizer, steps))
+    return formula.model_copy(update={"rates": values})
 
 
 def twin_keys(keys: list[RunKey]) -> list[RunKey]:

@@ -351,15 +351,25 @@ class KnownDifference(Strict):
 
 
 class LibraryFormula(Strict):
-    """A library's own formula where it differs from the spec's, for the oracle to compute
-    exactly (harness/verdict/library.py): the framework's float64 twin is judged against
-    the oracle computing it, so that every other bit of that framework's math stays judged.
+    """What a library computes where it differs from the spec, for the array-module code to
+    compute too (harness/run/plan.py library_problem). In an entry's `formula` (the library's
+    math, float64 too): the oracle computing it is the reference of that framework's float64
+    twin, so every other bit of its math stays judged. In `formula` or `float32` (what the
+    library does in float32 only): the float32 members computing it measure how far it can
+    carry a float32 run from the spec's oracle, the bound of what the entry explains.
+
     clip_eps: clipping scales by max_norm / (norm + clip_eps); dampening: SGD's momentum
-    buffer takes this dampening; running_var: batch norm stores this variance."""
+    buffer takes this dampening; running_var: batch norm stores this variance; rates: the
+    learning rate of each update is the value this library's schedule computes (optax: in
+    float32, from its int32 update count); bias_corrections: Adam's 1 - beta^t in float32
+    with beta rounded to float32; loss_sum: the logged loss summed one example after another."""
 
     clip_eps: Annotated[float, Field(ge=0)] | None = None
     dampening: Annotated[float, Field(ge=0, le=1)] | None = None
     running_var: Literal["unbiased", "biased"] | None = None
+    rates: Literal["optax"] | None = None
+    bias_corrections: Literal["float32"] | None = None
+    loss_sum: Literal["sequential"] | None = None
 
 
 class LibraryDifference(KnownDifference):
@@ -376,16 +386,25 @@ class LibraryDifference(KnownDifference):
     # Layer options ("batch_norm.running_var=unbiased"): the entry covers a spec with a layer
     # of that kind and option value (any of them); none listed: every spec.
     layers: list[Annotated[str, Field(pattern=r"^[a-z0-9_]+\.[a-z_]+=[A-Za-z0-9_.-]+$", max_length=64)]] = []
-    # The library cannot express the spec's math at all (an API without the option): its
-    # float64 twin is expected to differ too, and the listed math_* checks are covered.
-    twins: bool = False
-    # Or the oracle can compute the library's formula exactly: the twin is judged against
-    # that, and its math_* checks are not covered (a further difference still fails).
+    # The library's formula where it differs from the spec's in float64 too: the twin is
+    # judged against the oracle computing it (math_* checks are never covered), and the
+    # float32 members computing it bound what the entry explains.
     formula: LibraryFormula | None = None
+    # What the library does in float32 only (its float64 twin computes the spec's math): the
+    # float32 members computing it bound what the entry explains.
+    float32: LibraryFormula | None = None
 
     # Options of the spec's recipe ("optimizer.clip_global_norm", "loss.label_smoothing"):
     # the entry covers a spec that sets each of them (to anything but none, 0 or false).
     when: list[Annotated[str, Field(pattern=r"^(optimizer|loss)\.[a-z_]+$", max_length=64)]] = []
+
+    @model_validator(mode="after")
+    def _bounded(self) -> LibraryDifference:
+        if self.formula is None and self.float32 is None:
+            raise ValueError(f"{self.id}: give a formula or float32 behaviour: an entry explains a check only as far as members computing it reach")
+        if any(p.startswith("math_") for p in self.patterns):
+            raise ValueError(f"{self.id}: checks: math parity (math_*) is never covered: give the library's formula instead")
+        return self
 
     def matches_options(self, spec: Spec) -> bool:
         """Whether the spec sets every option in `when` and has a layer of `layers` (any)."""

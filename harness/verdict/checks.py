@@ -85,6 +85,10 @@ class Calibration:
     # than the spec's (SGD without dampening takes longer steps), so its twin is calibrated
     # on the dynamics it is judged on.
     library_spread: dict[tuple[str, str], tuple[Spread | None, Segments | None]] = field(default_factory=dict)
+    # framework -> the float32 members computing its library's catalogued behaviours
+    # (harness/known_differences.yaml), whole runs in plain unit order: how far a known
+    # difference can carry that framework's float32 runs (diagnosis.reach)
+    library32: dict[str, list[Outcome]] = field(default_factory=dict)
 
     def reference_of(self, twin: RunKey) -> Outcome | None:
         """What a twin's first steps are judged against: the oracle's, or the oracle

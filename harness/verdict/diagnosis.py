@@ -28,11 +28,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
-from harness.core.registry import FLOAT32, FLOAT64, ORACLE, TF32, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Verdict
 from harness.spec.model import KnownDifference, LibraryDifference, LibraryFormula, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 from harness.verdict.checks import MATH, Calibration, Check
-from harness.verdict.rules import check_all
+from harness.verdict.rules import check_all, pair_checks
 
 FLOAT32_ROUNDING = "rounding: float32 only"  # how _diagnosis begins where on_rounding_alone is true
 
@@ -84,16 +84,31 @@ def library_formula(spec: Spec, key) -> LibraryFormula | None:
     return LibraryFormula(**found) if found else None
 
 
+def library_behaviour(spec: Spec, framework: str, keys) -> LibraryFormula | None:
+    """What the float32 members standing for `framework`'s library compute (the bound of
+    what its entries explain): every applicable entry's `formula` and `float32` behaviour,
+    merged, for the entries that match one of its float32 runs in `keys` (device and mode);
+    None where none applies."""
+    runs = [k for k in keys if k.framework == framework and k.precision != FLOAT64]
+    found: dict = {}
+    for entry in library_differences():
+        if entry.framework != framework or not any(k.device in entry.devices and k.mode in entry.modes for k in runs):
+            continue
+        if applies(entry, spec):
+            for part in (entry.formula, entry.float32):
+                if part is not None:
+                    found.update(part.model_dump(exclude_none=True))
+    return LibraryFormula(**found) if found else None
+
+
 def covers(entry: KnownDifference, check: Check) -> bool:
     """Whether an entry explains a check: its name, framework, device and mode. Math parity
-    (the float64 twins) is covered only by a library entry with `twins: true`, whose
-    library cannot express the spec's math, and only for the math_* checks it lists."""
-    math = check.name.startswith(MATH)
-    if (math and not getattr(entry, "twins", False)) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
+    (the float64 twins) is never covered: where a library's math differs, its twin is
+    judged against the oracle computing the library's formula."""
+    if check.name.startswith(MATH) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
         return False
     return any(
-        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and (k.precision != FLOAT64 or math)
-        for k in (check.a, check.b)
+        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64 for k in (check.a, check.b)
     )
 
 
@@ -101,19 +116,79 @@ def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
 
 
-def apply_known_differences(spec: Spec, checks: list[Check]) -> list[Check]:
-    """Mark explained failures 'known'; report a strict entry that no longer fails as a failure."""
+BEYOND = "implementation: beyond what"  # how the diagnosis of a check a library entry cannot explain begins
+
+
+def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, float]]:
+    """How far each library's catalogued behaviour carries a float32 run from the oracle, by
+    framework and check: the largest ratio to its tolerance that the float32 members
+    computing that behaviour (Calibration.library32) reach on each check against the oracle.
+    A framework whose members did not all run reaches nothing."""
+    oracle = outcomes.get(ORACLE_KEY)
+    found: dict[str, dict[str, float]] = {}
+    if oracle is None or oracle.status != "ok":
+        return found
+    for framework, members in cal.library32.items():
+        if not members or any(m.status != "ok" for m in members):
+            continue
+        worst: dict[str, float] = {}
+        for member in members:
+            for c in pair_checks(spec, member, oracle, cal):
+                if c.ratio is not None and math.isfinite(c.ratio):
+                    worst[c.name] = max(worst.get(c.name, 0.0), c.ratio)
+        found[framework] = worst
+    return found
+
+
+def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]]) -> float:
+    """The largest ratio a check may reach and stay explained by `entries` (those of its
+    sides' libraries that cover it): by the triangle inequality, the sum over its sides
+    other than the oracle of factor times what that side's library members reach on this
+    check (an uncovered side: its own tolerance, 1). 0 where a covered side's members did
+    not run: an entry explains nothing it has not measured."""
+    factor, total = spec.checks.long_run.factor, 0.0
+    for side in (check.a, check.b):
+        if side.framework == ORACLE:
+            continue
+        if not any(isinstance(e, LibraryDifference) and e.framework == side.framework for e in entries):
+            total += 1.0
+            continue
+        ratio = reached.get(side.framework, {}).get(check.name)
+        if ratio is None:
+            return 0.0
+        total += factor * ratio
+    return total
+
+
+def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None) -> list[Check]:
+    """Mark explained failures 'known', as far as their entries reach; report a strict entry
+    that no longer fails as a failure. A spec's own entry covers the checks it names; a
+    library entry (harness/known_differences.yaml) covers a failing check only up to what
+    the float32 members computing its library's behaviour reach on that check (`reached`,
+    see reach): beyond that, the check fails, diagnosed implementation."""
     entries = [e for e in (*spec.known_differences, *library_differences()) if applies(e, spec)]
     marked = []
     for check in checks:
-        known = next((e for e in entries if covers(e, check)), None)
-        if known and check.verdict == Verdict.FAIL:
-            check = dataclasses.replace(
-                check,
-                verdict=Verdict.KNOWN,
-                reason=f"known difference: {known.reason}",
-                diagnosis=f"known ({_label(known)})",
-            )
+        covering = [e for e in entries if covers(e, check)]
+        if covering and check.verdict == Verdict.FAIL:
+            known = covering[0]
+            library = [e for e in covering if isinstance(e, LibraryDifference)]
+            bound = _explained(spec, check, covering, reached or {}) if library else None
+            named = sorted({_label(e) for e in library})
+            ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
+            if bound is not None and (check.ratio is None or check.ratio > bound):
+                beyond = "no members computing its behaviour ran" if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
+                check = dataclasses.replace(
+                    check, diagnosis=f"{BEYOND} {ids} ({beyond}; the float32 members computing it reach {bound:.3g}x the tolerance)"
+                )
+            else:
+                within = "" if bound is None else f", {check.ratio / bound:.2g} of what it explains"
+                check = dataclasses.replace(
+                    check,
+                    verdict=Verdict.KNOWN,
+                    reason=f"known difference: {known.reason}",
+                    diagnosis=f"known ({_label(known)}{within})",
+                )
         marked.append(check)
     for known in entries:
         judged = [c for c in checks if covers(known, c) and c.verdict != Verdict.SKIPPED]
@@ -230,7 +305,8 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
     for check in checks:
         if check.verdict in (Verdict.FAIL, Verdict.KNOWN):
             pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
-            why = check.diagnosis if check.verdict == Verdict.KNOWN else _diagnosis(check, parity)
+            kept = check.verdict == Verdict.KNOWN or (check.diagnosis or "").startswith(BEYOND)
+            why = check.diagnosis if kept else _diagnosis(check, parity)
             where = _where(check, pair)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
@@ -240,4 +316,4 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
-    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal)))
+    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal), reach(spec, outcomes, cal)))
