@@ -174,7 +174,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     jitter = trainer.jitter if member else network.plain
     masks = problem.step_masks(trainer.data, step)
     ctx = network.Context(jitter=jitter, masks=masks, reorder=trainer.reorder if member else None, sequential_loss=problem.sequential_loss)
-    corrections = network.float32_bias_corrections if problem.float32_corrections else network.bias_corrections
+    corrections = network.float32_bias_corrections if problem.float32_corrections else None
     return network.train_step(
         trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps, problem.rates, corrections
     )

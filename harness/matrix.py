@@ -234,7 +234,7 @@ def run_spec(
         for _, outcome in of_role(cells.TWIN):
             outcomes[outcome.key] = outcome
             twins_run.append(outcome.key)
-        found = [o for _, o in of_role(cells.ANCHORED_MEMBER)]
+        found = [plain(c, o) for c, o in of_role(cells.ANCHORED_MEMBER)]
         if found:
             segments = calibration.measure_segments(outcomes.get(ORACLE_KEY), found)
         anchored_runs = {(o.key.framework, o.key.device): o for _, o in of_role(cells.ANCHORED_TWIN)}
@@ -247,8 +247,12 @@ def run_spec(
             library[key.framework, key.device] = (first, again)
             theirs = f"{ref.variant}-"  # the members computing that library's formula (plan_cells)
             spread = calibration.measure(first, [plain(c, o) for c, o in of_role(cells.LIBRARY_MEMBER) if o.key.variant.startswith(theirs)], FLOAT64)
-            again_members = [o for _, o in of_role(cells.LIBRARY_ANCHORED_MEMBER) if o.key.variant.startswith(theirs)]
-            segments_of = calibration.measure_segments_against(again.segments, again_members) if again is not None and again.status == "ok" else None
+            again_members = [plain(c, o) for c, o in of_role(cells.LIBRARY_ANCHORED_MEMBER) if o.key.variant.startswith(theirs)]
+            segments_of = (
+                calibration.measure_segments_against(again.segments, again_members, again.segment_ends, again.segment_outputs)
+                if again is not None and again.status == "ok"
+                else None
+            )
             library_spread[key.framework, key.device] = (spread, segments_of)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     library32: dict[str, list[Outcome]] = {}

@@ -116,3 +116,68 @@ def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings
     log.write_text(out.getvalue())
     table = subprocess.run([sys.executable, "tools/timings.py", str(log)], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert "| moons_net | torch@cpu+float64~anchored | re-anchored runs | 300 | 1 | 1.2 |" in table
+
+
+def late_bn_momentum(real_step):
+    """torch's step, every batch norm's momentum doubled from update LATE_BN on: only the
+    running statistics change, and with them evaluation; no training loss does."""
+
+    def _train_step(trainer, model, optimizer, step, scheduler=None):
+        if step >= LATE_BN:
+            for module in model.modules():
+                if hasattr(module, "running_var"):
+                    module.momentum = 2 * trainer.problem.spec.model.layers[1].momentum
+        return real_step(trainer, model, optimizer, step, scheduler)
+
+    return _train_step
+
+
+LATE_BN = 40
+BATCH_NORM_NET = {
+    "name": "generated",
+    "title": "a generated workload",
+    "article": "tests/test_anchored.py",
+    "data": {"kind": "image_patterns", "n_samples": 80, "shape": [2, 8, 8], "classes": 3, "noise": 0.3, "seed": 3},
+    "model": {
+        "input_shape": [2, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "filters": 3, "kernel": 3, "stride": 1, "padding": "same", "activation": "relu"},
+            {"kind": "batch_norm", "momentum": 0.1, "eps": 1e-5, "running_var": "unbiased"},
+            {"kind": "flatten"},
+            {"width": 3},
+        ],
+    },
+    "init": {"weights": "glorot_uniform", "biases": "zeros", "seed": 1},
+    "loss": {"kind": "cross_entropy", "reduction": "mean"},
+    "optimizer": {"kind": "sgd", "lr": 0.05},
+    "training": {"epochs": 9, "batch_size": 8, "shuffle": True, "shuffle_seed": 1, "last_batch": "keep"},
+    "logging": {"loss_every": 1, "print_every": 1000},
+    "checks": {"params_after_steps": {"step": 10}, "math_parity": {"steps": 30, "every": 30}},
+    "timing": {"repeats": 1},
+}
+
+
+def test_a_late_batch_norm_statistics_slip_is_caught_at_its_segments_end(monkeypatch):
+    """A torch whose batch norm's momentum doubles from update 40 changes no training loss:
+    the first steps' twin and every re-anchored loss curve pass. The re-anchored twin's
+    tensors at the end of the segment from step 30 (its running statistics) and its
+    evaluation-mode outputs there fail, diagnosed implementation with the layer named; the
+    honest twins pass both at every segment's end."""
+    torch_adapter = pytest.importorskip("adapters.torch_adapter")
+    from tests import family, test_injected_bugs
+
+    with monkeypatch.context() as m:
+        m.setitem(test_injected_bugs.BUGGY, "torch_late_bn", ("torch", {"_train_step": late_bn_momentum(torch_adapter._train_step)}))
+        result = run_with_copies(family.loaded(BATCH_NORM_NET), ["torch_late_bn"])
+    checks = {(c.a.label, c.name): c for c in result.checks if c.b == ORACLE_KEY}
+    late = "torch_late_bn@cpu+float64"
+    for name in ("math_params_after_step_10", "math_loss_curve", "math_anchored_loss_curve"):
+        assert checks[late, name].verdict == Verdict.PASS, checks[late, name]
+    state, outputs = checks[late, "math_anchored_state"], checks[late, "math_anchored_outputs"]
+    assert state.verdict == Verdict.FAIL and state.segment == 30 and state.tensor.startswith("bn1.running_")
+    assert state.diagnosis.startswith("implementation") and "re-anchored at step 30" in state.diagnosis and "in bn1.running_" in state.diagnosis
+    assert outputs.verdict == Verdict.FAIL and outputs.segment == 30
+    for framework in ("torch", "jax", "numpy"):
+        for name in ("math_anchored_state", "math_anchored_outputs"):
+            honest = checks.get((f"{framework}@cpu+float64", name))
+            assert honest is not None and honest.verdict == Verdict.PASS, honest

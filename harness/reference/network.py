@@ -303,18 +303,20 @@ def train_step(
     ctx: Context,
     clip_eps: float = 0.0,
     rates: tuple[float, ...] | None = None,
-    corrections=bias_corrections,
+    corrections=None,
 ):
     """One optimizer step of the spec: the loss before it, the parameters and running
     statistics after it, and the optimizer state. A library's behaviour instead of the
     spec's (harness/run/plan.py library_problem): `clip_eps` (see recipe_gradients), `rates`
-    (the learning rate of update t is rates[t]), `corrections` (Adam's bias corrections)."""
+    (the learning rate of update t is rates[t]), `corrections` (Adam's bias corrections, if
+    not adam_update's own)."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)
     opt = spec.optimizer
     grads = recipe_gradients(xp, params, grads, opt, ctx.jitter, clip_eps)
     lr = opt.lr_at(opt_state["t"]) if rates is None else rates[opt_state["t"]]
     if opt.kind in ("adam", "adamw"):
-        params, opt_state = adam_update(xp, params, grads, opt_state, opt, corrections=corrections, jitter=ctx.jitter, lr=lr)
+        library = {} if corrections is None else {"corrections": corrections}
+        params, opt_state = adam_update(xp, params, grads, opt_state, opt, jitter=ctx.jitter, lr=lr, **library)
     else:
         params, opt_state = sgd_update(params, grads, opt_state, opt, lr, ctx.jitter)
     return loss, {**params, **updates}, opt_state

@@ -10,7 +10,10 @@ buffers, the update count and with it the schedule's position), trains
 `math_parity.steps` steps, and is compared with the oracle's own steps from that state,
 under the calibrated float64 rule: the float64 members start from the same state, in their
 own unit order, and round otherwise over the segment. Each segment is short, so the rule
-holds where float64 itself is chaotic over the whole run.
+holds where float64 itself is chaotic over the whole run. At each segment's end every
+tensor (batch-norm statistics too) and the probe's evaluation-mode outputs are judged as
+well, against the oracle's own at that step: a difference in a buffer or in evaluation
+alone changes no training loss.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ def member_states(states: dict[int, Params], member: Problem) -> dict[int, Param
 
 def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
     """Each segment [a, a + math_parity.steps) trained by `key`'s adapter from the state at
-    step a; the outcome's `segments` holds each one's losses, its timings["train_s"] their
-    training time together. A segment that raises or diverges fails the run, with the reason."""
+    step a; the outcome's `segments` holds each one's losses, `segment_ends` and
+    `segment_outputs` every tensor and the probe's evaluation-mode outputs at its end, its
+    timings["train_s"] their training time together. A segment that raises or diverges fails the run, with the reason."""
     adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
@@ -64,6 +68,8 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
             if bad.size:
                 return Outcome(key, "failed", f"diverged: non-finite loss at step {start + int(bad[0])}", failed_at_step=start + int(bad[0]))
             outcome.segments[start] = losses
+            outcome.segment_ends[start] = adapter.state(trainer, stop).params
+            outcome.segment_outputs[start] = adapter.predict(trainer, problem.probe)
     except Exception as exc:  # a framework error fails this run only
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return Outcome(key, "failed", f"{key.label} raised {detail}")

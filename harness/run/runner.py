@@ -51,6 +51,12 @@ class Outcome:
     anchor_states: dict[int, Params] = field(default_factory=dict)
     # a re-anchored run: each segment's losses, by the step it starts at
     segments: dict[int, np.ndarray] = field(default_factory=dict)
+    # ... and at each segment's end, by the step it starts at: every tensor (running
+    # statistics too) and the probe's outputs in evaluation mode. The oracle's whole run
+    # keeps the same at each anchor + math_parity.steps: what the re-anchored twins' ends
+    # are judged against.
+    segment_ends: dict[int, Params] = field(default_factory=dict)
+    segment_outputs: dict[int, np.ndarray] = field(default_factory=dict)
     # where it ran (harness/run/cells.py where): hostname, Ray node, thread cap, fingerprint
     worker: dict[str, Any] = field(default_factory=dict)
 
@@ -146,10 +152,11 @@ def run_alternating(
 PROGRESS_CUTS = 20
 
 
-def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
+def chunk_plan(problem: Problem, extra: tuple[int, ...] = ()) -> list[tuple[int, int]]:
     """The [start, stop) ranges the training loop runs in. It stops only where the runner
-    must look (the parameter snapshots, the progress lines), so a fast mode runs hundreds
-    of steps per call; the plan is the same in every mode and every repeat."""
+    must look (the parameter snapshots, the progress lines, and `extra`: the oracle's
+    segment ends), so a fast mode runs hundreds of steps per call; the plan is the same in
+    every mode and every repeat."""
     total = problem.total_steps
     every = problem.spec.logging.print_every
     # and every twentieth of the run, so that progress shows however print_every is set
@@ -162,6 +169,7 @@ def chunk_plan(problem: Problem) -> list[tuple[int, int]]:
         *range(every, total, every),
         *range(twentieth, total, twentieth),
         *problem.anchors,
+        *extra,
     }
     cuts = sorted(c for c in cuts if 0 <= c <= total)
     return list(zip(cuts, cuts[1:]))
@@ -176,7 +184,10 @@ class _Trial:
     def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None, metrics: bool = True):
         self.adapter, self.problem, self.key, self.progress, self.metrics = adapter, problem, key, progress, metrics
         self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
-        self.plan = chunk_plan(problem)
+        # the oracle keeps its state at each anchor and at each segment's end (harness/run/anchored.py)
+        self.anchors = set(problem.anchors) if key == ORACLE_KEY and hasattr(adapter, "training_state") else set()
+        self.ends = {a + problem.spec.checks.math_parity.steps: a for a in self.anchors}
+        self.plan = chunk_plan(problem, tuple(self.ends))
         self.transfer: list[float] = []
         self.warmup: list[float] = []
         self.train: list[float] = []
@@ -185,7 +196,7 @@ class _Trial:
         adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
         total = problem.total_steps
         snapshot_steps = {1, problem.spec.checks.params_after_steps.step}
-        anchors = set(problem.anchors) if key == ORACLE_KEY and hasattr(adapter, "training_state") else set()
+        anchors, ends = self.anchors, self.ends
         start = time.perf_counter()
         data = adapter.put(problem, key)
         trainer = adapter.build(problem, data, key)
@@ -212,6 +223,9 @@ class _Trial:
                     self.progress(stop, float(now.losses[-1]))
             if repeat == 0 and stop in anchors:
                 outcome.anchor_states[stop] = adapter.training_state(trainer)
+            if repeat == 0 and stop in ends:
+                outcome.segment_ends[ends[stop]] = adapter.state(trainer, stop).params
+                outcome.segment_outputs[ends[stop]] = adapter.predict(trainer, problem.probe)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
 

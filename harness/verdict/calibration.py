@@ -52,11 +52,17 @@ class Spread:
 class Segments:
     """The re-anchored twins' calibration (harness/run/anchored.py): for each segment, by
     the step it starts at, the oracle's own losses over it and the running maximum of the
-    members' relative distance from them."""
+    members' relative distance from them; and, where the reference kept them, its tensors
+    and evaluation-mode probe outputs at the segment's end with the members' largest L2
+    distance from them (per tensor, and over the outputs)."""
 
     runs: int
     reference: dict[int, np.ndarray]
     curve: dict[int, np.ndarray]
+    end_reference: dict[int, Params] = field(default_factory=dict)
+    end_params: dict[int, list[float]] = field(default_factory=dict)
+    output_reference: dict[int, np.ndarray] = field(default_factory=dict)
+    end_outputs: dict[int, float] = field(default_factory=dict)
 
 
 def measure_segments(oracle: Outcome | None, members: list[Outcome]) -> Segments | None:
@@ -67,17 +73,36 @@ def measure_segments(oracle: Outcome | None, members: list[Outcome]) -> Segments
     starts = sorted(oracle.anchor_states)
     if not starts or any(sorted(m.segments) != starts for m in members):
         return None
-    return measure_segments_against({a: oracle.losses[a : a + len(members[0].segments[a])] for a in starts}, members)
+    reference = {a: oracle.losses[a : a + len(members[0].segments[a])] for a in starts}
+    return measure_segments_against(reference, members, oracle.segment_ends, oracle.segment_outputs)
 
 
-def measure_segments_against(reference: dict[int, np.ndarray], members: list[Outcome]) -> Segments | None:
+def measure_segments_against(
+    reference: dict[int, np.ndarray], members: list[Outcome], ends: dict[int, Params] | None = None, outputs: dict[int, np.ndarray] | None = None
+) -> Segments | None:
     """The members' spread over each segment around `reference` (each segment's losses, by
-    the step it starts at); None unless every member ran every segment."""
+    the step it starts at), and at its end around `ends` and `outputs` (the reference's
+    tensors and evaluation-mode probe outputs there) where the reference and every member
+    kept them; None unless every member ran every segment."""
     starts = sorted(reference)
     if not starts or not members or any(m.status != "ok" or sorted(m.segments) != starts for m in members):
         return None
     curve = {a: np.maximum.accumulate(np.max([relative_curve_distance(m.segments[a], reference[a]) for m in members], axis=0)) for a in starts}
-    return Segments(len(members), reference, curve)
+    ends, outputs = ends or {}, outputs or {}
+    judged = [a for a in starts if a in ends and a in outputs and all(a in m.segment_ends and a in m.segment_outputs for m in members)]
+    end_params = {
+        a: np.max([[_l2(x, y) for x, y in zip(tensors(m.segment_ends[a]), tensors(ends[a]))] for m in members], axis=0).tolist() for a in judged
+    }
+    end_outputs = {a: max(_l2(m.segment_outputs[a], outputs[a]) for m in members) for a in judged}
+    return Segments(
+        len(members),
+        reference,
+        curve,
+        {a: ends[a] for a in judged},
+        end_params,
+        {a: outputs[a] for a in judged},
+        end_outputs,
+    )
 
 
 def tensors(params: Params) -> list[np.ndarray]:
@@ -95,7 +120,8 @@ def in_plain_units(outcome: Outcome, unit_orders: tuple) -> Outcome:
         return outcome
     snapshots = {step: in_plain_order(p, unit_orders) for step, p in outcome.snapshots.items()}
     final = None if outcome.final_params is None else in_plain_order(outcome.final_params, unit_orders)
-    return replace(outcome, snapshots=snapshots, final_params=final)
+    ends = {a: in_plain_order(p, unit_orders) for a, p in outcome.segment_ends.items()}
+    return replace(outcome, snapshots=snapshots, final_params=final, segment_ends=ends)
 
 
 def _l2(a, b) -> float:

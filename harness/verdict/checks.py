@@ -479,13 +479,74 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = the largest distance of "
         f"{segments.runs} float64 runs summing in other orders, started from the same state"
     )
-    return [
-        dataclasses.replace(
-            chosen,
-            verdict=Verdict.FAIL if failing else Verdict.PASS,
-            tolerance=tolerance,
-            ratio=max(c.ratio or 0.0 for c in found),
-            max_abs_error=max(c.max_abs_error for c in found),
-            max_rel_error=max(c.max_rel_error for c in found),
+    curve = dataclasses.replace(
+        chosen,
+        verdict=Verdict.FAIL if failing else Verdict.PASS,
+        tolerance=tolerance,
+        ratio=max(c.ratio or 0.0 for c in found),
+        max_abs_error=max(c.max_abs_error for c in found),
+        max_rel_error=max(c.max_rel_error for c in found),
+    )
+    return [curve, *segment_end_checks(spec, twin, run, segments, cal)]
+
+
+def _first_failing_or_worst(found: list[Check]) -> Check:
+    failing = [c for c in found if c.verdict == Verdict.FAIL]
+    return failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
+
+
+def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segments, cal: Calibration) -> list[Check]:
+    """At each re-anchored segment's end: every tensor the run carries (parameters and
+    batch-norm statistics), and the probe's outputs in evaluation mode (through those
+    statistics), against the reference's own at that step (the oracle's, or the oracle
+    computing the library's formula), calibrated per tensor on the members started from the
+    same state. A difference that changes no training loss (a running variance stored
+    otherwise, a momentum slip in a buffer) shows here. The first segment to fail is where
+    it starts; none where the reference kept no segment ends."""
+    starts = [a for a in sorted(segments.end_reference) if a in run.segment_ends and a in run.segment_outputs]
+    if not starts or cal.float64 is None:
+        return []
+    factor, steps = spec.checks.long_run.factor, spec.checks.math_parity.steps
+    spread = dataclasses.replace(cal.float64, runs=segments.runs)
+    states, outputs = [], []
+    for a in starts:
+        reference = segments.end_reference[a]
+        names = list(reference)
+        check = tensor_check(
+            f"{MATH}anchored_state",
+            twin.key,
+            ORACLE_KEY,
+            tensors(run.segment_ends[a]),
+            tensors(reference),
+            segments.end_params[a],
+            factor,
+            spread,
+            names,
+            a + steps,
         )
-    ]
+        states.append(dataclasses.replace(check, segment=a))
+        check = tensor_check(
+            f"{MATH}anchored_outputs",
+            twin.key,
+            ORACLE_KEY,
+            [run.segment_outputs[a]],
+            [segments.output_reference[a]],
+            [segments.end_outputs[a]],
+            factor,
+            spread,
+            None,
+            a + steps,
+        )
+        outputs.append(dataclasses.replace(check, segment=a))
+    where = ", ".join(str(a + steps) for a in starts)
+    found = []
+    for group, what in ((states, "every tensor (batch-norm statistics too)"), (outputs, "the probe's outputs in evaluation mode")):
+        chosen = _first_failing_or_worst(group)
+        found.append(
+            dataclasses.replace(
+                chosen,
+                tolerance=f"{what} at the end of each re-anchored segment (steps {where}): {chosen.tolerance}",
+                ratio=max(c.ratio or 0.0 for c in group),
+            )
+        )
+    return found

@@ -228,6 +228,8 @@ def _where(check: Check, pair: list[Check]) -> str:
     if check.segment is not None and check.verdict != Verdict.PASS:
         parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from the oracle's state there)")
     if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
+        if check.tensor and check.verdict != Verdict.PASS:
+            parts.append(f"largest in {check.tensor} at the segment's end ({check.ratio:.3g}x its tolerance)")
         return "; ".join(parts)
     snapshots = sorted(
         (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
