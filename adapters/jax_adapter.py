@@ -319,6 +319,24 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     trainer.opt_state = jax.device_put(optax.tree.set(trainer.opt_state, **values), dev)
 
 
+def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
+    """The whole training state by the spec's names (the inverse of load_state): every tensor,
+    and each optax moment of each trained tensor (`m/dense1.weight`, ...: optax.tree.get by
+    name, laid out as flax's params)."""
+    import optax
+
+    spec = trainer.problem.spec
+    found = jax_layers.tensors(spec, trainer.params)
+    trained = set(network.trained_names(spec.model.placed))
+    for moment, name in OPTAX_MOMENTS.items():
+        held = optax.tree.get_all_with_path(trainer.opt_state, name)
+        if len(held) != 1:
+            continue
+        tree = {**trainer.params, "params": held[0][1]}
+        found.update({f"{moment}/{k}": a for k, a in jax_layers.tensors(spec, tree).items() if k in trained})
+    return found
+
+
 def _call_step(trainer: Trainer, params, opt_state, log, t: int):
     if trainer.problem.batch_order is None:
         return trainer.train_step(params, opt_state, log, t, trainer.data)

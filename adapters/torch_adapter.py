@@ -264,6 +264,29 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
         trainer.scheduler.last_epoch = step
 
 
+def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
+    """The whole training state by the spec's names (the inverse of load_state): every tensor,
+    and each optimizer moment of each trained tensor (`m/dense1.weight`, ...) as torch.optim
+    holds it, read into a network of the same layers so that it has the spec's names and
+    layout."""
+    torch = _torch()
+    spec = trainer.problem.spec
+    params = torch_layers.tensors(trainer.model, spec)
+    found = dict(params)
+    trained = set(network.trained_names(spec.model.placed))
+    ordered = list(trainer.model.parameters())
+    for moment, slot in TORCH_MOMENTS.items():
+        held = [trainer.optimizer.state.get(p, {}).get(slot) for p in ordered]
+        if not held or any(h is None for h in held):
+            continue
+        holder = torch_layers.network(torch, spec, params, "cpu", torch.float64)
+        with torch.no_grad():
+            for into, value in zip(holder.parameters(), held):
+                into.copy_(value.detach().to("cpu", torch.float64))
+        found.update({f"{moment}/{name}": a for name, a in torch_layers.tensors(holder, spec).items() if name in trained})
+    return found
+
+
 def warm_up(trainer: Trainer, plan=()) -> None:
     """One step on a copy of the model and optimizer: kernels and allocator warm, state untouched.
     Fast mode: compile (CPU) or capture (GPU) on the trainer's own model and optimizer for every

@@ -181,3 +181,29 @@ def test_a_late_batch_norm_statistics_slip_is_caught_at_its_segments_end(monkeyp
         for name in ("math_anchored_state", "math_anchored_outputs"):
             honest = checks.get((f"{framework}@cpu+float64", name))
             assert honest is not None and honest.verdict == Verdict.PASS, honest
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("recipe", ["sgd_momentum", "adamw"])
+def test_each_adapter_gives_back_its_whole_training_state_by_the_specs_names(framework, recipe):
+    """training_state is load_state's inverse: loaded from the oracle's state at step 9 and
+    trained 6 steps, each twin's tensors and optimizer moments (Adam's m and v, SGD's
+    momentum buffer) carry the oracle's names and are the oracle's own to float64 rounding."""
+    problem = inputs.truncated(inputs.build_problem(load_spec("specs/moons_net.yaml", "quick", RECIPES[recipe])), START + STEPS)
+    oracle = registry.load("numpy")
+    reference = oracle.build(problem, oracle.put(problem, ORACLE_KEY), ORACLE_KEY)
+    oracle.train(reference, 0, START)
+    state = oracle.training_state(reference)
+    oracle.train(reference, START, START + STEPS)
+    want = oracle.training_state(reference)
+    adapter = registry.load(framework)
+    key = RunKey(framework, "cpu", precision=FLOAT64)
+    if adapter.unavailable(key):
+        pytest.skip(adapter.unavailable(key))
+    trainer = adapter.build(problem, adapter.put(problem, key), key)
+    adapter.load_state(trainer, state, START)
+    adapter.train(trainer, START, START + STEPS)
+    got = adapter.training_state(trainer)
+    assert sorted(got) == sorted(want) and any("/" in name for name in want)
+    for name, a in want.items():
+        assert got[name].shape == a.shape and np.max(np.abs(got[name] - a)) <= 1e-12 * max(np.max(np.abs(a)), 1e-300), name

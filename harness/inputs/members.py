@@ -119,5 +119,6 @@ def in_plain_order(params: Params, unit_orders: tuple[UnitOrder, ...]) -> Params
     for order, moves in unit_orders:
         back = np.argsort(order)
         for name, axis in moves:
-            params[name] = np.take(params[name], back, axis=axis)
+            for key in [k for k in params if k.rsplit("/", 1)[-1] == name]:  # its optimizer moments too
+                params[key] = np.take(params[key], back, axis=axis)
     return params

@@ -42,6 +42,12 @@ def member_states(states: dict[int, Params], member: Problem) -> dict[int, Param
     return {a: in_member_order(state, member.unit_orders) for a, state in states.items()}
 
 
+def segment_end(adapter, trainer, step: int) -> Params:
+    """What a run carries at a segment's end: its whole training state (every tensor and the
+    optimizer's moments by name) where the adapter gives one, else its tensors."""
+    return adapter.training_state(trainer) if hasattr(adapter, "training_state") else adapter.state(trainer, step).params
+
+
 def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
     """Each segment [a, a + math_parity.steps) trained by `key`'s adapter from the state at
     step a; the outcome's `segments` holds each one's losses, `segment_ends` and
@@ -68,7 +74,7 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
             if bad.size:
                 return Outcome(key, "failed", f"diverged: non-finite loss at step {start + int(bad[0])}", failed_at_step=start + int(bad[0]))
             outcome.segments[start] = losses
-            outcome.segment_ends[start] = adapter.state(trainer, stop).params
+            outcome.segment_ends[start] = segment_end(adapter, trainer, stop)
             outcome.segment_outputs[start] = adapter.predict(trainer, problem.probe)
     except Exception as exc:  # a framework error fails this run only
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -224,7 +224,7 @@ class _Trial:
             if repeat == 0 and stop in anchors:
                 outcome.anchor_states[stop] = adapter.training_state(trainer)
             if repeat == 0 and stop in ends:
-                outcome.segment_ends[ends[stop]] = adapter.state(trainer, stop).params
+                outcome.segment_ends[ends[stop]] = adapter.training_state(trainer)
                 outcome.segment_outputs[ends[stop]] = adapter.predict(trainer, problem.probe)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)

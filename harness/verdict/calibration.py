@@ -60,7 +60,7 @@ class Segments:
     reference: dict[int, np.ndarray]
     curve: dict[int, np.ndarray]
     end_reference: dict[int, Params] = field(default_factory=dict)
-    end_params: dict[int, list[float]] = field(default_factory=dict)
+    end_params: dict[int, dict[str, float]] = field(default_factory=dict)  # by tensor name (optimizer moments too)
     output_reference: dict[int, np.ndarray] = field(default_factory=dict)
     end_outputs: dict[int, float] = field(default_factory=dict)
 
@@ -90,8 +90,14 @@ def measure_segments_against(
     curve = {a: np.maximum.accumulate(np.max([relative_curve_distance(m.segments[a], reference[a]) for m in members], axis=0)) for a in starts}
     ends, outputs = ends or {}, outputs or {}
     judged = [a for a in starts if a in ends and a in outputs and all(a in m.segment_ends and a in m.segment_outputs for m in members)]
+    # by name: the tensors and moments the reference and every member kept
     end_params = {
-        a: np.max([[_l2(x, y) for x, y in zip(tensors(m.segment_ends[a]), tensors(ends[a]))] for m in members], axis=0).tolist() for a in judged
+        a: {
+            name: max(_l2(m.segment_ends[a][name], ends[a][name]) for m in members)
+            for name in ends[a]
+            if all(name in m.segment_ends[a] and np.shape(m.segment_ends[a][name]) == np.shape(ends[a][name]) for m in members)
+        }
+        for a in judged
     }
     end_outputs = {a: max(_l2(m.segment_outputs[a], outputs[a]) for m in members) for a in judged}
     return Segments(

@@ -496,8 +496,8 @@ def _first_failing_or_worst(found: list[Check]) -> Check:
 
 
 def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segments, cal: Calibration) -> list[Check]:
-    """At each re-anchored segment's end: every tensor the run carries (parameters and
-    batch-norm statistics), and the probe's outputs in evaluation mode (through those
+    """At each re-anchored segment's end: every tensor the run carries (parameters,
+    batch-norm statistics, the optimizer's moments), and the probe's outputs in evaluation mode (through those
     statistics), against the reference's own at that step (the oracle's, or the oracle
     computing the library's formula), calibrated per tensor on the members started from the
     same state. A difference that changes no training loss (a running variance stored
@@ -510,21 +510,28 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
     spread = dataclasses.replace(cal.float64, runs=segments.runs)
     states, outputs = [], []
     for a in starts:
-        reference = segments.end_reference[a]
-        names = list(reference)
-        check = tensor_check(
-            f"{MATH}anchored_state",
-            twin.key,
-            ORACLE_KEY,
-            tensors(run.segment_ends[a]),
-            tensors(reference),
-            segments.end_params[a],
-            factor,
-            spread,
-            names,
-            a + steps,
-        )
-        states.append(dataclasses.replace(check, segment=a))
+        reference, mine = segments.end_reference[a], run.segment_ends[a]
+        missing = [n for n in reference if "/" not in n and n not in mine]
+        if missing:
+            reason = f"it carries no {', '.join(missing)}"
+            states.append(Check(f"{MATH}anchored_state", twin.key, ORACLE_KEY, Verdict.FAIL, "every tensor", reason=reason, segment=a))
+        else:
+            # every tensor the reference and its members kept, and the optimizer moments the
+            # run carries too (an adapter without training_state carries none)
+            names = [n for n in reference if n in segments.end_params[a] and n in mine]
+            check = tensor_check(
+                f"{MATH}anchored_state",
+                twin.key,
+                ORACLE_KEY,
+                [mine[n] for n in names],
+                [reference[n] for n in names],
+                [segments.end_params[a][n] for n in names],
+                factor,
+                spread,
+                names,
+                a + steps,
+            )
+            states.append(dataclasses.replace(check, segment=a))
         check = tensor_check(
             f"{MATH}anchored_outputs",
             twin.key,
@@ -540,7 +547,10 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
         outputs.append(dataclasses.replace(check, segment=a))
     where = ", ".join(str(a + steps) for a in starts)
     found = []
-    for group, what in ((states, "every tensor (batch-norm statistics too)"), (outputs, "the probe's outputs in evaluation mode")):
+    for group, what in (
+        (states, "every tensor (batch-norm statistics and optimizer moments too)"),
+        (outputs, "the probe's outputs in evaluation mode"),
+    ):
         chosen = _first_failing_or_worst(group)
         found.append(
             dataclasses.replace(
