@@ -27,13 +27,9 @@ def oracle_states(problem, at: int):
     return np.asarray(adapter.state(trainer, problem.total_steps).losses), state
 
 
-@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
-@pytest.mark.parametrize("recipe", ["sgd_momentum", "sgd_nesterov_decay", "adam_coupled_decay", "adamw", "label_smoothing", "sgd_clipped"])
-def test_each_adapter_goes_on_from_the_oracles_state(framework, recipe):
-    """Loaded at step 9 (parameters, moments or momentum buffers, update count), each float64
-    twin's next steps are the oracle's own, to float64 rounding (bit for bit in NumPy)."""
-    problem = inputs.truncated(inputs.build_problem(load_spec("specs/moons_net.yaml", "quick", RECIPES[recipe])), START + STEPS)
-    losses, state = oracle_states(problem, START)
+def went_on(framework: str, problem, state):
+    """`framework`'s float64 twin loaded with the oracle's state at step START and trained
+    STEPS steps from there: its adapter and trainer (skipped where it is not installed)."""
     adapter = registry.load(framework)
     key = RunKey(framework, "cpu", precision=FLOAT64)
     if adapter.unavailable(key):
@@ -41,6 +37,17 @@ def test_each_adapter_goes_on_from_the_oracles_state(framework, recipe):
     trainer = adapter.build(problem, adapter.put(problem, key), key)
     adapter.load_state(trainer, state, START)
     adapter.train(trainer, START, START + STEPS)
+    return adapter, trainer
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("recipe", ["sgd_momentum", "sgd_nesterov_decay", "adam_coupled_decay", "adamw", "label_smoothing", "sgd_clipped"])
+def test_each_adapter_goes_on_from_the_oracles_state(framework, recipe):
+    """Loaded at step 9 (parameters, moments or momentum buffers, update count), each float64
+    twin's next steps are the oracle's own, to float64 rounding (bit for bit in NumPy)."""
+    problem = inputs.truncated(inputs.build_problem(load_spec("specs/moons_net.yaml", "quick", RECIPES[recipe])), START + STEPS)
+    losses, state = oracle_states(problem, START)
+    adapter, trainer = went_on(framework, problem, state)
     got = np.asarray(adapter.state(trainer, START + STEPS).losses[START:])
     want = losses[START : START + STEPS]
     if framework == "numpy":
@@ -196,13 +203,7 @@ def test_each_adapter_gives_back_its_whole_training_state_by_the_specs_names(fra
     state = oracle.training_state(reference)
     oracle.train(reference, START, START + STEPS)
     want = oracle.training_state(reference)
-    adapter = registry.load(framework)
-    key = RunKey(framework, "cpu", precision=FLOAT64)
-    if adapter.unavailable(key):
-        pytest.skip(adapter.unavailable(key))
-    trainer = adapter.build(problem, adapter.put(problem, key), key)
-    adapter.load_state(trainer, state, START)
-    adapter.train(trainer, START, START + STEPS)
+    adapter, trainer = went_on(framework, problem, state)
     got = adapter.training_state(trainer)
     assert sorted(got) == sorted(want) and any("/" in name for name in want)
     for name, a in want.items():
