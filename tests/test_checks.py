@@ -94,13 +94,18 @@ def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
 
 def test_a_library_entry_explains_a_check_only_as_far_as_its_members_reach():
     """Beyond factor x what the members computing the library's behaviour reach, a covered
-    check fails, diagnosed implementation and saying how far beyond; where no such member
-    ran, the entry explains nothing. Against another run, that run's own tolerance adds."""
+    check fails, saying how far beyond, diagnosed as any failing check: implementation
+    where the twin differs, rounding where it agrees; where no such member ran, the entry
+    explains nothing. Against another run, that run's own tolerance adds."""
     beyond = diagnosis.apply_known_differences(ADAM, [fake_check("fail", ratio=4.0e11)], REACHED)
     assert beyond[0].verdict == "fail"
-    assert beyond[0].diagnosis.startswith("implementation: beyond what optax-adam-float32-bias-corrections explains (8e+10x")
-    kept = diagnosis.diagnose(ADAM, beyond)
-    assert kept[0].diagnosis.startswith("implementation: beyond what optax-adam-float32-bias-corrections explains")
+    assert beyond[0].diagnosis.startswith("beyond what optax-adam-float32-bias-corrections explains (8e+10x")
+    with_twin = diagnosis.diagnose(ADAM, [*beyond, _parity("fail", "jax")])  # JAX's twin differs too: different math
+    assert with_twin[0].diagnosis.startswith("implementation: the float64 twin of jax@cpu differs from the oracle too")
+    assert "; beyond what optax-adam-float32-bias-corrections explains (8e+10x" in with_twin[0].diagnosis
+    rounding = diagnosis.diagnose(ADAM, [*beyond, _parity("pass", "jax")])  # the twin agrees: float32 rounding, said so
+    assert rounding[0].diagnosis.startswith("rounding: float32 only") and "beyond what optax-adam" in rounding[0].diagnosis
+    assert diagnosis.on_rounding_alone(rounding) == []  # no calibrated bound on this fake check: no second look
     unmeasured = diagnosis.apply_known_differences(ADAM, [fake_check("fail")], {})
     assert unmeasured[0].verdict == "fail" and "no members computing its behaviour ran" in unmeasured[0].diagnosis
     pair = checks.Check("loss_curve_envelope", TORCH, JAX_CPU, "fail", "rule", ratio=5.5)  # 1 (torch) + 10 x 0.5 (jax)

@@ -116,7 +116,7 @@ def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
 
 
-BEYOND = "implementation: beyond what"  # how the diagnosis of a check a library entry cannot explain begins
+BEYOND = "beyond what"  # how a covered check a library entry cannot explain is marked, before its diagnosis
 
 
 def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, float]]:
@@ -165,7 +165,8 @@ def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, 
     that no longer fails as a failure. A spec's own entry covers the checks it names; a
     library entry (harness/known_differences.yaml) covers a failing check only up to what
     the float32 members computing its library's behaviour reach on that check (`reached`,
-    see reach): beyond that, the check fails, diagnosed implementation."""
+    see reach): beyond that, the check fails and says so, and diagnose() says why as for
+    any failing check (implementation where a twin differs from its reference)."""
     entries = [e for e in (*spec.known_differences, *library_differences()) if applies(e, spec)]
     marked = []
     for check in checks:
@@ -177,10 +178,11 @@ def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, 
             named = sorted({_label(e) for e in library})
             ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
             if bound is not None and (check.ratio is None or check.ratio > bound):
+                # it fails, and diagnose() says why as for any failing check (the twin tells
+                # implementation from rounding), then how far beyond the entry it is
                 beyond = "no members computing its behaviour ran" if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
-                check = dataclasses.replace(
-                    check, diagnosis=f"{BEYOND} {ids} ({beyond}; the float32 members computing it reach {bound:.3g}x the tolerance)"
-                )
+                reach_text = "" if bound == 0 else f"; the float32 members computing it reach {bound:.3g}x the tolerance"
+                check = dataclasses.replace(check, diagnosis=f"{BEYOND} {ids} ({beyond}{reach_text})")
             else:
                 within = "" if bound is None else f", {check.ratio / bound:.2g} of what it explains"
                 check = dataclasses.replace(
@@ -307,8 +309,12 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
     for check in checks:
         if check.verdict in (Verdict.FAIL, Verdict.KNOWN):
             pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
-            kept = check.verdict == Verdict.KNOWN or (check.diagnosis or "").startswith(BEYOND)
-            why = check.diagnosis if kept else _diagnosis(check, parity)
+            if check.verdict == Verdict.KNOWN:
+                why = check.diagnosis
+            elif (check.diagnosis or "").startswith(BEYOND):  # covered, and beyond what its entry explains
+                why = f"{_diagnosis(check, parity)}; {check.diagnosis}"
+            else:
+                why = _diagnosis(check, parity)
             where = _where(check, pair)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
