@@ -140,10 +140,17 @@ def plain_steps_fast(problem, key) -> bool:
     """Whether a run trains its plain steps (those a member does not round otherwise) on the
     allocation-free path: the harness's own runs on NumPy (the oracle's, and every variant:
     the calibration members, the first steps' reference, the library references), where the
-    fast mode takes the network (dense, plain SGD or Adam). Bitwise the eager steps
+    fast mode takes the network (dense, plain SGD or Adam, Adam's bias corrections as
+    Python floats or as optax's float32 ones). Bitwise the eager steps
     (tests/test_fast_xp.py); the article-style eager runs a framework is timed by stay eager."""
     own = key.framework == ORACLE or bool(key.variant)
-    return own and key.device == "cpu" and problem.spec.model.is_mlp and problem.spec.plain_training and not problem.computes_library
+    return (
+        own
+        and key.device == "cpu"
+        and problem.spec.model.is_mlp
+        and problem.spec.plain_training
+        and not (problem.clip_eps or problem.rates is not None or problem.sequential_loss)
+    )
 
 
 def _go_fast(trainer: Trainer) -> None:

@@ -170,7 +170,9 @@ class FastMLP:
             self.m = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
             self.v = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
             # 1 - beta^t for t = step + 1, in float64 (the Python floats the network oracle uses), rounded once
-            table = np.array([network.bias_corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
+            # (or optax's float32 ones, where a member computes that library's behaviour)
+            corrections = network.float32_bias_corrections if problem.float32_corrections else network.bias_corrections
+            table = np.array([corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
             self.c1, self.c2 = (xp.asarray(np.ascontiguousarray(col).astype(self.dtype)) for col in table.reshape(-1, 2).T)
         self.gathered = problem.batch_order is not None
         self.sizes = [problem.batch_size(t) for t in range(total)]

@@ -240,12 +240,12 @@ def spec_documents(draw) -> dict:
 def bugs_for(doc: dict) -> list[str]:
     """The injected bugs that change this spec's math: for a network with other layers than
     dense, the porting bugs of its layer kinds and activations (tests/layer_bugs.py)."""
-    from tests.layer_bugs import LAYER_BUGS
+    from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
     from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
 
     present = {layer.get("kind", "dense") for layer in doc["model"]["layers"]} | {layer.get("activation") for layer in doc["model"]["layers"]}
     if present - {"dense", None, "relu", "tanh", "identity"}:
-        return [name for name, (_, kinds) in LAYER_BUGS.items() if present & set(kinds)]
+        return [name for name, (_, kinds) in {**LAYER_BUGS, **JAX_LAYER_BUGS}.items() if present & set(kinds)]
     if "math_parity" in doc["checks"]:  # a recipe workload: the bugs of its recipe
         return [name for name, (_, changes) in {**RECIPE_BUGS, **JAX_RECIPE_BUGS}.items() if changes(doc)]
     bugs = list(BUGS_FOR_ANY)
@@ -295,9 +295,10 @@ class Verdict:
 
 def bug_layers(result: SpecResult, bug: str) -> list[str]:
     """The layers a porting bug lives in: those of its kinds, or with its activation."""
-    from tests.layer_bugs import LAYER_BUGS
+    from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
 
-    kinds = LAYER_BUGS[bug][1] if bug in LAYER_BUGS else ()
+    every = {**LAYER_BUGS, **JAX_LAYER_BUGS}
+    kinds = every[bug][1] if bug in every else ()
     return [p.name for p in result.loaded.spec.model.placed if p.module.KIND in kinds or p.activation in kinds]
 
 

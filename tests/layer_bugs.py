@@ -2,14 +2,16 @@
 each a copy of adapters/torch_layers.py with one function replaced (tests/test_injected_bugs.py
 registers the copies as adapters): padding split the other way, a norm's eps changed, batch
 norm's momentum convention flipped, the other GELU, and a dropout mask without its scale.
-Each names the layer kind whose tensors it should be found in."""
+Each names the layer kind whose tensors it should be found in. JAX_LAYER_BUGS are the same
+for adapters/jax_layers.py: flax's batch norm given the spec's (torch's) momentum as is,
+where flax's convention takes 1 - momentum."""
 
 from __future__ import annotations
 
 import importlib.util
 import types
 
-from adapters import torch_layers
+from adapters import jax_layers, torch_layers
 from harness.layers import windows
 
 
@@ -95,4 +97,20 @@ LAYER_BUGS = {
     "torch_bn_biased_var": (_with(_stores_biased_var), ("batch_norm",)),
     "torch_other_gelu": (_copy(_activation=_other_gelu), ("gelu", "gelu_tanh")),
     "torch_dropout_unscaled": (_copy(apply_mask=_unscaled), ("dropout",)),
+}
+
+
+def _momentum_unflipped_module(spec):
+    """jax_layers.module of the spec with every batch norm's momentum m given as 1 - m, so
+    that flax.linen.BatchNorm receives torch's m where its convention wants 1 - m."""
+    doc = spec.model_dump()
+    for layer in doc["model"]["layers"]:
+        if layer.get("kind") == "batch_norm":
+            layer["momentum"] = 1 - layer["momentum"]
+    return jax_layers.module(type(spec).model_validate(doc))
+
+
+# name -> (the jax_layers stand-in, the layer kinds whose presence makes it a math difference)
+JAX_LAYER_BUGS = {
+    "jax_bn_momentum_unflipped": (types.SimpleNamespace(**{**vars(jax_layers), "module": _momentum_unflipped_module}), ("batch_norm",)),
 }

@@ -421,3 +421,33 @@ def test_a_jax_recipe_bug_under_a_schedule_is_implementation_not_known(doc, bug)
     assert failing and all(c.diagnosis.startswith("implementation") for c in failing)
     honest_jax = [c for c in result.checks if c.a == RunKey("jax", "cpu", precision="float64")]
     assert honest_jax and all(c.verdict == "pass" for c in honest_jax)  # judged, and passing, against optax's own rates
+
+
+def _with_batch_norm(running_var: str) -> dict:
+    """A small image network with one batch norm storing `running_var`."""
+    from tests.test_anchored import BATCH_NORM_NET
+
+    layers = [dict(layer) for layer in BATCH_NORM_NET["model"]["layers"]]
+    layers[1]["running_var"] = running_var
+    return {**BATCH_NORM_NET, "model": {**BATCH_NORM_NET["model"], "layers": layers}, "checks": {"params_after_steps": {"step": 10}}}
+
+
+# A bug on top of each catalogued difference that a library's twin is judged under: optax
+# without dampening (the per-leaf clip), flax's biased running variance (its momentum given
+# in torch's convention), torch's unbiased one on a spec asking for the biased (torch made
+# to store the biased variance: the spec's math, but not torch's, the variance swapped).
+@pytest.mark.parametrize(
+    ("doc", "bug"),
+    [
+        (NO_DAMPENING, "jax_clip_per_leaf"),
+        (_with_batch_norm("unbiased"), "jax_bn_momentum_unflipped"),
+        (_with_batch_norm("unbiased"), "torch_bn_biased_var"),
+        (_with_batch_norm("biased"), "torch_bn_biased_var"),
+    ],
+)
+def test_a_bug_on_top_of_a_catalogued_difference_is_caught(doc, bug):
+    result = passes_and_catches(doc, bug)
+    twin = [c for c in result.checks if c.a == RunKey(bug, "cpu", precision="float64") and c.verdict == "fail"]
+    assert twin and all(c.diagnosis.startswith("implementation") for c in twin)
+    if "bn" in bug:  # the layer is named: its statistics are where it differs
+        assert any("bn1." in (c.tensor or "") for c in twin), [(c.name, c.tensor) for c in twin]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -197,6 +198,9 @@ def test_the_harness_own_runs_take_the_allocation_free_path_bitwise(spec_name, m
         (reordered(problem, 1), RunKey("numpy", "cpu", "order1")),
         (reordered(problem, 2), RunKey("oracle", "cpu", "order2")),
     ]
+    if problem.spec.optimizer.kind == "adam":  # a member computing optax's float32 bias corrections
+        optax_like = replace(reordered(problem, 3), float32_corrections=True)
+        runs.append((optax_like, RunKey("numpy", "cpu", "as-jax-order3")))
     original = xp_adapter.plain_steps_fast
     for p, key in runs:
         assert original(p, key)

@@ -97,11 +97,6 @@ class Problem:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
-    def computes_library(self) -> bool:
-        """Whether the array-module code computes a library's behaviour instead of the spec's."""
-        return bool(self.clip_eps or self.rates is not None or self.float32_corrections or self.sequential_loss)
-
-    @property
     def jitter_steps(self) -> int:
         return self.spec.checks.math_parity.steps if self.jitter_seed is not None else 0
 
