@@ -84,6 +84,8 @@ def a_sample_outcome() -> Outcome:
         "layer_outputs": {"conv1": rng.standard_normal((4, 2, 3, 3)), "dense1": rng.standard_normal((4, 5))},
         "anchor_states": {100: {**params(), "m/dense1.weight": rng.standard_normal((3, 4)), "v/dense1.weight": rng.standard_normal((3, 4))}},
         "segments": {100: rng.standard_normal(20), 200: rng.standard_normal(20)},
+        "segment_ends": {100: {**params(), "m/dense1.weight": rng.standard_normal((3, 4))}},
+        "segment_outputs": {100: rng.standard_normal((16, 2)), 200: rng.standard_normal((16, 2)).astype(np.float32)},
         "worker": {"hostname": "node-a", "node": "c143eb17c71b", "threads": 1, "fingerprint": {"CPU": ["x", 2], "GPUs": []}},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.
