@@ -102,14 +102,21 @@ def l2_scale(loss_section, n_examples: int) -> float:
     return l2.coefficient / 2 / (n_examples if l2.divide_by_examples else 1)
 
 
+def _summed(xp, terms: Array, sequential: bool) -> Array:
+    """The sum of a loss's terms, or with `sequential` their per-example sums added one
+    example after another (a library's fewest partial sums)."""
+    if sequential:
+        return xp.cumsum(terms.reshape(len(terms), -1).sum(axis=1))[-1]
+    return terms.sum()
+
+
 def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain, sequential: bool = False) -> tuple[Array, Array]:
     """The data term of the loss and its gradient with respect to the outputs; with
     `sequential`, the loss's terms summed one example after another (its gradient alike)."""
     n = outputs.shape[0]
     if loss_section.kind == "mse":
         diff = outputs - targets
-        total = (diff * diff).sum()
-        terms = (diff * diff).reshape(n, -1).sum(axis=1)
+        total = _summed(xp, diff * diff, sequential)
         d_out = 2 * diff
         denom = diff.size if loss_section.reduction == "mean" else 1
     else:
@@ -127,17 +134,13 @@ def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter =
                 off, on = (jitter(xp.asarray(c, dtype=outputs.dtype)) for c in (off, on))
             q = xp.full(outputs.shape, off, dtype=outputs.dtype)
             q[rows, targets] += on
-            total = -(q * logp).sum()
-            terms = -(q * logp).sum(axis=1)
+            total = _summed(xp, -(q * logp), sequential)  # negation is exact: the same bits as -(sum)
             d_out = jitter(xp.exp(logp)) - q
         else:
-            total = -logp[rows, targets].sum()
-            terms = -logp[rows, targets]
+            total = _summed(xp, -logp[rows, targets], sequential)
             d_out = jitter(xp.exp(logp))
             d_out[rows, targets] -= 1
         denom = n if loss_section.reduction == "mean" else 1
-    if sequential:
-        total = xp.cumsum(terms)[-1]
     return total / denom, d_out / denom
 
 

@@ -4,6 +4,7 @@ and the float64 twins. Nothing runs here."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from harness.core import registry
@@ -87,11 +88,18 @@ def resolved(formula, problem: Problem):
     oracle takes as they are. None stays None."""
     if formula is None or formula.rates is None or isinstance(formula.rates, tuple):
         return formula
-    steps = problem.spec.training.epochs * len(problem.bounds)
-    if problem.spec.optimizer.schedule is None:
+    opt = problem.spec.optimizer
+    if opt.schedule is None:
         return formula.model_copy(update={"rates": None})
-    values = tuple(registry.load("jax").schedule_rates(problem.spec.optimizer, steps))
-    return formula.model_copy(update={"rates": values})
+    steps = problem.spec.training.epochs * len(problem.bounds)  # the whole run's, in a twin's problem too
+    return formula.model_copy(update={"rates": _optax_rates(opt.model_dump_json(), type(opt), steps)})
+
+
+@functools.cache
+def _optax_rates(optimizer: str, kind: type, steps: int) -> tuple[float, ...]:
+    """optax's rates for an optimizer section (as JSON, so that it keys the cache), computed
+    once per process: the twins' reference and every library member of a spec take the same."""
+    return tuple(registry.load("jax").schedule_rates(kind.model_validate_json(optimizer), steps))
 
 
 def twin_keys(keys: list[RunKey]) -> list[RunKey]:

@@ -471,8 +471,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step
         found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
-    failing = [c for c in found if c.verdict == Verdict.FAIL]
-    chosen = failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
+    chosen = _first_failing_or_worst(found)
     starts = ", ".join(str(a) for a in sorted(segments.reference))
     tolerance = (
         f"over each segment of {spec.checks.math_parity.steps} steps from the oracle's state at steps {starts}: relative loss "
@@ -481,7 +480,6 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     )
     curve = dataclasses.replace(
         chosen,
-        verdict=Verdict.FAIL if failing else Verdict.PASS,
         tolerance=tolerance,
         ratio=max(c.ratio or 0.0 for c in found),
         max_abs_error=max(c.max_abs_error for c in found),
@@ -491,6 +489,8 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
 
 
 def _first_failing_or_worst(found: list[Check]) -> Check:
+    """Of one check over several segments: the first that fails (where the difference
+    starts), or the one closest to failing."""
     failing = [c for c in found if c.verdict == Verdict.FAIL]
     return failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
 
