@@ -17,6 +17,7 @@ import numpy as np
 
 from adapters import jax_layers
 from adapters.protocol import State
+from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, TF32
 from harness.reference import network
 
@@ -122,26 +123,41 @@ def cross_entropy(logits, labels):
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(logits * one_hot, axis=-1)
 
 
+def _rmsprop(optax, lr, opt):
+    """torch.optim.RMSprop's math from optax's parts (harness/optimizers/rmsprop.py): eps
+    outside the square root, v from 0, the momentum trace before the rate."""
+    momentum = [optax.trace(decay=opt.momentum)] if opt.momentum else []
+    return optax.chain(
+        optax.scale_by_rms(decay=opt.alpha, eps=opt.eps, eps_in_sqrt=False, initial_scale=0.0), *momentum, optax.scale_by_learning_rate(lr)
+    )
+
+
+# How optax expresses each optimizer kind, at rate `lr` (a number or a schedule).
+OPTIMIZERS = {
+    "adam": lambda optax, lr, o: optax.adam(lr, b1=o.beta1, b2=o.beta2, eps=o.eps),
+    "adamw": lambda optax, lr, o: optax.adamw(lr, b1=o.beta1, b2=o.beta2, eps=o.eps, weight_decay=o.weight_decay),
+    "sgd": lambda optax, lr, o: optax.sgd(lr, momentum=o.momentum or None, nesterov=o.nesterov),
+    "rmsprop": _rmsprop,
+}
+
+
 def transformation(opt):
     """The spec's optimizer as optax builds it: clip_by_global_norm, then
-    add_decayed_weights for a coupled decay, chained before optax.sgd (with its trace for
-    momentum; optax has no dampening), optax.adam or optax.adamw (decoupled decay), at the
-    spec's rate or its schedule (optax.exponential_decay with staircase=True,
-    optax.warmup_cosine_decay_schedule), which optax evaluates at the update count, from 0.
-    A plain spec gets optax.sgd or optax.adam alone, as it always did."""
+    add_decayed_weights for a coupled decay, chained before the kind's rule (OPTIMIZERS:
+    optax.sgd with its trace for momentum, and optax has no dampening; optax.adam; optax.adamw
+    with its decoupled decay; RMSprop from optax's parts), at the spec's rate or its schedule
+    (optax.exponential_decay with staircase=True, optax.warmup_cosine_decay_schedule), which
+    optax evaluates at the update count, from 0. A plain spec gets optax.sgd or optax.adam
+    alone, as it always did."""
     import optax
 
-    lr = _rate(optax, opt)
-    if opt.kind == "adamw":
-        rule = optax.adamw(lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
-    elif opt.kind == "adam":
-        rule = optax.adam(lr, b1=opt.beta1, b2=opt.beta2, eps=opt.eps)
-    else:
-        rule = optax.sgd(lr, momentum=opt.momentum or None, nesterov=opt.nesterov)
+    if opt.kind not in OPTIMIZERS:
+        raise Unsupported(f"jax: no optax translation of optimizer {opt.kind!r}")
+    rule = OPTIMIZERS[opt.kind](optax, _rate(optax, opt), opt)
     before = []
     if opt.clip_global_norm is not None:
         before.append(optax.clip_by_global_norm(opt.clip_global_norm))
-    if opt.weight_decay and opt.kind != "adamw":
+    if opt.weight_decay and opt.coupled_decay:
         before.append(optax.add_decayed_weights(opt.weight_decay))
     return optax.chain(*before, rule) if before else rule
 

@@ -15,6 +15,7 @@ import inspect
 import os
 import platform
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,20 +137,54 @@ def put(problem, key) -> dict[str, Any]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in problem.host_arrays(key.dtype).items()}
 
 
+def _sgd(torch, params, opt, recipe):
+    momentum = {"momentum": opt.momentum, "dampening": opt.dampening, "nesterov": opt.nesterov} if opt.momentum else {}
+    return torch.optim.SGD(params, lr=opt.lr, **recipe, **momentum)
+
+
+@dataclass(frozen=True)
+class TorchRule:
+    """How torch.optim expresses an optimizer kind: its constructor, called with the spec's
+    section and the recipe's keywords (a coupled decay, the implementation); its state's names
+    for the spec's moments; whether its state counts the updates (`step`)."""
+
+    make: Callable[..., Any]
+    slots: dict[str, str]
+    counted: bool
+
+
+OPTIMIZERS = {
+    "adam": TorchRule(
+        lambda torch, ps, o, r: torch.optim.Adam(ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **r), {"m": "exp_avg", "v": "exp_avg_sq"}, True
+    ),
+    "adamw": TorchRule(
+        lambda torch, ps, o, r: torch.optim.AdamW(ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, **r),
+        {"m": "exp_avg", "v": "exp_avg_sq"},
+        True,
+    ),
+    "sgd": TorchRule(_sgd, {"momentum": "momentum_buffer"}, False),
+    "rmsprop": TorchRule(
+        lambda torch, ps, o, r: torch.optim.RMSprop(ps, lr=o.lr, alpha=o.alpha, eps=o.eps, momentum=o.momentum, **r),
+        {"v": "square_avg", "momentum": "momentum_buffer"},
+        True,
+    ),
+}
+
+
+def _rule(opt) -> TorchRule:
+    if opt.kind not in OPTIMIZERS:
+        raise Unsupported(f"torch: no torch.optim translation of optimizer {opt.kind!r}")
+    return OPTIMIZERS[opt.kind]
+
+
 def _optimizer(torch, spec, model, **impl):
-    """torch.optim's Adam, AdamW or SGD with the spec's recipe (weight_decay is coupled in
-    Adam and SGD, decoupled in AdamW, as the spec's is); `impl` picks the implementation
-    (fused, capturable), not the maths. A recipe's keywords are passed only where the spec
-    sets them, so that a plain spec builds the optimizer it always did."""
+    """torch.optim's optimizer of the spec's kind (OPTIMIZERS) with its recipe (weight_decay
+    is coupled where the kind's is, decoupled in AdamW); `impl` picks the implementation
+    (fused, capturable), not the maths. A coupled decay is passed only where the spec sets
+    one, so that a plain spec builds the optimizer it always did."""
     opt = spec.optimizer
-    recipe = {"weight_decay": opt.weight_decay} if opt.weight_decay else {}
-    if opt.kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, **recipe, **impl)
-    if opt.kind == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, **impl)
-    if opt.momentum:
-        recipe.update(momentum=opt.momentum, dampening=opt.dampening, nesterov=opt.nesterov)
-    return torch.optim.SGD(model.parameters(), lr=opt.lr, **recipe, **impl)
+    recipe = {"weight_decay": opt.weight_decay} if opt.weight_decay and opt.coupled_decay else {}
+    return _rule(opt).make(torch, model.parameters(), opt, {**recipe, **impl})
 
 
 def _scheduler(torch, spec, optimizer):
@@ -183,7 +218,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     # fused: one kernel for all parameters (its Adam takes 1 - beta^t in float64, as eager does);
     # capturable: Adam's step count stays on the GPU, as a CUDA graph needs
     impl = {"fused": True}
-    if device == "gpu" and problem.spec.optimizer.kind == "adam":
+    if device == "gpu" and _rule(problem.spec.optimizer).counted:
         impl["capturable"] = True
     optimizer = _optimizer(torch, problem.spec, model, **impl)
     trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log, mode)
@@ -232,10 +267,6 @@ def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     return loss.detach()
 
 
-# The optimizer state of one parameter, torch.optim's names for the spec's moments
-TORCH_MOMENTS = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
-
-
 def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> None:
     """Go on from a training state after `step` updates, as a torch checkpoint restores one:
     the model's tensors; optimizer.load_state_dict with each parameter's state (Adam's step,
@@ -250,12 +281,13 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     trainer.optimizer = _optimizer(torch, spec, trainer.model)
     trainer.scheduler = _scheduler(torch, spec, trainer.optimizer)
     # each moment in torch's layout: a network built from it, its parameters in the model's order
-    held = {TORCH_MOMENTS[k]: list(torch_layers.network(torch, spec, {**params, **m}, dev, trainer.dtype).parameters()) for k, m in moments.items()}
+    rule = _rule(spec.optimizer)
+    held = {rule.slots[k]: list(torch_layers.network(torch, spec, {**params, **m}, dev, trainer.dtype).parameters()) for k, m in moments.items()}
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # torch.optim's step dtype
     saved = trainer.optimizer.state_dict()
     for i in range(len(list(trainer.model.parameters()))):
         saved["state"][i] = {slot: tensors[i].detach().clone() for slot, tensors in held.items()}
-        if spec.optimizer.kind in ("adam", "adamw"):
+        if rule.counted:
             saved["state"][i]["step"] = torch.tensor(float(step), dtype=scalar)
     for group in saved["param_groups"]:
         group["lr"] = spec.optimizer.lr_at(step)
@@ -275,7 +307,7 @@ def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
     found = dict(params)
     trained = set(network.trained_names(spec.model.placed))
     ordered = list(trainer.model.parameters())
-    for moment, slot in TORCH_MOMENTS.items():
+    for moment, slot in _rule(spec.optimizer).slots.items():
         held = [trainer.optimizer.state.get(p, {}).get(slot) for p in ordered]
         if not held or any(h is None for h in held):
             continue

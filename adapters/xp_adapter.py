@@ -15,6 +15,7 @@ from adapters import timing, xp_fast
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import ORACLE, TF32
+from harness.optimizers import adam
 from harness.reference import network
 
 NAME = "xp"
@@ -158,7 +159,7 @@ def _go_fast(trainer: Trainer) -> None:
     place, and Adam's moments (the eager state's arrays, kept by name for training_state)."""
     layers = [(trainer.params[f"{p.name}.weight"], trainer.params[f"{p.name}.bias"]) for p in trainer.placed]
     fast = xp_fast.FastMLP(trainer.xp, trainer.problem, trainer.data, layers, trainer.dtype, trainer.loss_log)
-    if trainer.problem.spec.optimizer.kind == "adam":
+    if fast.adam:
         m, v = trainer.opt_state["m"], trainer.opt_state["v"]
         fast.m = [(m[f"{p.name}.weight"], m[f"{p.name}.bias"]) for p in trainer.placed]
         fast.v = [(v[f"{p.name}.weight"], v[f"{p.name}.bias"]) for p in trainer.placed]
@@ -181,7 +182,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     jitter = trainer.jitter if member else network.plain
     masks = problem.step_masks(trainer.data, step)
     ctx = network.Context(jitter=jitter, masks=masks, reorder=trainer.reorder if member else None, sequential_loss=problem.sequential_loss)
-    corrections = network.float32_bias_corrections if problem.float32_corrections else None
+    corrections = adam.float32_bias_corrections if problem.float32_corrections else None
     return network.train_step(
         trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps, problem.rates, corrections
     )

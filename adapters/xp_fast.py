@@ -22,11 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.optimizers import adam
 from harness.reference import network
 
 # --------------------------------------------------------------------------- GPU kernels
 
 _FMAD_OFF = ("--fmad=false",)
+# the update rules this step trains, as plain rules (Recipe.plain); any other kind is refused
+FAST_RULES = ("sgd", "adam")
 
 _ACT = {
     "relu": "a = isnan(z) ? z : max(z, T(0));",
@@ -166,12 +169,15 @@ class FastMLP:
         self.tmp = [] if self.on_gpu else [(xp.empty_like(w), xp.empty_like(b)) for w, b in params]
         self.tmp2 = [] if self.on_gpu else [(xp.empty_like(w), xp.empty_like(b)) for w, b in params]
         total = problem.total_steps
-        if self.opt.kind == "adam":
+        if self.opt.kind not in FAST_RULES:
+            raise ValueError(f"the allocation-free step trains {' and '.join(FAST_RULES)} only, not {self.opt.kind}")
+        self.adam = self.opt.kind == "adam"  # else plain gradient descent (FAST_RULES)
+        if self.adam:
             self.m = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
             self.v = [(xp.zeros_like(w), xp.zeros_like(b)) for w, b in params]
             # 1 - beta^t for t = step + 1, in float64 (the Python floats the network oracle uses), rounded once
             # (or optax's float32 ones, where a member computes that library's behaviour)
-            corrections = network.float32_bias_corrections if problem.float32_corrections else network.bias_corrections
+            corrections = adam.float32_bias_corrections if problem.float32_corrections else adam.bias_corrections
             table = np.array([corrections(self.opt, t) for t in range(1, total + 1)], np.float64)
             self.c1, self.c2 = (xp.asarray(np.ascontiguousarray(col).astype(self.dtype)) for col in table.reshape(-1, 2).T)
         self.gathered = problem.batch_order is not None
@@ -304,7 +310,7 @@ class FastMLP:
         for k, ((w, b), (gw, gb)) in enumerate(zip(self.params, self.grads)):
             for j, (p, g) in enumerate(((w, gw), (b, gb))):
                 with_l2 = l2 and j == 0  # weights only, never biases
-                if opt.kind == "adam":
+                if self.adam:
                     m, v = self.m[k][j], self.v[k][j]
                     if self.on_gpu:
                         consts = (dtype(opt.lr), dtype(opt.beta1), dtype(1 - opt.beta1), dtype(opt.beta2), dtype(1 - opt.beta2), dtype(opt.eps))
@@ -381,7 +387,7 @@ class FastMLP:
 
     def state(self) -> list:
         arrays = [a for pair in self.params for a in pair]
-        if self.opt.kind == "adam":
+        if self.adam:
             arrays += [a for pair in (*self.m, *self.v) for a in pair]
         return arrays
 

@@ -97,8 +97,9 @@ RECIPE_SEGMENT = 30
 
 @st.composite
 def recipe_optimizer(draw, plain: dict) -> dict:
-    """The plain optimizer with a training recipe (harness/spec/optimizer.py): SGD with
-    momentum (Nesterov or dampening), Adam or AdamW, weight decay, clipping (often tight
+    """The plain optimizer with a training recipe (harness/optimizers/): SGD with
+    momentum (Nesterov or dampening), Adam, AdamW or RMSprop (with or without momentum, at
+    Adam's rate), weight decay, clipping (often tight
     enough to fire), and a schedule (its shape drawn once the run's length is known)."""
     opt = dict(plain)
     if opt["kind"] == "sgd":
@@ -112,6 +113,10 @@ def recipe_optimizer(draw, plain: dict) -> dict:
     elif draw(st.booleans()):
         opt["kind"] = "adamw"
         opt["weight_decay"] = draw(st.sampled_from([1e-4, 1e-2, 0.1]))
+    elif draw(st.booleans()):
+        opt = {"kind": "rmsprop", "lr": opt["lr"], "alpha": draw(st.sampled_from([0.9, 0.99])), "eps": opt["eps"]}
+        if draw(st.booleans()):
+            opt["momentum"] = draw(st.sampled_from([0.5, 0.9]))
     if opt["kind"] != "adamw" and draw(st.booleans()):
         opt["weight_decay"] = draw(st.sampled_from([1e-4, 1e-3, 1e-2]))
     if draw(st.booleans()):

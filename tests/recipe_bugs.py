@@ -6,7 +6,9 @@ Nesterov's formula dropped, and a learning rate that changes late in the run; an
 adapters/jax_adapter.py's optax chain (JAX_RECIPE_BUGS): each leaf clipped by its own norm,
 AdamW's decay at the peak rate instead of the scheduled one. A JAX copy inherits optax's
 catalogued differences (the float32 schedule and bias corrections), so each is a bug on
-top of a known behaviour. Each says which generated specs it changes the math of
+top of a known behaviour. RMSprop's: torch's centered form where the spec says uncentered;
+optax.rmsprop's alias with its defaults (eps inside the square root, the rate before the
+momentum trace) where the adapter chains optax's parts. Each says which generated specs it changes the math of
 (tests/family.py)."""
 
 from __future__ import annotations
@@ -90,6 +92,16 @@ def _no_nesterov(torch, spec, model, **impl):
     return torch_adapter._optimizer(torch, spec, model, **impl)
 
 
+def _rmsprop_centered(torch, spec, model, **impl):
+    """torch.optim.RMSprop with centered=True (the gradient's running mean taken out of v)
+    where the spec says the uncentered form."""
+    opt = spec.optimizer
+    if opt.kind == "rmsprop":
+        decay = {"weight_decay": opt.weight_decay} if opt.weight_decay else {}
+        return torch.optim.RMSprop(model.parameters(), lr=opt.lr, alpha=opt.alpha, eps=opt.eps, momentum=opt.momentum, centered=True, **decay, **impl)
+    return torch_adapter._optimizer(torch, spec, model, **impl)
+
+
 def _has(doc: dict, section: str, key: str) -> bool:
     return bool(doc[section].get(key))
 
@@ -109,6 +121,7 @@ RECIPE_BUGS = {
     "torch_smoothing_over_others": ({"_train_step": _train_step(loss=_smoothing_over_others)}, lambda doc: _has(doc, "loss", "label_smoothing")),
     "torch_no_nesterov": ({"_optimizer": _no_nesterov}, lambda doc: _has(doc, "optimizer", "nesterov")),
     "torch_late_rate": ({"_train_step": _train_step(late=True)}, lambda doc: True),
+    "torch_rmsprop_centered": ({"_optimizer": _rmsprop_centered}, lambda doc: doc["optimizer"]["kind"] == "rmsprop"),
 }
 
 
@@ -147,6 +160,19 @@ def _jax_decay_at_peak(opt):
     return optax.chain(adam, optax.stateless(decay))
 
 
+def _jax_rmsprop_alias(opt):
+    """optax.rmsprop with the spec's decay, eps and momentum, and its other defaults: eps
+    inside the square root, the rate before the momentum trace."""
+    import optax
+
+    if opt.kind != "rmsprop":
+        return jax_adapter.transformation(opt)
+    lr = jax_adapter._rate(optax, opt)
+    before = [optax.clip_by_global_norm(opt.clip_global_norm)] if opt.clip_global_norm is not None else []
+    before += [optax.add_decayed_weights(opt.weight_decay)] if opt.weight_decay else []
+    return optax.chain(*before, optax.rmsprop(lr, decay=opt.alpha, eps=opt.eps, momentum=opt.momentum or None))
+
+
 def _scheduled(doc: dict) -> bool:
     return doc["optimizer"].get("schedule", {}).get("kind", "constant") != "constant"
 
@@ -159,4 +185,5 @@ JAX_RECIPE_BUGS = {
         {"transformation": _jax_decay_at_peak},
         lambda doc: doc["optimizer"]["kind"] == "adamw" and _has(doc, "optimizer", "weight_decay") and _scheduled(doc),
     ),
+    "jax_rmsprop_alias": ({"transformation": _jax_rmsprop_alias}, lambda doc: doc["optimizer"]["kind"] == "rmsprop"),
 }

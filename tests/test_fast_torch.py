@@ -16,7 +16,7 @@ from harness.core import registry  # noqa: E402
 from harness.core.paths import SPECS_DIR  # noqa: E402
 from harness.core.registry import RunKey  # noqa: E402
 from harness.inputs import problem as inputs  # noqa: E402
-from harness.reference import network  # noqa: E402
+from harness.optimizers import adam  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.spec.load import load_spec  # noqa: E402
 from tests.conftest import UNIT_TOLERANCES, key_for, problem_or_skip, quick_problem, trainer_of  # noqa: E402
@@ -116,10 +116,10 @@ def test_compiled_adam_would_take_float32_bias_corrections_the_fused_one_does_no
     adapter.train(compiled, 0, CURVE_STEPS)
     compiled_adam = adapter.state(compiled, CURVE_STEPS).losses
 
-    original = network.adam_update
+    original = adam.update
 
     def reference_curve(**corrections):
-        monkeypatch.setattr(network, "adam_update", functools.partial(original, **corrections))
+        monkeypatch.setattr(adam, "update", functools.partial(original, **corrections))
         outcome = runner.run(problem, RunKey("numpy", "cpu"))
         assert outcome.status == "ok", outcome.reason
         return outcome.losses[:CURVE_STEPS]

@@ -14,6 +14,7 @@ from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.inputs import members
 from harness.inputs import problem as inputs
 from harness.layers import dense
+from harness.optimizers import adam
 from harness.reference import network
 from harness.run import plan, runner
 from harness.spec.load import load_spec
@@ -44,8 +45,8 @@ def test_optax_float32_bias_correction_explains_the_jax_drift_on_peaks(monkeypat
     jax_curve = early_curve(problem, RunKey("jax", "cpu"))
     oracle = early_curve(problem, ORACLE_KEY)
     reference32 = early_curve(problem, RunKey("numpy", "cpu"))
-    like_optax_adam = functools.partial(network.adam_update, corrections=float32_bias_corrections)
-    monkeypatch.setattr(network, "adam_update", like_optax_adam)
+    like_optax_adam = functools.partial(adam.update, corrections=float32_bias_corrections)
+    monkeypatch.setattr(adam, "update", like_optax_adam)
     like_optax = early_curve(problem, RunKey("numpy", "cpu"))
 
     def rel(a, b):
@@ -264,7 +265,7 @@ def test_optax_bias_corrections_explain_the_jax_sweep_failures(monkeypatch, poin
     jax_fails = failing(runner.run(problem, RunKey("jax", "cpu")))
     assert jax_fails
     assert not failing(judge.reference)
-    monkeypatch.setattr(network, "adam_update", functools.partial(network.adam_update, corrections=float32_bias_corrections))
+    monkeypatch.setattr(adam, "update", functools.partial(adam.update, corrections=float32_bias_corrections))
     like_optax = judge(runner.run(problem, CALIBRATION_KEY))
     for name, jax_check in jax_fails.items():
         mine = like_optax[name].ratio

@@ -5,8 +5,8 @@ while the correct adapters in the same matrix pass.
 Each buggy adapter is a fresh module executed from a real adapter's source file (so its
 functions look their helpers up in the copy, not in the original) with one global
 replaced (for the NumPy bug, its `network`: itself a fresh copy of
-harness/reference/network.py with adam_update replaced, since that module's train_step
-calls it). It is registered under its own name in harness.core.registry.ADAPTERS and in
+harness/reference/network.py whose optimizer registry hands it an Adam with its update
+replaced, since that module's train_step calls it). It is registered under its own name in harness.core.registry.ADAPTERS and in
 sys.modules while its matrix runs, and goes through harness.matrix.run_spec like any
 other framework. Two matrices are run once per module and shared by the tests: peaks
 (Adam, chaotic after a few dozen steps) and a shortened moons (plain gradient descent).
@@ -27,11 +27,13 @@ import pytest
 from rich.console import Console
 
 from adapters import torch_layers
+from harness import optimizers
 from harness.core import registry
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import build_problem
 from harness.matrix import SpecResult, run_spec
+from harness.optimizers import adam
 from harness.reference import network
 from harness.run.plan import matrix_keys
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
@@ -66,9 +68,10 @@ def module_copy(name: str) -> types.ModuleType:
 
 
 def network_eps_inside_sqrt() -> types.ModuleType:
-    """harness.reference.network whose adam_update (called by its train_step) puts eps inside the square root."""
+    """harness.reference.network whose Adam update (called by its train_step) puts eps inside the square root."""
     copy = module_copy(network.__name__)
-    copy.adam_update = functools.partial(copy.adam_update, denominator=denominator_eps_inside_sqrt)
+    buggy = types.SimpleNamespace(**{**vars(adam), "update": functools.partial(adam.update, denominator=denominator_eps_inside_sqrt)})
+    copy.optimizers = types.SimpleNamespace(rule=lambda opt: buggy if opt.kind == "adam" else optimizers.rule(opt))
     return copy
 
 

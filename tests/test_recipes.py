@@ -1,4 +1,4 @@
-"""Training recipes (harness/spec/optimizer.py): each adapter's translation into torch.optim
+"""Training recipes (harness/optimizers/): each adapter's translation into torch.optim
 and optax computes the spec's math, in float64, against the oracle; and the evidence of the
 catalogued library differences (harness/known_differences.yaml): for each, the oracle
 changed by the catalogued formula agrees with that library's float64 twin, and the oracle
@@ -13,13 +13,14 @@ from harness.core import registry
 from harness.core.errors import SpecError
 from harness.core.registry import FLOAT64, RunKey
 from harness.inputs import problem as inputs
+from harness.optimizers.recipe import StepDecay, WarmupCosine
 from harness.run import plan
 from harness.spec.load import load_spec
-from harness.spec.optimizer import StepDecay, WarmupCosine
 from harness.verdict import diagnosis
 
 STEPS = 24
 ADAM = {"kind": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+RMSPROP = {"kind": "rmsprop", "lr": 0.003, "alpha": 0.99, "eps": 1e-8}
 COSINE = {"kind": "warmup_cosine", "warmup_steps": 5, "decay_steps": 20, "init_fraction": 0.0, "end_fraction": 0.01}
 RECIPES = {
     "sgd_momentum": {"optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}},
@@ -31,6 +32,9 @@ RECIPES = {
     "sgd_step_schedule": {"optimizer": {"kind": "sgd", "lr": 0.2, "schedule": {"kind": "step", "every": 7, "gamma": 0.5}}},
     "adamw_warmup_cosine": {"optimizer": {**ADAM, "kind": "adamw", "weight_decay": 1e-2, "schedule": COSINE}},
     "label_smoothing": {"loss": {"kind": "cross_entropy", "reduction": "mean", "label_smoothing": 0.1}},
+    "rmsprop": {"optimizer": RMSPROP},
+    "rmsprop_momentum_decay": {"optimizer": {**RMSPROP, "alpha": 0.9, "momentum": 0.9, "weight_decay": 1e-3}},
+    "rmsprop_momentum_schedule": {"optimizer": {**RMSPROP, "momentum": 0.5, "schedule": {"kind": "step", "every": 7, "gamma": 0.5}}},
 }
 # Where a framework's float64 twin is expected to differ: the catalogued library difference.
 CATALOGUED = {
@@ -38,6 +42,7 @@ CATALOGUED = {
     ("jax", "sgd_dampening"): "optax-sgd-no-dampening",
     ("jax", "sgd_step_schedule"): "optax-schedule-float32",
     ("jax", "adamw_warmup_cosine"): "optax-schedule-float32",
+    ("jax", "rmsprop_momentum_schedule"): "optax-schedule-float32",
 }
 AGREE = 1e-12  # float64 rounding over 24 steps of moons (measured: 4e-16 to 3e-14)
 APART = 1e-9  # the smallest catalogued difference here (optax's float32 step schedule: 2e-8)
@@ -86,11 +91,12 @@ def catalogued_formula(entry_id: str):
 
 
 @pytest.mark.parametrize(
-    ("framework", "recipe"), [("torch", "sgd_clipped"), ("jax", "sgd_dampening"), ("jax", "sgd_step_schedule"), ("jax", "adamw_warmup_cosine")]
+    ("framework", "recipe"),
+    list(CATALOGUED),
 )
 def test_the_oracle_computing_the_catalogued_formula_is_the_librarys_twin(framework, recipe, oracle_runs):
     """torch's clipping scales by max_norm / (norm + 1e-6), clamped at 1; optax's momentum
-    has no dampening; optax's schedules give float32 rates: the oracle computing the entry's
+    has no dampening; optax's schedules give float32 rates (RMSprop's too): the oracle computing the entry's
     `formula` (plan.library_problem, with the rates optax computes: plan.resolved; what that
     framework's twin is judged against) agrees with its float64 twin to rounding."""
     problem = problem_of(recipe)
@@ -125,6 +131,38 @@ def _optax_rates(optax, opt) -> list[float]:
     else:
         f = optax.warmup_cosine_decay_schedule(opt.lr * s.init_fraction, opt.lr, s.warmup_steps, s.decay_steps, opt.lr * s.end_fraction)
     return [float(jax.jit(f)(jnp.int32(t))) for t in range(STEPS)]  # jitted, as inside the update
+
+
+@pytest.mark.parametrize(
+    ("recipe", "alias"),
+    [
+        ("rmsprop", {}),  # optax.rmsprop's default: eps inside the square root
+        ("rmsprop_momentum_schedule", {"eps_in_sqrt": False}),  # the rate inside the momentum trace
+    ],
+)
+def test_optax_rmsprop_alias_is_not_torchs_rmsprop_its_parts_are(recipe, alias, monkeypatch, oracle_runs):
+    """Why adapters/jax_adapter.py builds RMSprop from optax's parts: optax.rmsprop with the
+    spec's decay and eps puts eps inside the square root by default, and applies the rate
+    before its momentum trace, where torch.optim.RMSprop (the spec) multiplies the buffer
+    by the current rate; each differs in float64. Its parts, chained as the adapter chains
+    them, are the spec's math (test_each_recipe_is_the_specs_math_or_a_catalogued_difference)."""
+    pytest.importorskip("optax")
+    from adapters import jax_adapter
+
+    def alias_rule(optax, lr, o):
+        return optax.rmsprop(lr, decay=o.alpha, eps=o.eps, momentum=o.momentum or None, **alias)
+
+    problem = problem_of(recipe)
+    monkeypatch.setitem(jax_adapter.OPTIMIZERS, "rmsprop", alias_rule)
+    as_alias = trained("jax", problem)
+    if recipe == "rmsprop_momentum_schedule":  # optax's float32 rates aside (optax-schedule-float32)
+        formula = plan.resolved(catalogued_formula("optax-schedule-float32"), problem)
+        reference = trained("numpy", plan.library_problem(problem, formula))
+    else:
+        reference = oracle_runs[recipe]
+    assert apart(as_alias, reference) > APART
+    monkeypatch.undo()
+    assert apart(trained("jax", problem), reference) < AGREE
 
 
 def test_schedules_are_torchs_and_optaxs():

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from harness import optimizers
 from harness.layers import ACTIVATED, Placed
 from harness.layers.activations import activate, activation_grad
 from harness.layers.base import Context, plain
@@ -204,25 +205,16 @@ def split_training_state(state: Params) -> tuple[Params, dict[str, Params]]:
 
 def optimizer_state(opt, step: int, moments: dict[str, Params]):
     """The oracle's optimizer state after `step` updates, from a state's moments."""
-    if opt.kind in ("adam", "adamw"):
-        return {"t": step, "m": dict(moments["m"]), "v": dict(moments["v"])}
-    return {"t": step, "buf": dict(moments.get("momentum", {}))}
+    return optimizers.rule(opt).state_at(opt, step, moments)
 
 
 def optimizer_init(xp, opt, params: Params, names: list[str]):
-    """The optimizer's state before the first update: the update count t, and Adam's
-    moments or SGD's momentum buffers (made at the first update, as torch.optim makes them)."""
-    if opt.kind in ("adam", "adamw"):
-        return adam_init(xp, params, names)
-    return {"t": 0, "buf": {}}
-
-
-def adam_init(xp, params: Params, names: list[str]):
-    return {"t": 0, "m": {n: xp.zeros_like(params[n]) for n in names}, "v": {n: xp.zeros_like(params[n]) for n in names}}
+    """The optimizer's state before the first update (its kind's init)."""
+    return optimizers.rule(opt).init(xp, opt, params, names)
 
 
 def recipe_gradients(xp, params: Params, grads: Params, opt, jitter: Jitter = plain, clip_eps: float = 0.0) -> Params:
-    """The gradient the update rule takes (harness/spec/optimizer.py): clipped to the
+    """The gradient the update rule takes (harness/optimizers/recipe.py): clipped to the
     global norm, then with the coupled weight decay added. With `clip_eps`, the clipping
     is a library's instead (torch's clip_grad_norm_: max_norm / (norm + eps), at most 1, on
     every step; harness/known_differences.yaml)."""
@@ -233,65 +225,9 @@ def recipe_gradients(xp, params: Params, grads: Params, opt, jitter: Jitter = pl
             grads = {name: jitter(g * factor) for name, g in grads.items()}
         elif norm > opt.clip_global_norm:
             grads = {name: jitter(g / norm * opt.clip_global_norm) for name, g in grads.items()}
-    if opt.weight_decay and opt.kind != "adamw":
+    if opt.weight_decay and opt.coupled_decay:
         grads = {name: jitter(g + opt.weight_decay * params[name]) for name, g in grads.items()}
     return grads
-
-
-def sgd_update(params: Params, grads: Params, state, opt, lr: float, jitter: Jitter = plain):
-    """torch.optim.SGD: the momentum buffer b <- g at the first update, then
-    b <- momentum * b + (1 - dampening) * g; the step is b, or g + momentum * b (Nesterov)."""
-    buf = dict(state["buf"])
-    new_params = dict(params)
-    for name, g in grads.items():
-        step = g
-        if opt.momentum:
-            b = g if name not in buf else jitter(opt.momentum * buf[name] + (1 - opt.dampening) * g)
-            buf[name] = b
-            step = jitter(g + opt.momentum * b) if opt.nesterov else b
-        new_params[name] = params[name] - jitter(lr * step)
-    return new_params, {"t": state["t"] + 1, "buf": buf}
-
-
-def bias_corrections(opt, t: int) -> tuple[float, float]:
-    """1 - beta1^t and 1 - beta2^t, in Python floats (as torch.optim computes them)."""
-    return 1 - opt.beta1**t, 1 - opt.beta2**t
-
-
-def float32_bias_corrections(opt, t: int) -> tuple[float, float]:
-    """1 - beta^t as optax computes it: in float32, with beta rounded to float32
-    (harness/known_differences.yaml, optax-adam-float32-bias-corrections)."""
-    one = np.float32(1)
-    return float(one - np.float32(opt.beta1) ** np.float32(t)), float(one - np.float32(opt.beta2) ** np.float32(t))
-
-
-def adam_denominator(xp, v_hat: Array, eps: float) -> Array:
-    return xp.sqrt(v_hat) + eps
-
-
-def adam_update(
-    xp, params: Params, grads: Params, state, opt, corrections=bias_corrections, denominator=adam_denominator, jitter: Jitter = plain, lr=None
-):
-    """Adam (Kingma & Ba; Flux, torch.optim and optax agree): eps added to sqrt(v_hat), at
-    rate `lr` (the spec's lr by default); AdamW first shrinks the parameters by
-    lr * weight_decay (decoupled).
-
-    `corrections` and `denominator` are the definition's two places where implementations
-    differ; tests swap them to reproduce such differences.
-    """
-    lr = opt.lr if lr is None else lr
-    t = state["t"] + 1
-    c1, c2 = corrections(opt, t)
-    new_params, new_m, new_v = dict(params), {}, {}
-    for name, g in grads.items():
-        p = params[name]
-        if opt.kind == "adamw" and opt.weight_decay:
-            p = jitter(p * (1 - lr * opt.weight_decay))
-        m = jitter(opt.beta1 * state["m"][name] + (1 - opt.beta1) * g)
-        v = jitter(opt.beta2 * state["v"][name] + (1 - opt.beta2) * (g * g))
-        new_params[name] = p - jitter(lr * (m / c1) / denominator(xp, v / c2, opt.eps))
-        new_m[name], new_v[name] = m, v
-    return new_params, {"t": t, "m": new_m, "v": new_v}
 
 
 def train_step(
@@ -312,16 +248,13 @@ def train_step(
     statistics after it, and the optimizer state. A library's behaviour instead of the
     spec's (harness/run/plan.py library_problem): `clip_eps` (see recipe_gradients), `rates`
     (the learning rate of update t is rates[t]), `corrections` (Adam's bias corrections, if
-    not adam_update's own)."""
+    not its update's own)."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)
     opt = spec.optimizer
     grads = recipe_gradients(xp, params, grads, opt, ctx.jitter, clip_eps)
     lr = opt.lr_at(opt_state["t"]) if rates is None else rates[opt_state["t"]]
-    if opt.kind in ("adam", "adamw"):
-        library = {} if corrections is None else {"corrections": corrections}
-        params, opt_state = adam_update(xp, params, grads, opt_state, opt, jitter=ctx.jitter, lr=lr, **library)
-    else:
-        params, opt_state = sgd_update(params, grads, opt_state, opt, lr, ctx.jitter)
+    library = {} if corrections is None else {"corrections": corrections}
+    params, opt_state = optimizers.rule(opt).update(xp, params, grads, opt_state, opt, lr, jitter=ctx.jitter, **library)
     return loss, {**params, **updates}, opt_state
 
 

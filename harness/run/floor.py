@@ -29,23 +29,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness import layers
+from harness import layers, optimizers
 from harness.core.registry import FLOAT32, RunKey
 from harness.inputs.problem import Problem
 
 BYTES = 4  # float32 values, int32 labels and row indices
-OPTIMIZER_OPS = {"sgd": 2, "adam": 12, "adamw": 14}  # per parameter: sgd p - lr*g; adam's moments, corrections, sqrt, eps, update; adamw's decay
-OPTIMIZER_STATES = {"sgd": 0, "adam": 2, "adamw": 2}  # arrays per parameter read and written besides the parameter
 
 
-def recipe_ops(opt) -> tuple[int, int]:
-    """A recipe's operations and state arrays per parameter beyond the update rule's:
-    SGD's momentum buffer (2, Nesterov 2 more), a coupled decay (2), clipping's norm and
-    scale (3)."""
-    momentum = getattr(opt, "momentum", 0.0)
-    ops = (2 + (2 if opt.nesterov else 0) if momentum else 0) + (2 if opt.weight_decay and opt.kind != "adamw" else 0)
+def optimizer_ops(opt) -> tuple[int, int]:
+    """An optimizer's float operations and state arrays per parameter, read and written
+    besides the parameter: its kind's update rule (harness/optimizers/), a coupled decay (2),
+    clipping's norm and scale (3)."""
+    ops, states = optimizers.rule(opt).cost(opt)
+    ops += 2 if opt.weight_decay and opt.coupled_decay else 0
     ops += 3 if opt.clip_global_norm is not None else 0
-    return ops, 1 if momentum else 0
+    return ops, states
 
 
 @dataclass(frozen=True)
@@ -107,13 +105,13 @@ def step_cost(problem: Problem) -> StepCost:
 
     weights = sum(c.weights for c in costs)
     params = sum(c.params for c in costs)
-    extra_ops, extra_states = recipe_ops(spec.optimizer)
-    per_step = params * (OPTIMIZER_OPS[spec.optimizer.kind] + extra_ops) + (5 * weights if spec.loss.l2 else 0)
+    ops, states = optimizer_ops(spec.optimizer)
+    per_step = params * ops + (5 * weights if spec.loss.l2 else 0)
 
     target_width = n_out if spec.loss.kind == "mse" else 1
     shuffled = problem.batch_order is not None
     batch_bytes = batch * (spec.model.in_features + target_width + (1 if shuffled else 0)) * BYTES
-    state_bytes = 2 * params * (1 + OPTIMIZER_STATES[spec.optimizer.kind] + extra_states) * BYTES
+    state_bytes = 2 * params * (1 + states) * BYTES
     fewest = batch_bytes + state_bytes + BYTES  # + the loss log's slot
     activations = sum(6 * batch * c.values * BYTES for c in costs)
     return StepCost(

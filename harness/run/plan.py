@@ -61,7 +61,7 @@ def library_problem(problem: Problem, formula) -> Problem:
     `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
     The oracle on it is the reference of that library's float64 twin."""
     doc = problem.spec.model_dump()
-    if formula.dampening is not None and doc["optimizer"]["kind"] == "sgd" and doc["optimizer"].get("momentum"):
+    if formula.dampening is not None and "dampening" in doc["optimizer"] and doc["optimizer"].get("momentum"):
         doc["optimizer"]["dampening"] = formula.dampening
     if formula.running_var is not None:
         for layer in doc["model"]["layers"]:

@@ -18,6 +18,7 @@ from harness.core.errors import SpecError
 from harness.core.files import read_regular
 from harness.core.paths import SPECS_DIR
 from harness.layers import KINDS
+from harness.optimizers import OPTIMIZER_KINDS
 from harness.spec.model import FULL_PROFILE, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 
@@ -31,7 +32,7 @@ UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none"
 
 
 # The tags of the discriminated unions: data kinds, optimizer kinds and layer kinds.
-DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", "adam", "adamw", "sgd", "constant", "step", "warmup_cosine", *KINDS})
+DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", *OPTIMIZER_KINDS, "constant", "step", "warmup_cosine", *KINDS})
 
 
 # The fields whose value is a discriminated union (a layer's is an item of model.layers).

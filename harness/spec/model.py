@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from harness.core.strict import Strict
 from harness.layers import LayerSection, Placed, place
-from harness.spec.optimizer import OPTIMIZER_KINDS, Optimizer
+from harness.optimizers import OPTIMIZER_KINDS, Optimizer
 
 FULL_PROFILE = "full"
 BENCH_PROFILE = "bench"  # the profile `harness bench` runs by default

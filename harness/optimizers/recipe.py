@@ -1,25 +1,21 @@
-"""A spec's optimizer: the update rule, and the recipe around it (weight decay, momentum,
-global-norm clipping, a learning-rate schedule). The spec states the math once; each
-adapter expresses it with its library's own parts (torch.optim and its lr_scheduler,
-torch.nn.utils.clip_grad_norm_; an optax.chain), and where a library's formula differs
-from the one stated here, harness/known_differences.yaml says so.
+"""What every optimizer kind shares: the recipe around its update rule (weight decay,
+global-norm clipping, a learning-rate schedule) and the schedules. The spec states the math
+once; each adapter expresses it with its library's own parts (torch.optim and its
+lr_scheduler, torch.nn.utils.clip_grad_norm_; an optax.chain), and where a library's formula
+differs from the one stated here, harness/known_differences.yaml says so.
 
 The math, at update t (t = 0 for the first), with g the gradient of the loss:
 1. clipping: g <- g * max_norm / ||g|| when the global norm ||g|| (over every trained
    tensor) exceeds max_norm (optax.clip_by_global_norm's formula);
-2. coupled weight decay (sgd, adam): g <- g + weight_decay * p;
+2. coupled weight decay (every kind whose Section says `coupled_decay`): g <- g + weight_decay * p;
 3. the rate: lr_t = lr * schedule(t);
-4. sgd: with momentum, b <- g at the first update and b <- momentum * b + (1 - dampening) * g
-   after it (torch.optim.SGD's buffer); the step is g + momentum * b with nesterov, else b;
-   p <- p - lr_t * step;
-   adam: Kingma and Ba's update with eps added to sqrt(v_hat), at rate lr_t;
-   adamw: p <- p * (1 - lr_t * weight_decay) (decoupled), then adam's update.
+4. the kind's own update rule at rate lr_t (harness/optimizers/<kind>.py).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -95,49 +91,14 @@ class Recipe(Strict):
         that a spec without one keeps every bit it had."""
         return self.lr if self.schedule is None else self.lr * self.schedule.factor(t)
 
+    # Whether weight_decay is added to the gradient (coupled), and whether the update rule
+    # alone, with no recipe around it, is one the fast paths train (Section of each kind).
+    coupled_decay: ClassVar[bool] = True
+    fast_rule: ClassVar[bool] = False
+
     @property
     def plain(self) -> bool:
-        """Plain SGD or Adam: no decay, clipping, schedule or momentum, the update rule alone."""
+        """The update rule alone (no decay, clipping, schedule or momentum) of a kind the
+        fast paths train."""
         recipe = self.weight_decay or self.clip_global_norm is not None or self.schedule is not None or getattr(self, "momentum", 0)
-        return not recipe and getattr(self, "kind", "") != "adamw"
-
-
-class Adam(Recipe):
-    """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected.
-    weight_decay is coupled (added to the gradient), as torch.optim.Adam's."""
-
-    kind: Literal["adam"]
-    beta1: Beta
-    beta2: Beta
-    eps: Rate
-
-
-class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter): the parameters shrink by
-    lr_t * weight_decay before Adam's update. weight_decay has no default here: torch's is
-    1e-2 and optax's 1e-4, and a port that leaves it out changes the math."""
-
-    kind: Literal["adamw"]  # type: ignore[assignment]
-    weight_decay: Annotated[float, Field(ge=0)]
-
-
-class Sgd(Recipe):
-    """Gradient descent, with torch.optim.SGD's momentum buffer, dampening and Nesterov
-    form; weight_decay is coupled (added to the gradient)."""
-
-    kind: Literal["sgd"]
-    momentum: Decay = 0.0
-    nesterov: bool = False
-    dampening: Decay = 0.0
-
-    @model_validator(mode="after")
-    def _nesterov(self) -> Sgd:
-        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ValueError("nesterov: needs a momentum above 0 and no dampening")
-        if self.dampening and not self.momentum:
-            raise ValueError("dampening: applies to a momentum buffer; set momentum too")
-        return self
-
-
-Optimizer = Annotated[Adam | AdamW | Sgd, Field(discriminator="kind")]
-OPTIMIZER_KINDS = ("adam", "adamw", "sgd")
+        return not recipe and self.fast_rule
