@@ -1,9 +1,15 @@
-"""The adapter protocol, typed: what the runner calls on each framework's module
-(adapters/__init__.py says what each function must do). `tests/test_adapters.py` checks
-every registered adapter against it, name by name and parameter by parameter.
+"""The adapter contract, typed: what the runner calls on each framework's module. `Adapter`
+is what every adapter has; each optional capability is a Protocol of its own, checked where
+it is used (`isinstance(adapter, LoadsState)`), never by a name looked up by hand.
+`tests/test_adapters.py` checks every registered adapter against them, name by name and
+parameter by parameter.
 
-Every function that sets a run up takes the run's `RunKey`: its device, dtype, precision
-("strict", "tf32", "float64") and mode come from there, never from a module global."""
+Every function that sets a run up takes the run's `RunKey` (harness/core/registry.py): its
+device, dtype, precision ("strict": full float32 products, deterministic kernels; "tf32":
+TF32 allowed on the GPU; "float64": the float64 twin) and mode ("eager": the article-style
+code, one framework call per step; "fast": the framework's compiled mode, many steps per
+call, fused kernels, graphs) come from there, never from a module global. Framework imports
+happen inside the functions, never when harness imports the module."""
 
 from __future__ import annotations
 
@@ -28,39 +34,82 @@ class State(NamedTuple):
 
 @runtime_checkable
 class Adapter(Protocol):
+    """One framework's module (NAME: its name in harness/core/registry.py ADAPTERS)."""
+
     NAME: str
 
-    def unavailable(self, key: RunKey) -> str | None: ...
+    def unavailable(self, key: RunKey) -> str | None:
+        """Why it cannot run there, or None."""
 
-    def describe(self, key: RunKey) -> dict[str, Any]: ...
+    def describe(self, key: RunKey) -> dict[str, Any]:
+        """Library, version, device name, math mode, threads; for the fast mode what it does
+        (`fast_mode`: one line)."""
 
-    def put(self, problem: Problem, key: RunKey) -> Any: ...
+    def put(self, problem: Problem, key: RunKey) -> Any:
+        """The training data on the device (timed as transfer): `problem.host_arrays`."""
 
-    def build(self, problem: Problem, data: Any, key: RunKey) -> Any: ...
+    def build(self, problem: Problem, data: Any, key: RunKey) -> Any:
+        """A trainer holding the initial weights (`problem.initial_params`, NumPy, dense
+        weights stored (fan_in, fan_out)) and the optimizer state, the key's precision applied."""
 
-    def warm_up(self, trainer: Any, plan: Sequence[tuple[int, int]] = ()) -> None: ...
+    def warm_up(self, trainer: Any, plan: Sequence[tuple[int, int]] = ()) -> None:
+        """Compile and warm kernels for every (start, stop) range of `plan` (the ranges
+        `train` will be called with), without changing the state."""
 
-    def train(self, trainer: Any, start: int, stop: int) -> None: ...
+    def train(self, trainer: Any, start: int, stop: int) -> None:
+        """The optimizer steps start .. stop - 1, each on its own batch; each step's batch
+        loss before the update goes into a loss log kept on the device (preallocated: no
+        per-step objects pile up, no host sync)."""
 
-    def synchronize(self, trainer: Any) -> None: ...
+    def synchronize(self, trainer: Any) -> None:
+        """Wait for the device."""
 
-    def state(self, trainer: Any, upto: int) -> State: ...
+    def state(self, trainer: Any, upto: int) -> State:
+        """The first `upto` logged losses and every tensor, as NumPy arrays."""
 
-    def predict(self, trainer: Any, x: np.ndarray) -> np.ndarray: ...
+    def predict(self, trainer: Any, x: np.ndarray) -> np.ndarray:
+        """The outputs in evaluation (running statistics, no dropout), as a NumPy array."""
+
+
+@runtime_checkable
+class LoadsState(Protocol):
+    """Optional: go on from a training state after `step` updates, as a checkpoint restores
+    one (the re-anchored runs, harness/run/anchored.py)."""
 
     def load_state(self, trainer: Any, state: Params, step: int) -> None: ...
 
 
+@runtime_checkable
 class KeepsTrainingState(Protocol):
-    """Optional (the oracle's adapter): the whole training state by name, to start the
-    re-anchored twins from (harness.reference.network.training_state)."""
+    """Optional: the whole training state by name, optimizer moments included (`m/<tensor>`,
+    harness.reference.network.training_state), to start the re-anchored runs from."""
 
     def training_state(self, trainer: Any) -> Params: ...
 
 
+@runtime_checkable
+class RecordsLayerOutputs(Protocol):
+    """Optional: every layer's output on a batch, by layer name, for the diagnosis to name
+    the first layer whose float64 output differs."""
+
+    def layer_outputs(self, trainer: Any, x: np.ndarray, masks: dict) -> Params: ...
+
+
+@runtime_checkable
 class MeasuresRates(Protocol):
-    """Optional: an adapter that can time its device's float32 product rate, memory
-    bandwidth and (GPU) the cost of one kernel in a CUDA graph, for the floor
-    (harness/run/hardware.py). Keys: "matmul" (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
+    """Optional: the device's float32 product rate, memory bandwidth and (GPU) the cost of
+    one kernel in a CUDA graph, for the floor (harness/run/hardware.py). Keys: "matmul"
+    (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
 
     def rates(self, device: str, precision: str) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ComputesScheduleRates(Protocol):
+    """Optional: the learning rate of every update as the library's own schedule computes
+    it, where that differs from the spec's (harness/known_differences.yaml `rates`)."""
+
+    def schedule_rates(self, opt: Any, steps: int) -> list[float]: ...
+
+
+CAPABILITIES = (LoadsState, KeepsTrainingState, RecordsLayerOutputs, MeasuresRates, ComputesScheduleRates)

@@ -11,17 +11,15 @@ is one CUDA graph per batch size, replayed with no host synchronisation.
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 import platform
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from adapters import timing, torch_layers
+from adapters import timing, torch_fast, torch_layers
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import TF32
@@ -113,22 +111,8 @@ class Trainer:
     n_examples: int
     loss_log: Any
     mode: str = "eager"
-    fast: Any = None  # _Fast in mode "fast"
+    fast: Any = None  # torch_fast.Fast in mode "fast"
     scheduler: Any = None  # torch.optim.lr_scheduler's, where the spec has a schedule
-
-
-@dataclass
-class _Fast:
-    """The fast mode's state besides the model and the optimizer."""
-
-    objective: tuple  # (kind, reduction, l2 scale or 0): plain values the compiled graph guards on
-    sizes: list[int]  # the batch size of each step of an epoch
-    initial: dict[str, Any]  # the model's state (parameters and buffers) at build, for warm_up to restore
-    step_counter: Any = None  # GPU: int64 [1], the next loss-log slot, advanced inside the graphs
-    slots: Any = None  # GPU: arange(total_steps), to find the log slot of step_counter
-    tables: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # GPU: size -> (batch rows, counter)
-    graphs: dict[int, Any] = field(default_factory=dict)  # GPU: size -> CUDA graph
-    next_step: int = 0  # the step the counters point at (host side: no sync to know it)
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -223,7 +207,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     optimizer = _optimizer(torch, problem.spec, model, **impl)
     trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log, mode)
     loss = problem.spec.loss
-    trainer.fast = _Fast(
+    trainer.fast = torch_fast.Fast(
         objective=(loss.kind, loss.reduction, network.l2_scale(loss, trainer.n_examples)),
         sizes=[stop - start for start, stop in problem.bounds],
         initial={k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -231,24 +215,12 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     if device == "gpu":
         if problem.masks:
             raise ValueError(f"torch's CUDA-graph fast mode does not take dropout masks yet; {problem.spec.name} has dropout (run it eager)")
-        _gpu_tables(torch, trainer)
+        torch_fast.gpu_tables(torch, trainer)
     return trainer
 
 
-def _objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets, smoothing: float = 0.0):
-    f = torch.nn.functional
-    if kind == "mse":
-        value = f.mse_loss(outputs, targets, reduction=reduction)
-    else:
-        value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
-    if scale:
-        weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
-        value = value + scale * sum(w.pow(2).sum() for w in weights)
-    return value
-
-
 def _loss(torch, spec, model, n_examples: int, outputs, targets):
-    return _objective(torch, spec.kind, spec.reduction, network.l2_scale(spec, n_examples), model, outputs, targets, spec.label_smoothing)
+    return torch_layers.objective(torch, spec.kind, spec.reduction, network.l2_scale(spec, n_examples), model, outputs, targets, spec.label_smoothing)
 
 
 def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
@@ -325,7 +297,7 @@ def warm_up(trainer: Trainer, plan=()) -> None:
     batch size the plan's steps use, then put their initial state back in place."""
     torch = _torch()
     if trainer.mode == "fast":
-        _warm_up_fast(torch, trainer, plan)
+        torch_fast.warm_up(torch, trainer, plan)
         return
     model = copy.deepcopy(trainer.model)
     _train_step(trainer, model, _optimizer(torch, trainer.problem.spec, model), 0)
@@ -333,183 +305,12 @@ def warm_up(trainer: Trainer, plan=()) -> None:
 
 def train(trainer: Trainer, start: int, stop: int) -> None:
     if trainer.mode == "fast":
-        _train_fast(_torch(), trainer, start, stop)
+        torch_fast.train(_torch(), trainer, start, stop)
         return
     for t in range(start, stop):
         # Written into a preallocated log: keeping 20,000 loss tensors alive instead fragmented
         # glibc's heap between the large activation buffers (24 GB after 3,000 moons steps).
         trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t, trainer.scheduler)
-
-
-# --- fast mode ----------------------------------------------------------------------------
-
-_COMPILED: dict[str, Any] = {}
-
-
-def _compiled_objective(torch):
-    """forward + loss as one torch.compile graph; AOTAutograd compiles its backward as another.
-    Module-level, with the model an argument: dynamo guards on the model's structure and the
-    tensors' shapes, not on the objects, so every trainer of a spec reuses the compiled graphs.
-    Static shapes: each batch size is its own graph, all compiled in warm_up."""
-    if "objective" not in _COMPILED:
-
-        def forward_loss(model, x, y, rows, masks, kind, reduction, scale):
-            if rows is not None:  # the batch's gather, fused into the graph
-                x, y = x[rows], y[rows]
-            return _objective(torch, kind, reduction, scale, model, model(x, masks), y)
-
-        _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, **_recompile_limit(torch))
-    return _COMPILED["objective"]
-
-
-# One graph per batch size (a last partial batch is a second shape) and per spec in the
-# process: more than dynamo's default limit of 8 recompiles of one function.
-RECOMPILE_LIMIT = 64
-
-
-def _recompile_limit(torch) -> dict[str, int]:
-    """torch.compile's own `recompile_limit` keyword where this torch has it (it arrived
-    after 2.11, which raises TypeError on it); else dynamo's process-wide limit, raised."""
-    if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return {"recompile_limit": RECOMPILE_LIMIT}
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    return {}
-
-
-def _cpu_step(torch, trainer: Trainer, t: int) -> None:
-    problem, data = trainer.problem, trainer.data
-    rows = None
-    if problem.batch_order is not None:
-        epoch, start, stop = problem.batch_slice(t)
-        rows = data["order"][epoch, start:stop]
-    masks = problem.step_masks(data, t)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    loss = _compiled_objective(torch)(trainer.model, data["x"], data["y"], rows, masks, *trainer.fast.objective)
-    loss.backward()
-    trainer.optimizer.step()
-    trainer.loss_log[t] = loss.detach()
-
-
-def _gpu_tables(torch, trainer: Trainer) -> None:
-    """The device-side counters, and for a batch order one table of batch rows per batch size
-    (row k: the k-th batch of that size), so a graph finds its batch with no host in the loop."""
-    problem, fast = trainer.problem, trainer.fast
-    dev = _device(trainer.device)
-    fast.step_counter = torch.zeros(1, dtype=torch.int64, device=dev)
-    fast.slots = torch.arange(problem.total_steps, device=dev)
-    if problem.batch_order is None:
-        return
-    for size in sorted(set(fast.sizes)):
-        rows = [epoch[a:b] for epoch in problem.batch_order for a, b in problem.bounds if b - a == size]
-        table = torch.from_numpy(np.ascontiguousarray(np.stack(rows))).to(dev)
-        fast.tables[size] = (table, torch.zeros(1, dtype=torch.int64, device=dev))
-
-
-def _gpu_step(torch, trainer: Trainer, size: int) -> None:
-    """One whole step, written to be captured: everything on the device, no host reads."""
-    fast = trainer.fast
-    x, y = trainer.data["x"], trainer.data["y"]
-    if size in fast.tables:
-        table, counter = fast.tables[size]
-        rows = table.index_select(0, counter).view(-1)
-        x, y = x.index_select(0, rows), y.index_select(0, rows)
-        counter.add_(1)
-    trainer.optimizer.zero_grad(set_to_none=True)  # captured: backward writes the graph's own grads
-    loss = _objective(torch, *fast.objective, trainer.model, trainer.model(x, {}), y)
-    loss.backward()
-    trainer.optimizer.step()
-    # The log slot by an elementwise select, not index_copy_: under deterministic algorithms
-    # index_copy_ on CUDA becomes a sorting index_put_; this is one plain kernel, surely
-    # capturable, and the exact float32 loss lands in its slot.
-    log = trainer.loss_log
-    torch.where(fast.slots == fast.step_counter, loss.detach(), log, out=log)
-    fast.step_counter.add_(1)
-
-
-def _capture(torch, trainer: Trainer, sizes) -> None:
-    """torch.cuda.graphs' whole-network capture: warm-up steps on a side stream (lazy optimizer
-    state, cuBLAS handles), then one graph per batch size."""
-    fast = trainer.fast
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
-        for size in sizes:
-            for _ in range(3):
-                _seek(trainer, 0)  # keeps the counters inside the tables and the log
-                _gpu_step(torch, trainer, size)
-    torch.cuda.current_stream().wait_stream(side)
-    for size in sizes:
-        _seek(trainer, 0)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            _gpu_step(torch, trainer, size)
-        fast.graphs[size] = graph
-
-
-def _warm_up_fast(torch, trainer: Trainer, plan) -> None:
-    sizes = trainer.problem.first_step_of_each_size(plan)
-    if trainer.device == "gpu":
-        _capture(torch, trainer, sizes)
-    else:
-        for t in sizes.values():
-            for _ in range(2):  # anything a repeated call would recompile, it does here
-                _cpu_step(torch, trainer, t)
-    _restore(torch, trainer)
-    synchronize(trainer)
-
-
-def _restore(torch, trainer: Trainer) -> None:
-    """The state at build, written into the same tensors (a captured graph or a compiled one
-    holds them): parameters, optimizer state (Adam: step, exp_avg, exp_avg_sq all start at
-    zero; SGD keeps none), gradients, loss log and counters."""
-    fast = trainer.fast
-    with torch.no_grad():
-        now = trainer.model.state_dict()
-        for name, initial in fast.initial.items():
-            now[name].copy_(initial)
-        for state in trainer.optimizer.state.values():
-            for value in state.values():
-                if torch.is_tensor(value):
-                    value.zero_()
-        if trainer.device == "gpu":
-            for p in trainer.model.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()  # the graphs own these buffers: keep them
-        else:
-            trainer.optimizer.zero_grad(set_to_none=True)  # as built: no gradients yet
-        trainer.loss_log.zero_()
-    _seek(trainer, 0)
-
-
-def _seek(trainer: Trainer, start: int) -> None:
-    """Point the device-side counters at step `start` (host arithmetic, device writes: no sync)."""
-    fast = trainer.fast
-    if fast.step_counter is not None:
-        fast.step_counter.fill_(start)
-        epochs, within = divmod(start, len(fast.sizes))
-        for size, (_, counter) in fast.tables.items():
-            counter.fill_(epochs * fast.sizes.count(size) + fast.sizes[:within].count(size))
-    fast.next_step = start
-
-
-def _train_fast(torch, trainer: Trainer, start: int, stop: int) -> None:
-    fast = trainer.fast
-    if start != fast.next_step:
-        _seek(trainer, start)
-    if trainer.device == "gpu":
-        for t in range(start, stop):
-            graph = fast.graphs.get(trainer.problem.batch_size(t))
-            if graph is None:
-                raise RuntimeError(f"no CUDA graph for step {t}'s batch size: warm_up(trainer, plan) captures them")
-            graph.replay()
-    else:
-        for t in range(start, stop):
-            _cpu_step(torch, trainer, t)
-    fast.next_step = stop
 
 
 def synchronize(trainer: Trainer) -> None:

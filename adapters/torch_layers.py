@@ -142,3 +142,17 @@ def tensors(model, spec) -> dict[str, np.ndarray]:
         value = getattr(holder, TORCH_NAMES[local]).detach().cpu().numpy()
         found[f"{name}.{local}"] = (value.T if transposed else value).copy()
     return found
+
+
+def objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets, smoothing: float = 0.0):
+    """The spec's loss of `outputs` (torch.nn.functional's mse_loss or cross_entropy, with
+    label smoothing), plus `scale` times the sum of the Linear and Conv2d weights' squares."""
+    f = torch.nn.functional
+    if kind == "mse":
+        value = f.mse_loss(outputs, targets, reduction=reduction)
+    else:
+        value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
+    if scale:
+        weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+        value = value + scale * sum(w.pow(2).sum() for w in weights)
+    return value

@@ -292,24 +292,35 @@ def test_gpu_adapter_matches_oracle_after_one_step(framework, oracle_step):
 
 @pytest.mark.parametrize("name", sorted(registry.ADAPTERS))
 def test_every_adapter_satisfies_the_protocol(name):
-    """Each registered adapter module has every function of adapters.protocol.Adapter, with
-    the same parameters in the same order and the same defaults (imports no framework)."""
+    """Each registered adapter module has every function of adapters.protocol.Adapter, and of
+    each optional capability it has, with the same parameters in the same order and the
+    same defaults (imports no framework)."""
     import inspect
 
-    from adapters.protocol import Adapter, MeasuresRates
+    from adapters.protocol import CAPABILITIES, Adapter
 
     module = importlib.import_module(registry.ADAPTERS[name])
     assert isinstance(module, Adapter)
-    for member, expected in inspect.getmembers(Adapter, inspect.isfunction):
-        if member.startswith("_"):
-            continue
-        wanted = [(p.name, p.default) for p in list(inspect.signature(expected).parameters.values())[1:]]
-        got = [(p.name, p.default) for p in inspect.signature(getattr(module, member)).parameters.values()]
-        assert got == wanted, f"{name}.{member}{inspect.signature(getattr(module, member))}"
-    if hasattr(module, "rates"):  # optional
-        wanted = [p.name for p in list(inspect.signature(MeasuresRates.rates).parameters.values())[1:]]
-        assert list(inspect.signature(module.rates).parameters) == wanted
+    for contract in (Adapter, *(c for c in CAPABILITIES if isinstance(module, c))):
+        for member, expected in inspect.getmembers(contract, inspect.isfunction):
+            if member.startswith("_"):
+                continue
+            wanted = [(p.name, p.default) for p in list(inspect.signature(expected).parameters.values())[1:]]
+            got = [(p.name, p.default) for p in inspect.signature(getattr(module, member)).parameters.values()]
+            assert got == wanted, f"{name}.{member}{inspect.signature(getattr(module, member))}"
     assert module.NAME in (name, "xp")  # xp: the array-module code, NumPy's and CuPy's
+
+
+def test_a_capability_is_checked_by_its_protocol():
+    """An adapter without a capability's function is not taken for one that has it."""
+    import types
+
+    from adapters.protocol import Adapter, LoadsState
+
+    real = importlib.import_module(registry.ADAPTERS["numpy"])
+    without = types.SimpleNamespace(**{k: v for k, v in vars(real).items() if k != "load_state"})
+    assert isinstance(without, Adapter) and not isinstance(without, LoadsState)
+    assert isinstance(real, LoadsState)
 
 
 def test_each_run_key_brings_its_own_precision_no_module_global():

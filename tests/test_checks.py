@@ -13,7 +13,8 @@ from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.members import in_plain_order, reordered
 from harness.run import plan, runner
 from harness.run.fresh import in_fresh_process
-from harness.spec.model import Close, KnownDifference
+from harness.spec.known import KnownDifference
+from harness.spec.model import Close
 from harness.verdict import checks, diagnosis
 from tests.conftest import problem_or_skip, quick_problem
 

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from adapters import torch_fast  # noqa: E402
 from harness.core import registry  # noqa: E402
 from harness.core.paths import SPECS_DIR  # noqa: E402
 from harness.core.registry import RunKey  # noqa: E402
@@ -172,11 +173,11 @@ def test_the_gpu_step_body_trains_like_eager_when_run_uncaptured_on_the_cpu(adap
     total = problem.total_steps
     eager = trained(adapter, problem, "eager", total)
     body = trainer_of(adapter, problem, "cpu", "float32", "fast")
-    adapter._gpu_tables(torch, body)
+    torch_fast.gpu_tables(torch, body)
     sizes = body.fast.sizes
     assert sorted(set(sizes)) == [40, 96]
     for t in range(total):
-        adapter._gpu_step(torch, body, sizes[t % len(sizes)])
+        torch_fast.gpu_step(torch, body, sizes[t % len(sizes)])
     checks = UNIT_TOLERANCES
     assert rel(adapter.state(body, total).losses, adapter.state(eager, total).losses) <= problem.spec.checks.loss_curve.rtol
     assert_params_close(adapter.state(body, 0).params, adapter.state(eager, 0).params, checks.params_after_steps)
@@ -184,7 +185,7 @@ def test_the_gpu_step_body_trains_like_eager_when_run_uncaptured_on_the_cpu(adap
 
     # seeking to any step points each table's counter at that step's rows
     for t in (0, 5, 10, 11, 21, 32):
-        adapter._seek(body, t)
+        torch_fast.seek(body, t)
         epoch, start, stop = problem.batch_slice(t)
         table, counter = body.fast.tables[stop - start]
         assert np.array_equal(table[int(counter)].numpy(), problem.batch_order[epoch, start:stop])
@@ -243,7 +244,7 @@ def test_compile_works_where_torch_compile_has_no_recompile_limit_keyword(adapte
 
     config = torch._dynamo.config
     monkeypatch.setattr(torch, "compile", compile_2_11)
-    monkeypatch.setattr(adapter, "_COMPILED", {})  # compile afresh, through the 2.11 signature
+    monkeypatch.setattr(torch_fast, "_COMPILED", {})  # compile afresh, through the 2.11 signature
     # Not monkeypatch: its undo would delete the attribute, which hides the setting in
     # torch's config module for the rest of the process.
     before = config.recompile_limit
@@ -252,6 +253,6 @@ def test_compile_works_where_torch_compile_has_no_recompile_limit_keyword(adapte
         problem = quick_problem("peaks_mlp")
         trainer = trained(adapter, problem, "fast", 3)
         assert np.all(np.isfinite(adapter.state(trainer, 3).losses))
-        assert config.recompile_limit == adapter.RECOMPILE_LIMIT
+        assert config.recompile_limit == torch_fast.RECOMPILE_LIMIT
     finally:
         config.recompile_limit = before

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from adapters.protocol import KeepsTrainingState, LoadsState
 from harness.core.registry import RunKey
 from harness.inputs.members import in_member_order
 from harness.inputs.problem import Params, Problem
@@ -45,7 +46,7 @@ def member_states(states: dict[int, Params], member: Problem) -> dict[int, Param
 def segment_end(adapter, trainer, step: int) -> Params:
     """What a run carries at a segment's end: its whole training state (every tensor and the
     optimizer's moments by name) where the adapter gives one, else its tensors."""
-    return adapter.training_state(trainer) if hasattr(adapter, "training_state") else adapter.state(trainer, step).params
+    return adapter.training_state(trainer) if isinstance(adapter, KeepsTrainingState) else adapter.state(trainer, step).params
 
 
 def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
@@ -56,6 +57,8 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
     adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
+    if not isinstance(adapter, LoadsState):
+        return Outcome(key, "skipped", f"{key.framework}'s adapter cannot load a training state (adapters/protocol.py LoadsState)")
     outcome = Outcome(key, "ok", describe=adapter.describe(key))
     steps = problem.spec.checks.math_parity.steps
     try:

@@ -8,6 +8,7 @@ fresh process so that no framework's threads or GPU memory stay behind in the ha
 
 from __future__ import annotations
 
+from adapters.protocol import MeasuresRates
 from adapters.timing import GRAPH_KERNELS, REPEATS, copy_bytes, matmul_n
 from harness.core import registry
 from harness.core.errors import HarnessError
@@ -23,7 +24,7 @@ def _measure_here(device: str, precision: str) -> Rates:
             continue
         try:
             adapter = registry.load(name)
-            if not hasattr(adapter, "rates"):
+            if not isinstance(adapter, MeasuresRates):
                 continue
             found[name] = adapter.rates(device, precision)
         except Exception as exc:  # a library that is absent or cannot use the device is left out

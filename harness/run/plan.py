@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from adapters.protocol import ComputesScheduleRates
 from harness.core import registry
 from harness.core.registry import CALIBRATION, CALIBRATION_KEY, EAGER, FLOAT32, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
 from harness.inputs.members import reordered
@@ -99,7 +100,10 @@ def resolved(formula, problem: Problem):
 def _optax_rates(optimizer: str, kind: type, steps: int) -> tuple[float, ...]:
     """optax's rates for an optimizer section (as JSON, so that it keys the cache), computed
     once per process: the twins' reference and every library member of a spec take the same."""
-    return tuple(registry.load("jax").schedule_rates(kind.model_validate_json(optimizer), steps))
+    adapter = registry.load("jax")
+    if not isinstance(adapter, ComputesScheduleRates):
+        raise TypeError("the jax adapter computes no schedule rates (adapters/protocol.py ComputesScheduleRates)")
+    return tuple(adapter.schedule_rates(kind.model_validate_json(optimizer), steps))
 
 
 def twin_keys(keys: list[RunKey]) -> list[RunKey]:

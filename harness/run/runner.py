@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from adapters.protocol import KeepsTrainingState, RecordsLayerOutputs
 from harness.core import registry
 from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
@@ -185,7 +186,7 @@ class _Trial:
         self.adapter, self.problem, self.key, self.progress, self.metrics = adapter, problem, key, progress, metrics
         self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
         # the oracle keeps its state at each anchor and at each segment's end (harness/run/anchored.py)
-        self.anchors = set(problem.anchors) if key == ORACLE_KEY and hasattr(adapter, "training_state") else set()
+        self.anchors = set(problem.anchors) if key == ORACLE_KEY and isinstance(adapter, KeepsTrainingState) else set()
         self.ends = {a + problem.spec.checks.math_parity.steps: a for a in self.anchors}
         self.plan = chunk_plan(problem, tuple(self.ends))
         self.transfer: list[float] = []
@@ -210,7 +211,7 @@ class _Trial:
 
         if repeat == 0:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
-            if key.dtype == FLOAT64 and problem.jitter_seed is None and hasattr(adapter, "layer_outputs"):
+            if key.dtype == FLOAT64 and problem.jitter_seed is None and isinstance(adapter, RecordsLayerOutputs):
                 outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)
         start = time.perf_counter()
         for first, stop in self.plan:

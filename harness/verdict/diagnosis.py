@@ -29,7 +29,8 @@ from pydantic import TypeAdapter, ValidationError
 from harness.core.errors import SpecError
 from harness.core.paths import KNOWN_DIFFERENCES_FILE
 from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Verdict
-from harness.spec.model import KnownDifference, LibraryDifference, LibraryFormula, Spec
+from harness.spec.known import KnownDifference, LibraryDifference, LibraryFormula
+from harness.spec.model import Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 from harness.verdict.checks import MATH, Calibration, Check
 from harness.verdict.rules import check_all, pair_checks
