@@ -307,8 +307,8 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     params = jax.device_put(jax_layers.variables(problem.spec, problem.initial_params, dtype), dev)
     log = jax.device_put(np.zeros(problem.total_steps, dtype=dtype), dev)
     # Committed to the device like everything else: optax's step count comes out of tx.init
-    # uncommitted, and the first step's committed output then missed the jit cache, so the
-    # step compiled again inside the timed loop (0.36 s: 3 ms per step on 100-step runs).
+    # uncommitted, and the first step's committed output then misses the jit cache, so the
+    # step would compile again inside the timed loop (docs/measurements.md).
     opt_state = jax.device_put(tx.init(params["params"]), dev)
     return Trainer(problem, device, dtype, data, params, opt_state, train_step, predict_fn, log, mode, run_of_steps)
 

@@ -308,8 +308,8 @@ def train(trainer: Trainer, start: int, stop: int) -> None:
         torch_fast.train(_torch(), trainer, start, stop)
         return
     for t in range(start, stop):
-        # Written into a preallocated log: keeping 20,000 loss tensors alive instead fragmented
-        # glibc's heap between the large activation buffers (24 GB after 3,000 moons steps).
+        # Written into a preallocated log: keeping every step's loss tensor alive instead
+        # fragments glibc's heap between the large activation buffers (docs/measurements.md).
         trainer.loss_log[t] = _train_step(trainer, trainer.model, trainer.optimizer, t, trainer.scheduler)
 
 

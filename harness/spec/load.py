@@ -22,9 +22,8 @@ from harness.optimizers import OPTIMIZER_KINDS
 from harness.spec.model import FULL_PROFILE, Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 
-# The largest spec file read. The shipped specs are 2.5-3.3 KB; the YAML parser is pure
-# Python, and a megabyte of the slowest YAML (a flow list of small numbers) took 9 s to
-# parse on a busy 2-core host, 50 MB still ran after 40 s: 256 KiB parses in about 2 s.
+# The largest spec file read: a bound on the pure-Python YAML parser's time, far above the
+# shipped specs' sizes (docs/measurements.md).
 SPEC_MAX_BYTES = 256 * 1024
 
 # The names pydantic gives a plain union's members in an error's location: no spec key.
