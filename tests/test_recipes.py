@@ -205,3 +205,30 @@ def test_a_recipe_that_cannot_be_trained_is_refused_naming_its_key(extra, messag
 def test_label_smoothing_needs_classes():
     with pytest.raises(SpecError, match="label_smoothing"):
         load_spec("specs/peaks_mlp.yaml", "quick", {"loss": {"kind": "mse", "reduction": "mean", "label_smoothing": 0.1}})
+
+
+def test_an_optimizer_kind_a_library_lacks_is_an_error_never_another_kinds_update(monkeypatch):
+    """A kind an adapter's table lacks is refused, in torch, JAX and the allocation-free
+    path alike, and a kind the registry lacks is a ValueError: none trains as SGD."""
+    from adapters import jax_adapter, torch_adapter, xp_fast
+    from harness import optimizers
+    from harness.core.errors import Unsupported
+
+    problem = problem_of("rmsprop")
+    monkeypatch.delitem(torch_adapter.OPTIMIZERS, "rmsprop")
+    with pytest.raises(Unsupported, match="rmsprop"):
+        torch_adapter._optimizer(
+            pytest.importorskip("torch"),
+            problem.spec,
+            torch_adapter.torch_layers.network(torch_adapter._torch(), problem.spec, problem.initial_params, "cpu", torch_adapter._torch().float32),
+        )
+    monkeypatch.delitem(jax_adapter.OPTIMIZERS, "rmsprop")
+    with pytest.raises(Unsupported, match="rmsprop"):
+        jax_adapter.transformation(problem.spec.optimizer)
+    assert not problem.spec.optimizer.plain  # the fast paths never take it, and if handed it:
+    params = [(np.zeros((2, 2), np.float32), np.zeros(2, np.float32))]
+    with pytest.raises(ValueError, match="rmsprop"):
+        xp_fast.FastMLP(np, problem, {}, params, "float32", np.zeros(STEPS, np.float32))
+    monkeypatch.delitem(optimizers.KINDS, "rmsprop")
+    with pytest.raises(ValueError, match="rmsprop"):
+        optimizers.rule(problem.spec.optimizer)
