@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from harness import matrix
+from harness.calibrate import roles
 from harness.core.errors import HarnessError
 from harness.core.paths import SPECS_DIR
 from harness.inputs.problem import build_problem
@@ -62,10 +63,10 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
     after another in a process it keeps, every other cell in a fresh one; a matrix gives
     the bits, verdicts and records it gives with every cell in the driver's process."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
     calibrating = [c for c in planned if c.calibrates]
-    assert {c.role for c in calibrating} == {cells.MEMBER, cells.MEMBER64, cells.REFERENCE}
-    assert {c.role for c in planned if not c.calibrates} == {cells.FRAMEWORK, cells.TWIN}  # recorded, timed: fresh
+    assert {c.role for c in calibrating} == {roles.MEMBER, roles.MEMBER64, roles.REFERENCE}
+    assert {c.role for c in planned if not c.calibrates} == {cells.FRAMEWORK, roles.TWIN}  # recorded, timed: fresh
     local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
     try:
         kept = {local.submit(c, os.getpid).result() for c in calibrating}
@@ -88,8 +89,8 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
     from harness.run.fresh import ProcessDied
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
-    member = next(c for c in planned if c.role == cells.MEMBER)
+    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    member = next(c for c in planned if c.role == roles.MEMBER)
     local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
     try:
         first = local.submit(member, os.getpid).result()
@@ -114,7 +115,7 @@ def test_a_worker_refuses_inputs_that_hash_otherwise():
     problem = build_problem(loaded)
     source = cells.source_of(loaded, problem)
     forged = cells.Source(**{**source.__dict__, "inputs_sha256": "0" * 64})
-    (cell,) = [c for c in matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
+    (cell,) = [c for c in matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
     with pytest.raises(cells.InputsDiffer, match="refused"):
         cells.run_cell(forged, cell)
     assert cells.run_cell(source, cell, quiet=True).outcomes[cell.keys[0]].status == "ok"
@@ -215,9 +216,9 @@ def test_math_paritys_cells_skip_the_whole_set_predictions():
     time); every run a record or the float32 envelope reads keeps them."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     problem = build_problem(loaded)
-    planned = matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
-    assert {c.role for c in planned if not c.metrics} == {cells.REFERENCE, cells.MEMBER64}
-    assert all(c.metrics for c in planned if c.role in (cells.FRAMEWORK, cells.MEMBER, cells.TWIN))
-    (reference,) = [c for c in planned if c.role == cells.REFERENCE]
+    planned = matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
+    assert {c.role for c in planned if not c.metrics} == {roles.REFERENCE, roles.MEMBER64}
+    assert all(c.metrics for c in planned if c.role in (cells.FRAMEWORK, roles.MEMBER, roles.TWIN))
+    (reference,) = [c for c in planned if c.role == roles.REFERENCE]
     outcome = cells.run_cell(cells.source_of(loaded, problem), reference, quiet=True).outcomes[reference.keys[0]]
     assert outcome.status == "ok" and outcome.metrics == {} and outcome.final_outputs is not None

@@ -358,14 +358,14 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
     from harness.inputs.problem import build_problem
     from harness.matrix import run_spec
     from harness.run.plan import matrix_keys
+    from harness.spec import catalogue
     from harness.spec.load import load_spec
-    from harness.verdict import diagnosis
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
-    entries = tuple(e for e in diagnosis.library_differences() if e.id != "optax-adam-float32-bias-corrections")
+    entries = tuple(e for e in catalogue.library_differences() if e.id != "optax-adam-float32-bias-corrections")
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(diagnosis, "library_differences", lambda: entries)
+        monkeypatch.setattr(catalogue, "library_differences", lambda: entries)
         result = run_spec(loaded, build_problem(loaded), matrix_keys(["jax", "numpy"], ["cpu"]), None, Console(file=out, width=400), repeats=1)
     step1 = next(c for c in result.checks if {c.a, c.b} == {RunKey("jax", "cpu"), ORACLE_KEY} and c.name == "params_after_step_1")
     assert len(result.members) == 16 and step1.bound.members == 17

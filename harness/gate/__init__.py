@@ -1,1 +1,1 @@
-"""7. The gate: new records against a baseline."""
+"""8. The gate: new records against a baseline."""

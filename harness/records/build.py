@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.calibrate.spread import Calibration
 from harness.core.provenance import Provenance
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, RunKey
 from harness.inputs.problem import Problem
@@ -15,7 +16,7 @@ from harness.run.floor import Floor
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 from harness.verdict import checks as checks_mod
-from harness.verdict.checks import Calibration, Check
+from harness.verdict.checks import Check
 
 
 def implementation(key: RunKey, describe: dict) -> str:

@@ -124,7 +124,7 @@ class CheckRecord(Frozen):
 
 
 class CalibrationRecord(Frozen):
-    """The spreads the run's checks were judged by (harness/verdict/calibration.py): what a later
+    """The spreads the run's checks were judged by (harness/calibrate/spread.py): what a later
     comparison on another host may allow an honest float32 difference."""
 
     factor: float

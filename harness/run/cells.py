@@ -17,41 +17,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.core.errors import HarnessError
-from harness.core.registry import CALIBRATION, ORACLE, RunKey
+from harness.core.registry import CALIBRATION, FLOAT64, ORACLE, RunKey
 from harness.inputs import resources
-from harness.inputs.members import reordered
+from harness.inputs.library import library_problem
+from harness.inputs.members import in_plain_order, reordered
 from harness.inputs.problem import Params, Problem, build_problem, truncated
-from harness.run import anchored, plan, progress
+from harness.run import anchored, progress
 from harness.run.runner import Outcome, run_alternating
 from harness.spec.load import LoadedSpec
 
-# The roles of a matrix's cells, in the order the tables name them.
-FRAMEWORK = "framework run"  # a chosen cell (its modes together), or the calibration run
-MEMBER = "calibration member"  # float32, whole run
-REFERENCE = "math parity's reference"  # the oracle over the twins' first steps
-MEMBER64 = "math parity's member"  # float64, first steps
-TWIN = "float64 twin"
-ANCHORED_MEMBER = "re-anchored member"
-ANCHORED_TWIN = "re-anchored twin"
-LIBRARY = "library reference"  # the oracle computing a library's formula
-LIBRARY_ANCHORED = "library reference, re-anchored"
-# the oracle's reordered members computing a library's formula: the spread of that formula's
-# own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
-LIBRARY_MEMBER = "library member"
-LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
-# the float32 members computing a library's catalogued behaviours: how far a known
-# difference can carry that framework's float32 runs (harness/verdict/diagnosis.py reach)
-LIBRARY32 = "library float32 member"
-
-# The roles of the runs that calibrate the checks: no record holds them, nothing times them.
-CALIBRATING = frozenset({MEMBER, REFERENCE, MEMBER64, ANCHORED_MEMBER, LIBRARY, LIBRARY_ANCHORED, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER, LIBRARY32})
+FRAMEWORK = "framework run"  # the role of a chosen run (its modes together), or the calibration run; calibration's: harness/calibrate/roles.py
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
 
@@ -138,6 +120,7 @@ class Cell:
     # read; math parity's reference, members and library references compare curves and
     # probe outputs only, and skip the whole-set predictions (most of a CNN member's time)
     metrics: bool = True
+    recorded: bool = True  # False: a run that calibrates the checks; no record holds it, nothing times it
 
     @property
     def keys(self) -> list[RunKey]:
@@ -156,7 +139,7 @@ class Cell:
         """A run no record holds and nothing times, of the array-module code on the CPU (a
         calibration member, math parity's reference, a library's reference): it loads no
         framework, so such cells may share a worker process (executors.Local)."""
-        return self.role in CALIBRATING and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
+        return not self.recorded and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
 
     def problem(self, base: Problem) -> Problem:
         """This cell's problem, made from the spec's."""
@@ -164,8 +147,13 @@ class Cell:
         if self.member is not None:
             p = reordered(p, seed=self.member)
         if self.formula is not None:
-            p = plan.library_problem(p, self.formula)
+            p = library_problem(p, self.formula)
         return p
+
+
+def cost(key: RunKey, steps: int, runs: int = 1) -> float:
+    """A job's cost, to start the longest first: training steps times repeats, a float64 step twice a float32 one."""
+    return steps * runs * (2.0 if key.dtype == FLOAT64 else 1.0)
 
 
 @dataclass
@@ -215,9 +203,21 @@ def where() -> dict[str, Any]:
     return {"hostname": platform.node(), "node": os.environ.get("HARNESS_NODE"), "threads": capped_threads(), "fingerprint": host_fingerprint()}
 
 
+def in_plain_units(outcome: Outcome, unit_orders: tuple) -> Outcome:
+    """A member's outcome with its tensors in the plain problem's unit order (members.reordered
+    moved them): what every job hands back."""
+    if not unit_orders or outcome.status != "ok":
+        return outcome
+    snapshots = {step: in_plain_order(p, unit_orders) for step, p in outcome.snapshots.items()}
+    final = None if outcome.final_params is None else in_plain_order(outcome.final_params, unit_orders)
+    ends = {a: in_plain_order(p, unit_orders) for a, p in outcome.segment_ends.items()}
+    return replace(outcome, snapshots=snapshots, final_params=final, segment_ends=ends)
+
+
 def run_cell(source: Source, cell: Cell, states: dict[int, Params] | None = None, quiet: bool = False) -> Finished:
     """Run one cell here: rebuild its problem, train its runs (their repeats taking turns),
-    or, for a re-anchored cell, every segment from `states`."""
+    or, for a re-anchored cell, every segment from `states`; a member's tensors come back in
+    the plain problem's unit order."""
     problem = cell.problem(rebuilt(source))
     out = progress.console()
     if cell.anchored:
@@ -228,4 +228,4 @@ def run_cell(source: Source, cell: Cell, states: dict[int, Params] | None = None
         every = problem.spec.logging.print_every
         printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in cell.labels}
         outcomes = run_alternating(problem, cell.keys, cell.repeats, printers, cell.metrics)
-    return Finished(outcomes, where())
+    return Finished({key: in_plain_units(outcome, problem.unit_orders) for key, outcome in outcomes.items()}, where())

@@ -17,7 +17,6 @@ from harness.run.fresh import ProcessDied, in_fresh_process
 from harness.run.runner import prepared_adapter
 from harness.spec.load import LoadedSpec
 
-GPU_MIN_REPEATS = 2
 PROCESS_DIED = "the run's process died (killed, or out of memory)"
 
 

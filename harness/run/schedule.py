@@ -9,18 +9,22 @@ other's timings."""
 from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from harness.core.registry import RunKey
+from harness.core.registry import ORACLE_KEY, RunKey
+from harness.inputs.problem import Problem
 from harness.run import workdir
 from harness.run.capacity import RAY
-from harness.run.cells import Cell, Finished, Source, run_cell
-from harness.run.execute import PROCESS_DIED
+from harness.run.cells import Cell, Finished, Source, remember, run_cell, source_of
+from harness.run.execute import PROCESS_DIED, cell_path, machine
+from harness.run.executors import Inline
 from harness.run.fresh import ProcessDied
 from harness.run.runner import Outcome
+from harness.spec.load import LoadedSpec
 
 
 def _announce(console: Console, cell: Cell, steps: int, segments: int = 0) -> None:
@@ -72,13 +76,6 @@ def execute(
     running: dict[Future, Cell] = {}
     local = executor.plan.kind != RAY  # Ray places and queues cells itself
 
-    def finish(cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
-        done[cell.name] = outcomes
-        for key, outcome in outcomes.items():
-            path = kept.get(cell.name, {}).get(key)
-            if path is not None and outcome.status == "ok":
-                workdir.keep(path, outcome, console)
-
     def start(cell: Cell) -> None:
         files = kept.get(cell.name)
         if files and len(files) == len(cell.labels):
@@ -99,6 +96,13 @@ def execute(
         else:
             _announce(console, cell, cell.steps or total_steps)
         running[executor.submit(cell, run_cell, source, cell, given)] = cell
+
+    def finish(cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
+        done[cell.name] = outcomes
+        for key, outcome in outcomes.items():
+            path = kept.get(cell.name, {}).get(key)
+            if path is not None and outcome.status == "ok":
+                workdir.keep(path, outcome, console)
 
     while waiting or running:
         gpu_busy = local and any(c.gpu for c in running.values())
@@ -131,3 +135,40 @@ def execute(
             _report(console, cell, outcomes)
             finish(cell, outcomes)
     return done
+
+
+@dataclass
+class Driver:
+    """A spec's jobs on an executor: `run(jobs)` runs them (execute) with the spec's
+    inputs (`source`), each finished job kept in the work folder if there is one, a
+    re-anchored job given the oracle's states; each job's outcomes by its name."""
+
+    loaded: LoadedSpec
+    problem: Problem
+    executor: object
+    console: Console
+    work_dir: Path | None
+
+    def __post_init__(self) -> None:
+        self.source = source_of(self.loaded, self.problem)
+        if isinstance(self.executor, Inline):
+            remember(self.source, self.problem)  # this process's jobs take the driver's inputs as they are
+
+    def run(self, jobs: list[Cell]) -> dict[str, dict[RunKey, Outcome]]:
+        kept = self.kept(jobs)
+        return execute(jobs, self.source, self.executor, self.console, kept, oracle_states, self.problem.total_steps)
+
+    def kept(self, jobs: list[Cell]) -> dict[str, dict[RunKey, Path]]:
+        """Each job's work-folder files, by key."""
+        if self.work_dir is None:
+            return {}
+        threads = self.executor.plan.threads
+        here = {**machine(), **({"threads": threads} if threads else {})}
+        at = {c.name: {**here, "place": c.place} if c.place else here for c in jobs}
+        return {c.name: {key: cell_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}
+
+
+def oracle_states(done: dict[str, dict[RunKey, Outcome]]) -> dict:
+    """The states a re-anchored job starts from: the oracle's, once it finished."""
+    oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
+    return oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}

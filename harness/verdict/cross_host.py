@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from harness.calibrate.spread import Calibration
 from harness.core.registry import RunKey
 from harness.run.cells import Cell
 from harness.run.hosts import is_copy
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict import diagnosis
-from harness.verdict.checks import Calibration
 from harness.verdict.rules import pair_checks
 
 
