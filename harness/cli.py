@@ -57,7 +57,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         write.ensure_writable(results_dir)
-    if getattr(args, "work_dir", None) is not None:  # else every cell would run, and none be kept
+    if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
         write.ensure_writable(args.work_dir, "work folder")
     if args.require_gpu and "gpu" not in args.devices:
         raise HarnessError("--require-gpu: add gpu to --devices")

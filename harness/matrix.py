@@ -24,7 +24,7 @@ from harness.records import write
 from harness.records.build import build_record
 from harness.records.schema import Record
 from harness.records.write import new_id
-from harness.run import cells, executors, hosts, plan, progress, schedule
+from harness.run import executors, hosts, jobs, plan, progress, schedule
 from harness.run.floor import Floor, Rates, floor_of
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
@@ -57,8 +57,8 @@ class SpecResult:
         return loaded.name
 
 
-def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[cells.Cell]:
-    """The spec's matrix as jobs (harness/run/cells.py): the chosen runs, their modes
+def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[jobs.Job]:
+    """The spec's matrix as jobs (harness/run/jobs.py): the chosen runs, their modes
     together (harness/run/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
     calibrating = calibration.jobs(loaded, problem, keys, twins)
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
@@ -96,7 +96,7 @@ def run_spec(
     planned = hosts.spread(planned, getattr(executor, "places", []))  # a framework job at each place asked for
     driver = schedule.Driver(loaded, problem, executor, console, work_dir)
     done = driver.run(planned)
-    chosen = {o.key: o for c in planned if c.role == cells.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}
+    chosen = {o.key: o for c in planned if c.role == jobs.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}
     found = calibration.gather(planned, done, chosen)
     outcomes = {**{key: chosen[key] for key in keys}, **found.twins}
     checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)

@@ -256,7 +256,7 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     def cell(hostname: str, gpus: list[str]) -> Path:
         monkeypatch.setattr(provenance.platform, "node", lambda: hostname)
         monkeypatch.setattr(provenance, "_gpu_names", lambda: gpus)
-        return execute.cell_path(tmp_path, loaded, problem, key, 1, execute.machine())
+        return execute.job_path(tmp_path, loaded, problem, key, 1, execute.machine())
 
     here = cell("lent-1", ["NVIDIA H100 80GB HBM3"])
     assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here

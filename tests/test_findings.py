@@ -16,7 +16,7 @@ from harness.inputs import members
 from harness.inputs import problem as inputs
 from harness.layers import dense
 from harness.reference import network
-from harness.run import cells, runner
+from harness.run import jobs, runner
 from harness.spec.load import load_spec
 from harness.verdict import checks, rules
 from tests.conftest import quick_problem
@@ -127,7 +127,7 @@ class Judge:
 
     @staticmethod
     def member(key, problem):
-        return cells.in_plain_units(ok(runner.run(problem, key)), problem.unit_orders)
+        return jobs.in_plain_units(ok(runner.run(problem, key)), problem.unit_orders)
 
     def __call__(self, outcome, cal=None) -> dict[str, checks.Check]:
         """Each check by name; the step-10 parameters' as `params_after_step`."""
@@ -173,7 +173,7 @@ def other_order(problem, seed: int):
     its parameters put back in the plain problem's unit order, as the driver puts back a
     member's: compared in the reordered order, every tensor of hidden units would differ."""
     moved = members.reordered(problem, seed)
-    return cells.in_plain_units(ok(runner.run(moved, CALIBRATION_KEY)), moved.unit_orders)
+    return jobs.in_plain_units(ok(runner.run(moved, CALIBRATION_KEY)), moved.unit_orders)
 
 
 def test_the_calibrated_checks_hold_other_summation_orders_at_40000_points(monkeypatch):

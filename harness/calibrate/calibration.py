@@ -31,8 +31,8 @@ from harness.calibrate.spread import Calibration, measure, measure_segments, mea
 from harness.core.registry import FLOAT32, FLOAT64, RunKey
 from harness.inputs.problem import Problem
 from harness.run.anchored import anchored_key
-from harness.run.cells import Cell
 from harness.run.hosts import is_copy
+from harness.run.jobs import Job
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 
@@ -50,7 +50,7 @@ class Calibrated:
     twins: dict[RunKey, Outcome]  # each float64 twin's outcome over the first steps
 
 
-def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME) -> list[Cell]:
+def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME) -> list[Job]:
     """Calibration's jobs for the runs `keys` of a spec: the float32 members and the library
     float32 members; with `twins`, math parity's reference, members and twins over the
     first steps, the library references with their members, and the re-anchored members,
@@ -61,7 +61,7 @@ def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, 
     return found + roles.twin_jobs(loaded, problem, keys, scheme) if twins else found
 
 
-def gather(planned: list[Cell], done: Done, runs: dict[RunKey, Outcome], scheme: Scheme = ORACLE_SCHEME) -> Calibrated:
+def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: Scheme = ORACLE_SCHEME) -> Calibrated:
     """The calibration from the finished jobs: `planned` (those of `jobs` among them) and their
     outcomes `done`, with `runs`, the outcomes of the runs asked for (the scheme's reference
     and member run among them). A spread whose runs did not all finish is None."""
@@ -121,7 +121,7 @@ def second_look(
     found: Calibrated,
     runs: dict[RunKey, Outcome],
     doubted: list[Doubt],
-    run: Callable[[list[Cell]], Done],
+    run: Callable[[list[Job]], Done],
     console: Console,
     scheme: Scheme = ORACLE_SCHEME,
 ) -> Calibrated | None:

@@ -23,7 +23,7 @@ from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY,
 from harness.inputs.members import reordered
 from harness.inputs.problem import Problem, truncated
 from harness.run import anchored, plan
-from harness.run.cells import Cell, cost
+from harness.run.jobs import Job, cost
 from harness.spec import catalogue
 from harness.spec.load import LoadedSpec
 
@@ -58,12 +58,12 @@ LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
 LIBRARY32 = "library float32 member"
 
 
-def _job(role: str, key: RunKey, label: str, **fields) -> Cell:
-    """One run as a job named by its key; only the twins' runs are recorded (Cell.recorded)."""
-    return Cell(key.label, role, ((key, label),), recorded=role in (TWIN, ANCHORED_TWIN), **fields)
+def _job(role: str, key: RunKey, label: str, **fields) -> Job:
+    """One run as a job named by its key; only the twins' runs are recorded (Job.recorded)."""
+    return Job(key.label, role, ((key, label),), recorded=role in (TWIN, ANCHORED_TWIN), **fields)
 
 
-def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, int]]) -> list[Cell]:
+def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, int]]) -> list[Job]:
     """The envelope's float32 members (whole runs), one job each."""
     found = []
     for key, seed in seeds:
@@ -72,7 +72,7 @@ def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, 
     return found
 
 
-def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Cell]:
+def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
     """For each framework whose library has catalogued behaviours on this spec
     (harness/known_differences.yaml), float32 members computing them: the member code,
     reordered as the envelope's members are, whole runs. How far they get from the
@@ -91,7 +91,7 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
     return found
 
 
-def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Cell]:
+def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
     """Math parity's jobs: its reference, members and twins over the first steps, and where
     the whole reference runs with anchors, re-anchored along the run from its states."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps

@@ -100,7 +100,7 @@ def build_record(
     ran (asked once per run: core.provenance.collect), and the floor of its step on its
     device, where that was measured."""
     key, spec = outcome.key, loaded.spec
-    metrics = None  # and none where the run computed none (math parity's members: harness/run/cells.py)
+    metrics = None  # and none where the run computed none (math parity's members: harness/run/jobs.py)
     if outcome.losses is not None and outcome.status == "ok" and "train_loss" in outcome.metrics:
         every = spec.logging.loss_every
         steps = list(range(0, len(outcome.losses), every))

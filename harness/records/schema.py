@@ -43,7 +43,7 @@ class DataUsed(Frozen):
     n_train: int
     n_validation: int
     # the sha256 of every input the run read (data, initial tensors, batch order, masks:
-    # harness/run/cells.py inputs_sha256), as the driver built them; a worker that rebuilt
+    # harness/run/jobs.py inputs_sha256), as the driver built them; a worker that rebuilt
     # other inputs refused the cell
     inputs_sha256: str | None = None
 

@@ -1,3 +1,3 @@
-"""3. The run: one spec through the adapters, cell by cell, each in a fresh process, timed
-phase by phase, with finished cells kept in a work folder.
+"""3. The run: one spec through the adapters, job by job, each in a fresh process, timed
+phase by phase, with finished jobs kept in a work folder.
 """

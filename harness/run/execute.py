@@ -1,5 +1,5 @@
-"""What the matrix asks before and around its cells: whether a GPU is there (asked in a
-throwaway process), the commit and host a work-folder cell is named by, and that name."""
+"""What the matrix asks before and around its jobs: whether a GPU is there (asked in a
+throwaway process), the commit and host a work-folder job is named by, and that name."""
 
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ def require_gpu(frameworks: list[str]) -> None:
 
 
 def machine() -> dict[str, Any]:
-    """What a work-folder cell owes to where it runs: the code's commit, and the host's
-    fingerprint, not its name (a fresh machine of the same kind reuses the cell). Asked
+    """What a work-folder job owes to where it runs: the code's commit, and the host's
+    fingerprint, not its name (a fresh machine of the same kind reuses the job). Asked
     once per matrix: two git calls, /proc/cpuinfo and the BLAS libraries."""
     return {"commit": git.head()[0], "host": host_fingerprint()}
 
 
-def cell_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int, where: dict[str, Any]) -> Path:
-    """Where a finished cell's outcome is kept: named by everything that makes it what it
+def job_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int, where: dict[str, Any]) -> Path:
+    """Where a finished job's outcome is kept: named by everything that makes it what it
     is (spec bytes, profile and overrides, data files, run key, repeats, and `where`, the
     machine() it runs on)."""
     facts = {

@@ -1,8 +1,8 @@
-"""Where a matrix's cells run: this process (`--in-process`), fresh processes of this
+"""Where a matrix's jobs run: this process (`--in-process`), fresh processes of this
 machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executor ray`).
 
-Each executor has one method, `submit(cell, call, *args) -> concurrent.futures.Future`, the
-result of `call(*args)` (`cell`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
+Each executor has one method, `submit(job, call, *args) -> concurrent.futures.Future`, the
+result of `call(*args)` (`job`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
 a crash of the matrix. The driver (harness/run/schedule.py) decides what is ready to run.
 
 Threads: harness/run/capacity.py.
@@ -25,8 +25,8 @@ def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
 
 
 def local_plan(jobs: int | None, threads: int | None) -> Plan:
-    """The default: one cell at a time with the frameworks' own threads (the bits every
-    record so far was made with); with --jobs N, N cells at a time, cores // N threads
+    """The default: one job at a time with the frameworks' own threads (the bits every
+    record so far was made with); with --jobs N, N jobs at a time, cores // N threads
     each unless --threads says otherwise."""
     n = cores()
     if jobs is None:
@@ -37,11 +37,11 @@ def local_plan(jobs: int | None, threads: int | None) -> Plan:
 
 
 class Inline:
-    """Every cell in this process, one after another (debugging; timings suffer)."""
+    """Every job in this process, one after another (debugging; timings suffer)."""
 
     plan = Plan(INLINE, 1, None)
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
         try:
             future.set_result(call(*args))
@@ -54,19 +54,19 @@ class Inline:
 
 
 class Local:
-    """Each cell in a fresh process of this machine (harness/run/fresh.py), `jobs` at once;
-    the calibration runs of the array-module code (`Cell.calibrates`: no record, no timing,
-    no framework) one after another in a process kept for them by each of the `jobs` cell
+    """Each job in a fresh process of this machine (harness/run/fresh.py), `jobs` at once;
+    the calibration runs of the array-module code (`Job.calibrates`: no record, no timing,
+    no framework) one after another in a process kept for them by each of the `jobs` job
     threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
     profile trains in 0.1 s."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="cell")
+        self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="job")
         self.kept = Reused()
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
-        where = self.kept.call if cell is not None and cell.calibrates else in_fresh_process
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
+        where = self.kept.call if job is not None and job.calibrates else in_fresh_process
         return self.pool.submit(where, _capped, self.plan.threads, call, *args)
 
     def shutdown(self) -> None:

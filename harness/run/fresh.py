@@ -69,7 +69,7 @@ def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
 
 
 class Reused:
-    """One spawned process per calling thread (an executor's cell thread), started on that
+    """One spawned process per calling thread (an executor's job thread), started on that
     thread's first call and kept for its next; each dies with its parent, as a fresh one
     does. A process that dies fails the call it held with ProcessDied, and that thread's
     next call starts a new one: a death never fails another thread's call."""

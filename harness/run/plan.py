@@ -1,4 +1,4 @@
-"""Which runs a matrix takes: the chosen cells in each mode with the calibration run and
+"""Which runs a matrix takes: the chosen jobs in each mode with the calibration run and
 the oracle, which of them share a process (`framework_jobs`), and the float64 twins'
 keys; the jobs calibration adds are harness/calibrate/roles.py's. Nothing runs here."""
 
@@ -8,14 +8,14 @@ from dataclasses import replace
 
 from harness.core.registry import CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
 from harness.inputs.problem import Problem
-from harness.run.cells import FRAMEWORK, Cell, cost
+from harness.run.jobs import FRAMEWORK, Job, cost
 from harness.spec.load import LoadedSpec
 
 GPU_MIN_REPEATS = 2
 
 
 def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
-    """The chosen cells in each mode, each framework on the devices it runs on (and with
+    """The chosen jobs in each mode, each framework on the devices it runs on (and with
     `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
     (numpy@cpu) and the oracle, which the checks need, both eager; the oracle runs last, as
     it is the slowest."""
@@ -37,7 +37,7 @@ def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     return list(groups.values())
 
 
-def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None) -> list[Cell]:
+def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None) -> list[Job]:
     """The runs asked for as jobs: the keys of one framework and device together, their
     modes taking turns in one process, each repeated `repeats` times (the spec's by default)."""
     found = []
@@ -48,7 +48,7 @@ def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], rep
         if group[0].device == "gpu":
             runs = max(runs, GPU_MIN_REPEATS)
         labels = tuple((key, f"{loaded.name} {key.label}") for key in group)
-        found.append(Cell(group[0].label, FRAMEWORK, labels, runs, cost=sum(cost(k, problem.total_steps, runs) for k in group)))
+        found.append(Job(group[0].label, FRAMEWORK, labels, runs, cost=sum(cost(k, problem.total_steps, runs) for k in group)))
     return found
 
 

@@ -1,10 +1,10 @@
-"""`--executor ray`: each cell a Ray task (an optional extra: pip install '.[ray]').
+"""`--executor ray`: each job a Ray task (an optional extra: pip install '.[ray]').
 
-A cell asks for `num_cpus` (its thread cap: 1 unless --threads), `num_gpus=1` if it runs on
+A job asks for `num_cpus` (its thread cap: 1 unless --threads), `num_gpus=1` if it runs on
 the GPU, and where the matrix asks for it on each of several places, `accelerator_type`
 (--gpu-types H100,H200) or a custom resource the user gave the nodes (--places). Each task
 runs in a fresh worker process (`max_calls=1`: frameworks' thread pools and GPU memory never
-meet, as with the local executor); a worker killed mid-cell is retried `RAY_RETRIES` times
+meet, as with the local executor); a worker killed mid-job is retried `RAY_RETRIES` times
 and then reported as a failed run with Ray's reason. Ray connects to ADDRESS
 (`ray:ADDRESS`), else to $RAY_ADDRESS, else starts a local Ray on this machine.
 """
@@ -22,7 +22,7 @@ from harness.run.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
 
 
 def _task(threads: int, call: Callable[..., Any], *args: Any) -> Any:
-    """A cell in its Ray worker: the node named (the record says where it ran), the
+    """A job in its Ray worker: the node named (the record says where it ran), the
     threads capped before any framework starts."""
     import ray
 
@@ -52,12 +52,12 @@ class RayExecutor:
         self.places = [GPU_TYPE + t for t in gpu_types] + list(places)
         self.remote = ray.remote(max_calls=1)(_task)
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
-        """call(*args) as a task; `cell` (harness/run/cells.py, or None) says what it needs."""
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
+        """call(*args) as a task; `job` (harness/run/jobs.py, or None) says what it needs."""
         options: dict[str, Any] = {"num_cpus": self.plan.threads, "max_retries": RAY_RETRIES}
-        if cell is not None and cell.gpu:
+        if job is not None and job.gpu:
             options["num_gpus"] = 1
-        place = None if cell is None else cell.place
+        place = None if job is None else job.place
         if place and place.startswith(GPU_TYPE):
             options["accelerator_type"] = place.removeprefix(GPU_TYPE)
         elif place:

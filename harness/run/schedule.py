@@ -1,9 +1,9 @@
-"""The driver's loop: submit each cell whose needs are met to the executor, the longest
-first; take a cell from the work folder instead where every run of it finished earlier;
+"""The driver's loop: submit each job whose needs are met to the executor, the longest
+first; take a job from the work folder instead where every run of it finished earlier;
 gather what comes back and keep each finished run there. The driver alone writes: the
 work folder here, the records in harness/matrix.py.
 
-On a local executor at most one GPU cell runs at a time: two would share one GPU and each
+On a local executor at most one GPU job runs at a time: two would share one GPU and each
 other's timings."""
 
 from __future__ import annotations
@@ -19,33 +19,33 @@ from harness.core.registry import ORACLE_KEY, RunKey
 from harness.inputs.problem import Problem
 from harness.run import workdir
 from harness.run.capacity import RAY
-from harness.run.cells import Cell, Finished, Source, remember, run_cell, source_of
-from harness.run.execute import PROCESS_DIED, cell_path, machine
+from harness.run.execute import PROCESS_DIED, job_path, machine
 from harness.run.executors import Inline
 from harness.run.fresh import ProcessDied
+from harness.run.jobs import Finished, Job, Source, remember, run_job, source_of
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 
 
-def _announce(console: Console, cell: Cell, steps: int, segments: int = 0) -> None:
-    """A cell's runs as it starts: `steps` of each (a re-anchored cell: of each of its
+def _announce(console: Console, job: Job, steps: int, segments: int = 0) -> None:
+    """A job's runs as it starts: `steps` of each (a re-anchored job: of each of its
     `segments`), the line tools/timings.py reads."""
-    for key, label in cell.labels:
-        if cell.anchored:
-            console.print(f"[bold]{label}[/bold] ({key.dtype}, {segments * steps} steps, {cell.repeats} repeat(s): {segments} re-anchored segments)")
+    for key, label in job.labels:
+        if job.anchored:
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {segments * steps} steps, {job.repeats} repeat(s): {segments} re-anchored segments)")
         else:
-            console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {cell.repeats} repeat(s))")
-    if len(cell.labels) > 1:
-        console.print(f"  their repeats take turns: {', '.join(k.label for k in cell.keys)}", highlight=False)
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {job.repeats} repeat(s))")
+    if len(job.labels) > 1:
+        console.print(f"  their repeats take turns: {', '.join(k.label for k in job.keys)}", highlight=False)
 
 
-def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
-    labels = dict(cell.labels)
+def _report(console: Console, job: Job, outcomes: dict[RunKey, Outcome]) -> None:
+    labels = dict(job.labels)
     for key, outcome in outcomes.items():
         name = f"{labels[key]}: " if len(labels) > 1 else ""
         if outcome.status != "ok":
             console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
-        elif cell.anchored:
+        elif job.anchored:
             console.print(f"  {name}train {outcome.timings.get('train_s', 0.0):.3f} s, {len(outcome.segments)} segments", highlight=False)
         elif "train_loss" in outcome.metrics:
             console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
@@ -53,12 +53,12 @@ def _report(console: Console, cell: Cell, outcomes: dict[RunKey, Outcome]) -> No
             console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, last logged loss {outcome.losses[-1]:.7g}", highlight=False)
 
 
-def _died(cell: Cell, reason: str) -> dict[RunKey, Outcome]:
-    return {key: Outcome(key, "failed", f"{key.label}: {reason}") for key in cell.keys}
+def _died(job: Job, reason: str) -> dict[RunKey, Outcome]:
+    return {key: Outcome(key, "failed", f"{key.label}: {reason}") for key in job.keys}
 
 
 def execute(
-    cells: list[Cell],
+    jobs: list[Job],
     source: Source,
     executor,
     console: Console,
@@ -66,74 +66,74 @@ def execute(
     states: Any = None,
     total_steps: int = 0,
 ) -> dict[str, dict[RunKey, Outcome]]:
-    """Run `cells` on `executor`; each cell's outcomes by its name. `kept`: each cell's
-    work-folder files by key. `states(done)`: the states a re-anchored cell starts from,
-    given the finished cells (the oracle's); a cell that needs states there are none of
-    is not run. A cell that raises or whose process dies fails its runs, with the reason."""
+    """Run `jobs` on `executor`; each job's outcomes by its name. `kept`: each job's
+    work-folder files by key. `states(done)`: the states a re-anchored job starts from,
+    given the finished jobs (the oracle's); a job that needs states there are none of
+    is not run. A job that raises or whose process dies fails its runs, with the reason."""
     kept = kept or {}
     done: dict[str, dict[RunKey, Outcome]] = {}
-    waiting = sorted(cells, key=lambda c: -c.cost)
-    running: dict[Future, Cell] = {}
-    local = executor.plan.kind != RAY  # Ray places and queues cells itself
+    waiting = sorted(jobs, key=lambda c: -c.cost)
+    running: dict[Future, Job] = {}
+    local = executor.plan.kind != RAY  # Ray places and queues jobs itself
 
-    def start(cell: Cell) -> None:
-        files = kept.get(cell.name)
-        if files and len(files) == len(cell.labels):
+    def start(job: Job) -> None:
+        files = kept.get(job.name)
+        if files and len(files) == len(job.labels):
             found = workdir.taken(files, console)
             if found is not None:
-                for key, label in cell.labels:
+                for key, label in job.labels:
                     console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)
-                done[cell.name] = found
+                done[job.name] = found
                 return
         given = None
-        if cell.anchored:
+        if job.anchored:
             given = states(done) if states else {}
             if not given:
-                done[cell.name] = {}
+                done[job.name] = {}
                 return
-        if cell.anchored:  # each segment is math_parity.steps long (Problem.anchors: whole ones)
-            _announce(console, cell, source.document["checks"]["math_parity"]["steps"], len(given))
+        if job.anchored:  # each segment is math_parity.steps long (Problem.anchors: whole ones)
+            _announce(console, job, source.document["checks"]["math_parity"]["steps"], len(given))
         else:
-            _announce(console, cell, cell.steps or total_steps)
-        running[executor.submit(cell, run_cell, source, cell, given)] = cell
+            _announce(console, job, job.steps or total_steps)
+        running[executor.submit(job, run_job, source, job, given)] = job
 
-    def finish(cell: Cell, outcomes: dict[RunKey, Outcome]) -> None:
-        done[cell.name] = outcomes
+    def finish(job: Job, outcomes: dict[RunKey, Outcome]) -> None:
+        done[job.name] = outcomes
         for key, outcome in outcomes.items():
-            path = kept.get(cell.name, {}).get(key)
+            path = kept.get(job.name, {}).get(key)
             if path is not None and outcome.status == "ok":
                 workdir.keep(path, outcome, console)
 
     while waiting or running:
         gpu_busy = local and any(c.gpu for c in running.values())
-        for cell in list(waiting):
-            if not all(n in done for n in cell.needs):
+        for job in list(waiting):
+            if not all(n in done for n in job.needs):
                 continue
-            if cell.gpu and gpu_busy:
+            if job.gpu and gpu_busy:
                 continue
             if local and len(running) >= executor.plan.jobs:
                 break
-            waiting.remove(cell)
-            start(cell)
+            waiting.remove(job)
+            start(job)
             gpu_busy = local and any(c.gpu for c in running.values())
         if not running:
             if waiting and not any(all(n in done for n in c.needs) for c in waiting):
-                raise RuntimeError("cells wait on cells that never run")  # a planning bug, never an input
+                raise RuntimeError("jobs wait on jobs that never run")  # a planning bug, never an input
             continue
         finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for future in finished:
-            cell = running.pop(future)
+            job = running.pop(future)
             try:
                 result: Finished = future.result()
                 outcomes = result.outcomes
                 for outcome in outcomes.values():
                     outcome.worker = result.host
             except ProcessDied:
-                outcomes = _died(cell, PROCESS_DIED)
-            except Exception as exc:  # the cell raised in its worker (inputs refused, an executor's error)
-                outcomes = _died(cell, " ".join(str(exc).split())[:300] or type(exc).__name__)
-            _report(console, cell, outcomes)
-            finish(cell, outcomes)
+                outcomes = _died(job, PROCESS_DIED)
+            except Exception as exc:  # the job raised in its worker (inputs refused, an executor's error)
+                outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
+            _report(console, job, outcomes)
+            finish(job, outcomes)
     return done
 
 
@@ -154,18 +154,18 @@ class Driver:
         if isinstance(self.executor, Inline):
             remember(self.source, self.problem)  # this process's jobs take the driver's inputs as they are
 
-    def run(self, jobs: list[Cell]) -> dict[str, dict[RunKey, Outcome]]:
+    def run(self, jobs: list[Job]) -> dict[str, dict[RunKey, Outcome]]:
         kept = self.kept(jobs)
         return execute(jobs, self.source, self.executor, self.console, kept, oracle_states, self.problem.total_steps)
 
-    def kept(self, jobs: list[Cell]) -> dict[str, dict[RunKey, Path]]:
+    def kept(self, jobs: list[Job]) -> dict[str, dict[RunKey, Path]]:
         """Each job's work-folder files, by key."""
         if self.work_dir is None:
             return {}
         threads = self.executor.plan.threads
         here = {**machine(), **({"threads": threads} if threads else {})}
         at = {c.name: {**here, "place": c.place} if c.place else here for c in jobs}
-        return {c.name: {key: cell_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}
+        return {c.name: {key: job_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}
 
 
 def oracle_states(done: dict[str, dict[RunKey, Outcome]]) -> dict:
