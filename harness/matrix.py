@@ -1,6 +1,6 @@
 """The matrix: one spec through the pipeline, one stage after another. Plan: the runs asked
-for and the jobs calibration needs (harness/run/plan.py, harness/calibrate/calibration.py).
-Execute: the jobs on an executor (harness/run/schedule.py, executors.py). Calibrate: the
+for and the jobs calibration needs (harness/execute/plan.py, harness/calibrate/calibration.py).
+Execute: the jobs on an executor (harness/execute/schedule.py, executors.py). Calibrate: the
 finished jobs into the spreads that set every tolerance (harness/calibrate/calibration.py).
 Judge: the checks between runs, with a diagnosis of every failing one (harness/verdict/),
 and the envelope's second look where float32 fails on rounding alone. Record: one record
@@ -19,13 +19,14 @@ from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
 from harness.core.registry import ORACLE_KEY, RunKey
+from harness.execute import executors, hosts, jobs, plan, schedule
+from harness.hardware.floor import Floor, Rates, floor_of
 from harness.inputs.problem import Problem
 from harness.records import write
 from harness.records.build import build_record
 from harness.records.schema import Record
 from harness.records.write import new_id
-from harness.run import executors, hosts, jobs, plan, progress, schedule
-from harness.run.floor import Floor, Rates, floor_of
+from harness.run import progress
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
 from harness.verdict import cross_host, diagnosis
@@ -46,7 +47,7 @@ class SpecResult:
     calibration: Calibration | None = None
     members64: list[Outcome] = field(default_factory=list)  # the oracle's reordered runs, first steps
     member_records: list[Record] = field(default_factory=list)  # the members', never written
-    cross_host: list[cross_host.CrossHost] = field(default_factory=list)  # runs made at several places (harness/run/hosts.py)
+    cross_host: list[cross_host.CrossHost] = field(default_factory=list)  # runs made at several places (harness/execute/hosts.py)
 
     @property
     def title(self) -> str:
@@ -58,8 +59,8 @@ class SpecResult:
 
 
 def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[jobs.Job]:
-    """The spec's matrix as jobs (harness/run/jobs.py): the chosen runs, their modes
-    together (harness/run/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
+    """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
+    together (harness/execute/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
     calibrating = calibration.jobs(loaded, problem, keys, twins)
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
@@ -80,7 +81,7 @@ def run_spec(
 ) -> SpecResult:
     """Run every key on the spec with what calibrates its checks (plan_jobs), check every
     pair, and write one record per run (keys and float64 twins; the members are part of the
-    checks' tolerance, not records). The jobs run on `executor` (harness/run/executors.py;
+    checks' tolerance, not records). The jobs run on `executor` (harness/execute/executors.py;
     by default each in a fresh process one at a time with `isolate`, else in this process).
 
     With a `work_dir`, each finished job is kept there and a later call with the same

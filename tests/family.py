@@ -419,7 +419,7 @@ def summarize(path: Path) -> dict:
 
 def run_row(doc: dict, bug: str) -> dict:
     """One example, run and judged: the JSON line `nox -s family` writes. Importable by an
-    executor's worker (harness/run/executors.py): the examples spread over processes or a
+    executor's worker (harness/execute/executors.py): the examples spread over processes or a
     Ray cluster, each in its own process with its buggy copies registered there."""
     start = time.perf_counter()
     result = run_example(doc, bug)

@@ -7,8 +7,9 @@ import numpy as np
 
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
-from harness.run import capacity, executors, jobs, plan, runner
+from harness.run import runner
 from harness.spec.load import load_spec
 from tests.conftest import quick_problem
 

@@ -105,7 +105,7 @@ def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings
     from rich.console import Console
 
     from harness.calibrate import roles
-    from harness.run import jobs, schedule
+    from harness.execute import jobs, schedule
     from harness.run.runner import Outcome
     from tests.conftest import ROOT
 

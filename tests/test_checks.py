@@ -10,9 +10,10 @@ import pytest
 
 from harness import matrix
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute import plan
+from harness.execute.fresh import in_fresh_process
 from harness.inputs.members import in_plain_order, reordered
-from harness.run import plan, runner
-from harness.run.fresh import in_fresh_process
+from harness.run import runner
 from harness.spec import catalogue
 from harness.spec.model import Close, KnownDifference
 from harness.verdict import checks, diagnosis

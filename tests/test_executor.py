@@ -1,4 +1,4 @@
-"""The executors (harness/run/executors.py): cells in fresh processes, several at once with
+"""The executors (harness/execute/executors.py): cells in fresh processes, several at once with
 their threads capped, bitwise the same as one at a time under the same cap; a worker that
 rebuilds other inputs than the driver's is refused; Ray missing is one line."""
 
@@ -17,8 +17,8 @@ from harness import matrix
 from harness.calibrate import roles
 from harness.core.errors import HarnessError
 from harness.core.paths import SPECS_DIR
+from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
-from harness.run import capacity, executors, jobs, plan
 from harness.spec.load import load_spec
 
 SMALL = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
@@ -86,7 +86,7 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
 
 
 def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_one():
-    from harness.run.fresh import ProcessDied
+    from harness.execute.fresh import ProcessDied
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
@@ -197,7 +197,7 @@ def test_a_local_executor_runs_one_gpu_cell_at_a_time_beside_cpu_cells(kind, mos
     holds a second back on a local executor, not CPU cells beside it. Ray places GPU cells
     itself (num_gpus=1 each), so the driver does not hold them back there."""
     from harness.core.registry import RunKey
-    from harness.run import schedule
+    from harness.execute import schedule
 
     planned = [
         jobs.Job(f"{f}@{d}", jobs.FRAMEWORK, ((RunKey(f, d), f"{f}@{d}"),), cost=float(i))

@@ -12,11 +12,12 @@ import pytest
 from harness.calibrate import roles, spread
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.execute import jobs
 from harness.inputs import members
 from harness.inputs import problem as inputs
 from harness.layers import dense
 from harness.reference import network
-from harness.run import jobs, runner
+from harness.run import runner
 from harness.spec.load import load_spec
 from harness.verdict import checks, rules
 from tests.conftest import quick_problem

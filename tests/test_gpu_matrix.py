@@ -17,10 +17,11 @@ import pytest
 from harness.calibrate import spread
 from harness.core import registry
 from harness.core.registry import ORACLE_KEY, RunKey, gates
+from harness.execute import plan
 from harness.records import schema as records
 from harness.records import store
 from harness.report import speed
-from harness.run import plan, runner
+from harness.run import runner
 from harness.verdict import checks, diagnosis
 from tests.conftest import GPU_FRAMEWORKS, ROOT, key_for, quick_problem
 

@@ -30,10 +30,10 @@ from adapters import torch_layers
 from harness.core import registry
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute.plan import matrix_keys
 from harness.inputs.problem import build_problem
 from harness.matrix import SpecResult, run_spec
 from harness.reference import network
-from harness.run.plan import matrix_keys
 from harness.spec import catalogue
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
 from harness.verdict.checks import Check

@@ -26,8 +26,8 @@ from harness.core import git as gitrev
 from harness.core.errors import DataError, HarnessError
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import RunKey
+from harness.execute import workdir
 from harness.inputs import data
-from harness.run import workdir
 from harness.run.runner import Outcome
 from tests.conftest import ROOT
 from tests.helpers import a_sample_outcome, harness, one_line_error, tiny_moons, write_spec

@@ -29,10 +29,10 @@ from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
 from harness.calibrate.spread import Calibration, measure, measure_segments, measure_segments_against
 from harness.core.registry import FLOAT32, FLOAT64, RunKey
+from harness.execute.hosts import is_copy
+from harness.execute.jobs import Job
 from harness.inputs.problem import Problem
 from harness.run.anchored import anchored_key
-from harness.run.hosts import is_copy
-from harness.run.jobs import Job
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 
@@ -127,7 +127,7 @@ def second_look(
 ) -> Calibrated | None:
     """The envelope's second look before a rounding failure stands (`doubted`): the members
     after the first look's, up to long_run.second_look in all, run by `run` (the driver's,
-    harness/run/schedule.py), and the float32 spread measured again on all of them. None
+    harness/execute/schedule.py), and the float32 spread measured again on all of them. None
     where nothing is doubted, there is nothing to look at again (no more members, no first
     spread) or a new member failed: the first look's verdicts stand."""
     more = roles.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look, scheme=scheme)

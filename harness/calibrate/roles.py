@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from harness.core import registry
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute import plan
+from harness.execute.jobs import Job, cost
 from harness.inputs.members import reordered
 from harness.inputs.problem import Problem, truncated
-from harness.run import anchored, plan
-from harness.run.jobs import Job, cost
+from harness.run import anchored
 from harness.spec import catalogue
 from harness.spec.load import LoadedSpec
 

@@ -1,4 +1,4 @@
-"""Cross-host rows: a run made at several places (harness/run/hosts.py) judged against the
+"""Cross-host rows: a run made at several places (harness/execute/hosts.py) judged against the
 matrix's own, one row per run: bitwise identical or not, how far apart, and the verdict of
 the calibrated float32 rule (harness.verdict.rules.pair_checks) with its diagnosis."""
 
@@ -10,8 +10,8 @@ import numpy as np
 
 from harness.calibrate.spread import Calibration
 from harness.core.registry import RunKey
-from harness.run.hosts import is_copy
-from harness.run.jobs import Job
+from harness.execute.hosts import is_copy
+from harness.execute.jobs import Job
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict import diagnosis

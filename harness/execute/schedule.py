@@ -16,13 +16,13 @@ from typing import Any
 from rich.console import Console
 
 from harness.core.registry import ORACLE_KEY, RunKey
+from harness.execute import workdir
+from harness.execute.capacity import RAY
+from harness.execute.executors import Inline
+from harness.execute.fresh import PROCESS_DIED, ProcessDied
+from harness.execute.jobs import Finished, Job, Source, remember, run_job, source_of
+from harness.execute.workdir import job_path, machine
 from harness.inputs.problem import Problem
-from harness.run import workdir
-from harness.run.capacity import RAY
-from harness.run.execute import PROCESS_DIED, job_path, machine
-from harness.run.executors import Inline
-from harness.run.fresh import ProcessDied
-from harness.run.jobs import Finished, Job, Source, remember, run_job, source_of
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 

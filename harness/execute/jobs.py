@@ -9,7 +9,7 @@ its data files' folder) and refuses them if they hash otherwise than the driver'
 (`inputs_sha256`). The only arrays that travel to a worker are another job's results: the
 oracle's states a re-anchored run starts from.
 
-`run_job` is the one function an executor calls (harness/run/executors.py), in a fresh
+`run_job` is the one function an executor calls (harness/execute/executors.py), in a fresh
 process of this machine or on a Ray worker; the driver alone checks and writes.
 """
 
@@ -115,7 +115,7 @@ class Job:
     formula: Any = None  # a library's formula (harness/known_differences.yaml)
     needs: tuple[str, ...] = ()  # the jobs whose outcomes it takes (the oracle's, for its states)
     cost: float = 0.0  # training steps times repeats: the longest start first
-    place: str | None = None  # where an executor must run it (harness/run/ray_executor.py), if anywhere
+    place: str | None = None  # where an executor must run it (harness/execute/ray_executor.py), if anywhere
     # the final loss and accuracy on the whole sets: what a record and the float32 envelope
     # read; math parity's reference, members and library references compare curves and
     # probe outputs only, and skip the whole-set predictions (most of a CNN member's time)
@@ -198,7 +198,7 @@ def where() -> dict[str, Any]:
     import platform
 
     from harness.core.provenance import host_fingerprint
-    from harness.run.capacity import capped_threads
+    from harness.execute.capacity import capped_threads
 
     return {"hostname": platform.node(), "node": os.environ.get("HARNESS_NODE"), "threads": capped_threads(), "fingerprint": host_fingerprint()}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.run.capacity import GPU_TYPE
-from harness.run.jobs import FRAMEWORK, Job
+from harness.execute.capacity import GPU_TYPE
+from harness.execute.jobs import FRAMEWORK, Job
 
 
 def is_copy(job: Job) -> bool:

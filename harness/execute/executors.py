@@ -3,9 +3,9 @@ machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executo
 
 Each executor has one method, `submit(job, call, *args) -> concurrent.futures.Future`, the
 result of `call(*args)` (`job`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
-a crash of the matrix. The driver (harness/run/schedule.py) decides what is ready to run.
+a crash of the matrix. The driver (harness/execute/schedule.py) decides what is ready to run.
 
-Threads: harness/run/capacity.py.
+Threads: harness/execute/capacity.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harness.core.errors import HarnessError
-from harness.run.capacity import INLINE, LOCAL, RAY, Plan, cap_threads, cores
-from harness.run.fresh import Reused, in_fresh_process
+from harness.execute.capacity import INLINE, LOCAL, RAY, Plan, cap_threads, cores
+from harness.execute.fresh import Reused, in_fresh_process
 
 
 def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
@@ -54,7 +54,7 @@ class Inline:
 
 
 class Local:
-    """Each job in a fresh process of this machine (harness/run/fresh.py), `jobs` at once;
+    """Each job in a fresh process of this machine (harness/execute/fresh.py), `jobs` at once;
     the calibration runs of the array-module code (`Job.calibrates`: no record, no timing,
     no framework) one after another in a process kept for them by each of the `jobs` job
     threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
@@ -83,7 +83,7 @@ def make(kind: str, jobs: int | None = None, threads: int | None = None, gpu_typ
             raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
         return Local(local_plan(jobs, threads))
     if kind == RAY or kind.startswith(f"{RAY}:"):
-        from harness.run import ray_executor
+        from harness.execute import ray_executor
 
         address = kind.partition(":")[2] or None
         return ray_executor.RayExecutor(address, jobs, threads, gpu_types or [], places or [])

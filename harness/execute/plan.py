@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.core.registry import CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
+from harness.execute.jobs import FRAMEWORK, Job, cost
 from harness.inputs.problem import Problem
-from harness.run.jobs import FRAMEWORK, Job, cost
 from harness.spec.load import LoadedSpec
 
 GPU_MIN_REPEATS = 2

@@ -4,7 +4,7 @@ the GPU probe, the hardware rates. Frameworks' thread pools and GPU memory never
 child dies with its parent, even when the parent is killed with SIGKILL.
 
 `Reused`: calls one after another in the same spawned processes, for work that loads no
-framework and times nothing (the calibration runs of harness/run/executors.py's Local),
+framework and times nothing (the calibration runs of harness/execute/executors.py's Local),
 where a fresh process each would cost more than the work."""
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+PROCESS_DIED = "the run's process died (killed, or out of memory)"  # a failed run's reason
 
 
 class ProcessDied(Exception):

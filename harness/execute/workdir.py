@@ -7,6 +7,10 @@ allow_pickle=False and rebuilds every field from its type annotation, so a file 
 not verify or does not parse is not used (the run goes again) and nothing in the folder is
 ever unpickled or executed. The codec walks dataclasses.fields(Outcome) and each field's
 type: a field added to Outcome later is handled or fails the roundtrip test.
+
+A kept run is named by everything that makes it what it is (`job_path`): the spec's bytes,
+profile and data, the run key and repeats, and where it runs (`machine`: the commit and the
+host's fingerprint), so that a later call with the same inputs takes it.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from harness.core import git
 from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError
 from harness.core.files import BadNpz, npz_arrays, read_regular
+from harness.core.provenance import host_fingerprint
 from harness.core.registry import RunKey
+from harness.inputs.problem import Problem
 from harness.run.runner import Outcome
+from harness.spec.load import LoadedSpec
 
 FORMAT = 1
 JSON_SCALARS = (str, int, float, bool, type(None))
@@ -226,3 +234,31 @@ def keep(job: Path, outcome: Outcome, console: Console) -> None:
         save(job, outcome)
     except (HarnessError, TypeError, ValueError) as exc:
         _note(console, f"  work folder: {job} not kept: {exc}")
+
+
+def machine() -> dict[str, Any]:
+    """What a work-folder job owes to where it runs: the code's commit, and the host's
+    fingerprint, not its name (a fresh machine of the same kind reuses the job). Asked
+    once per matrix: two git calls, /proc/cpuinfo and the BLAS libraries."""
+    return {"commit": git.head()[0], "host": host_fingerprint()}
+
+
+def job_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int, where: dict[str, Any]) -> Path:
+    """Where a finished job's outcome is kept: named by everything that makes it what it
+    is (spec bytes, profile and overrides, data files, run key, repeats, and `where`, the
+    machine() it runs on)."""
+    facts = {
+        "spec_sha256": loaded.sha256,
+        "profile": loaded.profile,
+        "overrides": loaded.overrides,
+        "data": [f.sha256 for f in problem.data_files],
+        "source": problem.data_source,
+        "key": [key.framework, key.device, key.variant, key.precision, key.mode],
+        "repeats": repeats,
+        **where,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    name = key.label
+    for mark in "@+~:":
+        name = name.replace(mark, "-")
+    return work_dir / loaded.name / f"{name}-{digest}.json"

@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT
-from harness.run.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
+from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
 
 
 def _task(threads: int, call: Callable[..., Any], *args: Any) -> Any:
@@ -53,7 +53,7 @@ class RayExecutor:
         self.remote = ray.remote(max_calls=1)(_task)
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
-        """call(*args) as a task; `job` (harness/run/jobs.py, or None) says what it needs."""
+        """call(*args) as a task; `job` (harness/execute/jobs.py, or None) says what it needs."""
         options: dict[str, Any] = {"num_cpus": self.plan.threads, "max_retries": RAY_RETRIES}
         if job is not None and job.gpu:
             options["num_gpus"] = 1
