@@ -73,7 +73,7 @@ def _executor(args: argparse.Namespace, console: Console):
 
     kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
     executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
-    console.print(executor.plan.describe(), highlight=False)
+    console.print(executor.slots.describe(), highlight=False)
     return executor
 
 

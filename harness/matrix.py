@@ -88,7 +88,7 @@ def run_spec(
     inputs takes it instead of running it again: a long matrix can be split over several
     calls (a time-limited GPU lease) or resumed after a crash."""
     if executor is None:  # one of its own, shut down (its kept processes ended) when done
-        own = executors.Local(executors.local_plan(1, None)) if isolate else executors.Inline()
+        own = executors.Local(executors.local_slots(1, None)) if isolate else executors.Inline()
         try:
             return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own)
         finally:

@@ -68,7 +68,7 @@ def test_the_matrix_runs_a_group_in_one_fresh_process():
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
     problem = build_problem(loaded)
     cell = jobs.Job("numpy@cpu", jobs.FRAMEWORK, ((EAGER, "eager"), (FAST, "fast")), repeats=2)
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         finished = local.submit(cell, jobs.run_job, jobs.source_of(loaded, problem), cell, None, True).result()
     finally:

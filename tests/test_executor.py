@@ -36,17 +36,17 @@ def bits(outcome) -> bytes:
 
 
 def test_default_plan_keeps_the_frameworks_threads_and_jobs_cap_them():
-    one = executors.local_plan(None, None)
+    one = executors.local_slots(None, None)
     assert (one.jobs, one.threads) == (1, None)
-    two = executors.local_plan(2, None)
+    two = executors.local_slots(2, None)
     assert (two.jobs, two.threads) == (2, max(1, capacity.cores() // 2))
-    assert executors.local_plan(None, 1).jobs == capacity.cores()
+    assert executors.local_slots(None, 1).jobs == capacity.cores()
     assert "1 job(s) at a time" in one.describe()
 
 
 def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
-    together = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 2, 1)))
-    alone = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 1, 1)))
+    together = small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 2, 1)))
+    alone = small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 1, 1)))
     assert set(together.outcomes) == set(alone.outcomes)
     for key, outcome in together.outcomes.items():
         assert outcome.status == "ok", outcome.reason
@@ -67,7 +67,7 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
     calibrating = [c for c in planned if c.calibrates]
     assert {c.role for c in calibrating} == {roles.MEMBER, roles.MEMBER64, roles.REFERENCE}
     assert {c.role for c in planned if not c.calibrates} == {jobs.FRAMEWORK, roles.TWIN}  # recorded, timed: fresh
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         kept = {local.submit(c, os.getpid).result() for c in calibrating}
         fresh = [local.submit(c, os.getpid).result() for c in planned if not c.calibrates]
@@ -91,7 +91,7 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
     member = next(c for c in planned if c.role == roles.MEMBER)
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         first = local.submit(member, os.getpid).result()
         with pytest.raises(ProcessDied):
@@ -100,7 +100,7 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
         assert after != first and local.submit(member, os.getpid).result() == after
     finally:
         local.shutdown()
-    two = executors.Local(capacity.Plan(capacity.LOCAL, 2, 1))  # a kept process per cell thread
+    two = executors.Local(capacity.Slots(capacity.LOCAL, 2, 1))  # a kept process per cell thread
     try:
         alive = two.submit(member, time.sleep, 3.0)
         with pytest.raises(ProcessDied):
@@ -167,7 +167,7 @@ class _Recording:
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        self.plan = capacity.Plan(kind, jobs, None)
+        self.slots = capacity.Slots(kind, jobs, None)
         self.pool = ThreadPoolExecutor(max_workers=8)
         self.lock = threading.Lock()
         self.active: set = set()

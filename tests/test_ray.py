@@ -54,7 +54,7 @@ def bits(outcome) -> bytes:
 
 @pytest.fixture(scope="module")
 def local():
-    return small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 1, 1)))
+    return small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 1, 1)))
 
 
 def test_ray_gives_the_local_records_bitwise_and_a_cross_host_row_per_run(cluster, local):

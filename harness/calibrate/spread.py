@@ -5,8 +5,8 @@ A calibration member trains the same problem with its sums in another order
 reference is rounding and nothing else. The float32 members (the array-module code in
 float32, against the float64 oracle) calibrate every float32 check; the float64 members
 (the oracle's own code, reordered, against the oracle over the twins' first steps)
-calibrate math parity. Every tolerance is then `factor * spread + floor`, with the spread
-taken here:
+calibrate math parity. Every tolerance is then `factor * spread + floor` (a rounding floor,
+harness/verdict/checks.py), with the spread taken here:
 
 - the loss curve: the largest relative distance at each step, as a running maximum;
 - outputs, the step-0 loss and the parameters after a step: the largest L2 distance of a

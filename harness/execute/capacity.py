@@ -1,5 +1,5 @@
 """What a machine gives a job: its cores, the thread cap a job runs under, and an
-executor's choice of jobs at once and threads each (`Plan`).
+executor's choice of jobs at once and threads each (`Slots`).
 
 A job's bits depend on its thread count: on this project's 2-core VM, torch's, NumPy's and
 the oracle's moons curves differ bitwise between 1 and 2 threads (JAX's do not; see
@@ -55,7 +55,7 @@ def capped_threads() -> int | None:
 
 
 @dataclass
-class Plan:
+class Slots:
     """An executor's choice, said before the first job: jobs at once, threads per job."""
 
     kind: str

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harness.core.errors import HarnessError
-from harness.execute.capacity import INLINE, LOCAL, RAY, Plan, cap_threads, cores
+from harness.execute.capacity import INLINE, LOCAL, RAY, Slots, cap_threads, cores
 from harness.execute.fresh import Reused, in_fresh_process
 
 
@@ -24,7 +24,7 @@ def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
     return call(*args)
 
 
-def local_plan(jobs: int | None, threads: int | None) -> Plan:
+def local_slots(jobs: int | None, threads: int | None) -> Slots:
     """The default: one job at a time with the frameworks' own threads (the bits every
     record so far was made with); with --jobs N, N jobs at a time, cores // N threads
     each unless --threads says otherwise."""
@@ -33,13 +33,13 @@ def local_plan(jobs: int | None, threads: int | None) -> Plan:
         jobs = max(1, n // threads) if threads else 1
     if jobs > 1 and threads is None:
         threads = max(1, n // jobs)
-    return Plan(LOCAL, jobs, threads)
+    return Slots(LOCAL, jobs, threads)
 
 
 class Inline:
     """Every job in this process, one after another (debugging; timings suffer)."""
 
-    plan = Plan(INLINE, 1, None)
+    slots = Slots(INLINE, 1, None)
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
@@ -60,14 +60,14 @@ class Local:
     threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
     profile trains in 0.1 s."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="job")
+    def __init__(self, slots: Slots):
+        self.slots = slots
+        self.pool = ThreadPoolExecutor(max_workers=slots.jobs, thread_name_prefix="job")
         self.kept = Reused()
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         where = self.kept.call if job is not None and job.calibrates else in_fresh_process
-        return self.pool.submit(where, _capped, self.plan.threads, call, *args)
+        return self.pool.submit(where, _capped, self.slots.threads, call, *args)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -81,7 +81,7 @@ def make(kind: str, jobs: int | None = None, threads: int | None = None, gpu_typ
     if kind == LOCAL:
         if gpu_types or places:
             raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
-        return Local(local_plan(jobs, threads))
+        return Local(local_slots(jobs, threads))
     if kind == RAY or kind.startswith(f"{RAY}:"):
         from harness.execute import ray_executor
 

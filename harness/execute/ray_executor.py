@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT
-from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
+from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Slots, cap_threads
 
 
 def _task(threads: int, call: Callable[..., Any], *args: Any) -> Any:
@@ -48,13 +48,13 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise HarnessError(f"--executor ray: cannot connect to Ray at {address or 'a new local instance'}: {exc}") from None
         threads = threads or 1
-        self.plan = Plan(RAY, jobs or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads), threads)
+        self.slots = Slots(RAY, jobs or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads), threads)
         self.places = [GPU_TYPE + t for t in gpu_types] + list(places)
         self.remote = ray.remote(max_calls=1)(_task)
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         """call(*args) as a task; `job` (harness/execute/jobs.py, or None) says what it needs."""
-        options: dict[str, Any] = {"num_cpus": self.plan.threads, "max_retries": RAY_RETRIES}
+        options: dict[str, Any] = {"num_cpus": self.slots.threads, "max_retries": RAY_RETRIES}
         if job is not None and job.gpu:
             options["num_gpus"] = 1
         place = None if job is None else job.place
@@ -62,7 +62,7 @@ class RayExecutor:
             options["accelerator_type"] = place.removeprefix(GPU_TYPE)
         elif place:
             options["resources"] = {place: 0.001}
-        return self.remote.options(**options).remote(self.plan.threads, call, *args).future()
+        return self.remote.options(**options).remote(self.slots.threads, call, *args).future()
 
     def shutdown(self) -> None:
         pass  # a local Ray started here ends with this process; a cluster stays up

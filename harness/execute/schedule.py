@@ -74,7 +74,7 @@ def execute(
     done: dict[str, dict[RunKey, Outcome]] = {}
     waiting = sorted(jobs, key=lambda c: -c.cost)
     running: dict[Future, Job] = {}
-    local = executor.plan.kind != RAY  # Ray places and queues jobs itself
+    local = executor.slots.kind != RAY  # Ray places and queues jobs itself
 
     def start(job: Job) -> None:
         files = kept.get(job.name)
@@ -111,7 +111,7 @@ def execute(
                 continue
             if job.gpu and gpu_busy:
                 continue
-            if local and len(running) >= executor.plan.jobs:
+            if local and len(running) >= executor.slots.jobs:
                 break
             waiting.remove(job)
             start(job)
@@ -162,7 +162,7 @@ class Driver:
         """Each job's work-folder files, by key."""
         if self.work_dir is None:
             return {}
-        threads = self.executor.plan.threads
+        threads = self.executor.slots.threads
         here = {**machine(), **({"threads": threads} if threads else {})}
         at = {c.name: {**here, "place": c.place} if c.place else here for c in jobs}
         return {c.name: {key: job_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}

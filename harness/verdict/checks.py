@@ -4,7 +4,8 @@ fails, a diagnosis (harness/verdict/diagnosis.py). Which checks a matrix takes, 
 runs, is the list of rules in harness/verdict/rules.py.
 
 Every tolerance is calibrated on the spec itself (harness/calibrate/spread.py): factor times
-the spread of rounding-only runs, plus a floor of a few units of the dtype's rounding.
+the spread of rounding-only runs, plus a rounding floor of a few units of the dtype's
+rounding (a tolerance's floor; the hardware floor of a step is harness/hardware/floor.py).
 
 - Short horizon (float32 pairs): the probe outputs and the loss at step 0, the parameters
   after the first step and after step k, per tensor, against the float32 members' spread
