@@ -82,7 +82,7 @@ def describe(key) -> dict[str, Any]:
             "jax_enable_x64": bool(jax.config.jax_enable_x64),
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         },
-        "threads": int(os.environ.get("HARNESS_THREADS") or os.cpu_count() or 0) or None,  # a cap: harness/run/executors.py
+        "threads": int(os.environ.get("HARNESS_THREADS") or os.cpu_count() or 0) or None,  # a cap: harness/execute/executors.py
         **({"fast_mode": FAST_MODE} if key.mode == "fast" else {}),
     }
 

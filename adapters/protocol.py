@@ -98,7 +98,7 @@ class RecordsLayerOutputs(Protocol):
 @runtime_checkable
 class MeasuresRates(Protocol):
     """Optional: the device's float32 product rate, memory bandwidth and (GPU) the cost of
-    one kernel in a CUDA graph, for the floor (harness/run/hardware.py). Keys: "matmul"
+    one kernel in a CUDA graph, for the floor (harness/hardware/rates.py). Keys: "matmul"
     (FLOP/s), "bandwidth" (B/s), "launch" (s)."""
 
     def rates(self, device: str, precision: str) -> dict[str, float]: ...

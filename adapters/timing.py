@@ -1,7 +1,7 @@
 """What the adapters' optional `rates(device, precision)` measure, and how: the float32
 matrix-product rate, the memory bandwidth and, on a GPU, the time one tiny kernel adds
 inside a CUDA graph, each the best of several repeats with the device synchronised.
-harness/run/hardware.py runs them in a fresh process and keeps the best over the adapters."""
+harness/hardware/rates.py runs them in a fresh process and keeps the best over the adapters."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def describe(key) -> dict[str, Any]:
 
 
 def _blas_threads() -> int | None:
-    """The threads of NumPy's BLAS (a cap, harness/run/executors.py, lowers them)."""
+    """The threads of NumPy's BLAS (a cap, harness/execute/executors.py, lowers them)."""
     from threadpoolctl import threadpool_info
 
     found = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas" and "numpy" in lib.get("filepath", "")]

@@ -118,25 +118,25 @@ def parser(description: str) -> argparse.ArgumentParser:
         p.add_argument(
             "--executor",
             default="local",
-            help="where the cells run: local (fresh processes of this machine), ray (a local Ray, or $RAY_ADDRESS), "
+            help="where the jobs run: local (fresh processes of this machine), ray (a local Ray, or $RAY_ADDRESS), "
             "ray:ADDRESS (a Ray cluster; pip install '.[ray]') (default: local)",
         )
         p.add_argument(
             "--jobs",
             type=_positive(int),
-            help="cells at once (default: local, 1 with the frameworks' own threads; ray, as the cluster has room). "
-            "With more than 1, each cell's threads are capped at cores // jobs: bits may differ from uncapped runs",
+            help="jobs at once (default: local, 1 with the frameworks' own threads; ray, as the cluster has room). "
+            "With more than 1, each job's threads are capped at cores // jobs: bits may differ from uncapped runs",
         )
-        p.add_argument("--threads", type=_positive(int), help="each cell's torch, BLAS and XLA threads (default: the frameworks' own)")
+        p.add_argument("--threads", type=_positive(int), help="each job's torch, BLAS and XLA threads (default: the frameworks' own)")
         p.add_argument(
             "--gpu-types",
             type=lambda text: [t for t in text.split(",") if t],
-            help="with --executor ray: run every GPU cell once on each of these GPU models (Ray accelerator types, e.g. H100,H200)",
+            help="with --executor ray: run every GPU job once on each of these GPU models (Ray accelerator types, e.g. H100,H200)",
         )
         p.add_argument(
             "--places",
             type=lambda text: [t for t in text.split(",") if t],
-            help="with --executor ray: run every framework cell once on a node with each of these custom Ray resources (hosts)",
+            help="with --executor ray: run every framework job once on a node with each of these custom Ray resources (hosts)",
         )
         p.add_argument(
             "--results",
@@ -151,7 +151,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--members", action="store_true", help="a row per calibration member in the table (folded into one by default)")
     run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
-    run.add_argument("--in-process", action="store_true", help="run every cell in this process (debugging; timings suffer)")
+    run.add_argument("--in-process", action="store_true", help="run every job in this process (debugging; timings suffer)")
     speed_options(run, [EAGER])
     gpu_options(run)
     limit_options(run)

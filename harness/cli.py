@@ -42,7 +42,7 @@ def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
 def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
     folder, the GPU when it is required; then the matrix's keys."""
-    from harness.run import execute, plan
+    from harness.execute import plan, probe
 
     if args.repeats is not None and args.repeats < 1:
         raise HarnessError("--repeats: must be at least 1")
@@ -57,23 +57,23 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         write.ensure_writable(results_dir)
-    if getattr(args, "work_dir", None) is not None:  # else every cell would run, and none be kept
+    if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
         write.ensure_writable(args.work_dir, "work folder")
     if args.require_gpu and "gpu" not in args.devices:
         raise HarnessError("--require-gpu: add gpu to --devices")
     if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
-        execute.require_gpu(args.frameworks)
+        probe.require_gpu(args.frameworks)
     keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
     return results_dir, keys
 
 
 def _executor(args: argparse.Namespace, console: Console):
-    """The executor the options name (harness/run/executors.py), its choice said."""
-    from harness.run import executors
+    """The executor the options name (harness/execute/executors.py), its choice said."""
+    from harness.execute import executors
 
     kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
     executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
-    console.print(executor.plan.describe(), highlight=False)
+    console.print(executor.slots.describe(), highlight=False)
     return executor
 
 
@@ -93,19 +93,19 @@ def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
     """Each device's rates (per precision on the GPU), measured once, after every input was
     found good and before any run; a device that cannot be measured is said so, and its
     records carry no floor."""
-    from harness.run import hardware
+    from harness.hardware.rates import describe, measure
 
     rates = {}
     if args.no_floor:
         return rates
     for device, precision in sorted({(k.device, k.precision) for k in keys}):
         try:
-            rates[device, precision] = found = hardware.measure(device, precision)
+            rates[device, precision] = found = measure(device, precision)
         except HarnessError as exc:
             console.print(f"floor: {exc}; its records carry no floor", style="yellow", soft_wrap=True, highlight=False)
             continue
         label = device if precision == STRICT else f"{device}+{precision}"
-        console.print(f"floor: {label} rates {hardware.describe(found)}", highlight=False)
+        console.print(f"floor: {label} rates {describe(found)}", highlight=False)
     return rates
 
 
@@ -298,20 +298,21 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
 def cmd_smoke(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from harness.run import execute, smoke
+    from harness import smoke
+    from harness.execute import probe
 
     paths = _spec_paths(args.specs, args.specs_dir)
     frameworks = args.frameworks or list(ADAPTERS)
     devices = args.devices
     if devices is None:
         try:
-            execute.require_gpu(frameworks)
+            probe.require_gpu(frameworks)
             devices = list(DEVICES)
         except HarnessError as exc:
             console.print(f"the CPU only: {exc}", highlight=False)
             devices = ["cpu"]
     elif "gpu" in devices:
-        execute.require_gpu(frameworks)
+        probe.require_gpu(frameworks)
     if args.out is not None:
         ensure_replaceable(args.out)
     console.print(

@@ -21,6 +21,7 @@ import numpy as np
 from hypothesis import strategies as st
 from rich.console import Console
 
+from harness.calibrate.spread import tensors
 from harness.core import registry
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
@@ -28,7 +29,6 @@ from harness.matrix import SpecResult
 from harness.reference import network
 from harness.spec.load import LoadedSpec, validate_document
 from harness.spec.model import total_steps
-from harness.verdict.calibration import tensors
 
 REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
@@ -424,7 +424,7 @@ def summarize(path: Path) -> dict:
 
 def run_row(doc: dict, bug: str) -> dict:
     """One example, run and judged: the JSON line `nox -s family` writes. Importable by an
-    executor's worker (harness/run/executors.py): the examples spread over processes or a
+    executor's worker (harness/execute/executors.py): the examples spread over processes or a
     Ray cluster, each in its own process with its buggy copies registered there."""
     start = time.perf_counter()
     result = run_example(doc, bug)

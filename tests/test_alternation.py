@@ -7,8 +7,9 @@ import numpy as np
 
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
-from harness.run import capacity, cells, executors, plan, runner
+from harness.run import runner
 from harness.spec.load import load_spec
 from tests.conftest import quick_problem
 
@@ -66,10 +67,10 @@ def test_the_matrix_runs_a_group_in_one_fresh_process():
     """One cell holds the modes of one framework and device: a worker runs them together."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
     problem = build_problem(loaded)
-    cell = cells.Cell("numpy@cpu", cells.FRAMEWORK, ((EAGER, "eager"), (FAST, "fast")), repeats=2)
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    cell = jobs.Job("numpy@cpu", jobs.FRAMEWORK, ((EAGER, "eager"), (FAST, "fast")), repeats=2)
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
-        finished = local.submit(cell, cells.run_cell, cells.source_of(loaded, problem), cell, None, True).result()
+        finished = local.submit(cell, jobs.run_job, jobs.source_of(loaded, problem), cell, None, True).result()
     finally:
         local.shutdown()
     assert list(finished.outcomes) == [EAGER, FAST]

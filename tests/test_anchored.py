@@ -104,12 +104,13 @@ def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings
 
     from rich.console import Console
 
-    from harness.run import cells, schedule
+    from harness.calibrate import roles
+    from harness.execute import jobs, schedule
     from harness.run.runner import Outcome
     from tests.conftest import ROOT
 
     key = RunKey("torch", "cpu", precision="float64", variant="anchored")
-    cell = cells.Cell(key.label, cells.ANCHORED_TWIN, ((key, f"moons_net {key.label} (float64 twin, re-anchored)"),), needs=("oracle@cpu",))
+    cell = jobs.Job(key.label, roles.ANCHORED_TWIN, ((key, f"moons_net {key.label} (float64 twin, re-anchored)"),), needs=("oracle@cpu",))
     out = io.StringIO()
     console = Console(file=out, width=200)
     schedule._announce(console, cell, 100, 3)

@@ -10,9 +10,11 @@ import pytest
 
 from harness import matrix
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute import plan
+from harness.execute.fresh import in_fresh_process
 from harness.inputs.members import in_plain_order, reordered
-from harness.run import plan, runner
-from harness.run.fresh import in_fresh_process
+from harness.run import runner
+from harness.spec import catalogue
 from harness.spec.known import KnownDifference
 from harness.spec.model import Close
 from harness.verdict import checks, diagnosis
@@ -115,7 +117,7 @@ def test_a_library_entry_explains_a_check_only_as_far_as_its_members_reach():
 
 
 def test_a_library_entry_applies_only_inside_its_version_range(monkeypatch):
-    monkeypatch.setattr(diagnosis, "_installed", lambda library: "0.0.1")
+    monkeypatch.setattr(catalogue, "_installed", lambda library: "0.0.1")
     assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("fail")], REACHED)] == ["fail"]
 
 

@@ -113,9 +113,9 @@ def other_host(tmp_path_factory):
 
     from harness import matrix
     from harness.core.paths import SPECS_DIR
+    from harness.execute import plan
     from harness.inputs import members
     from harness.inputs import problem as inputs
-    from harness.run import plan
     from harness.spec.load import load_spec
     from tests.test_injected_bugs import register_copy, torch_single_threaded
 

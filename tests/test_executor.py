@@ -1,4 +1,4 @@
-"""The executors (harness/run/executors.py): cells in fresh processes, several at once with
+"""The executors (harness/execute/executors.py): cells in fresh processes, several at once with
 their threads capped, bitwise the same as one at a time under the same cap; a worker that
 rebuilds other inputs than the driver's is refused; Ray missing is one line."""
 
@@ -14,10 +14,11 @@ import pytest
 from rich.console import Console
 
 from harness import matrix
+from harness.calibrate import roles
 from harness.core.errors import HarnessError
 from harness.core.paths import SPECS_DIR
+from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
-from harness.run import capacity, cells, executors, plan
 from harness.spec.load import load_spec
 
 SMALL = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
@@ -35,17 +36,17 @@ def bits(outcome) -> bytes:
 
 
 def test_default_plan_keeps_the_frameworks_threads_and_jobs_cap_them():
-    one = executors.local_plan(None, None)
+    one = executors.local_slots(None, None)
     assert (one.jobs, one.threads) == (1, None)
-    two = executors.local_plan(2, None)
+    two = executors.local_slots(2, None)
     assert (two.jobs, two.threads) == (2, max(1, capacity.cores() // 2))
-    assert executors.local_plan(None, 1).jobs == capacity.cores()
-    assert "1 cell(s) at a time" in one.describe()
+    assert executors.local_slots(None, 1).jobs == capacity.cores()
+    assert "1 job(s) at a time" in one.describe()
 
 
 def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
-    together = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 2, 1)))
-    alone = small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 1, 1)))
+    together = small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 2, 1)))
+    alone = small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 1, 1)))
     assert set(together.outcomes) == set(alone.outcomes)
     for key, outcome in together.outcomes.items():
         assert outcome.status == "ok", outcome.reason
@@ -53,7 +54,7 @@ def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
         assert outcome.worker["threads"] == 1 and outcome.describe["threads"] == 1
     records = {r.framework + r.precision_mode: r for r in together.records}
     assert all(r.worker is not None and r.worker.threads == 1 for r in records.values())
-    assert {r.data.inputs_sha256 for r in together.records} == {cells.inputs_sha256(together.problem)}
+    assert {r.data.inputs_sha256 for r in together.records} == {jobs.inputs_sha256(together.problem)}
     assert [c.verdict for c in together.checks] == [c.verdict for c in alone.checks]
 
 
@@ -62,11 +63,11 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
     after another in a process it keeps, every other cell in a fresh one; a matrix gives
     the bits, verdicts and records it gives with every cell in the driver's process."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
     calibrating = [c for c in planned if c.calibrates]
-    assert {c.role for c in calibrating} == {cells.MEMBER, cells.MEMBER64, cells.REFERENCE}
-    assert {c.role for c in planned if not c.calibrates} == {cells.FRAMEWORK, cells.TWIN}  # recorded, timed: fresh
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    assert {c.role for c in calibrating} == {roles.MEMBER, roles.MEMBER64, roles.REFERENCE}
+    assert {c.role for c in planned if not c.calibrates} == {jobs.FRAMEWORK, roles.TWIN}  # recorded, timed: fresh
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         kept = {local.submit(c, os.getpid).result() for c in calibrating}
         fresh = [local.submit(c, os.getpid).result() for c in planned if not c.calibrates]
@@ -85,12 +86,12 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
 
 
 def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_one():
-    from harness.run.fresh import ProcessDied
+    from harness.execute.fresh import ProcessDied
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
-    member = next(c for c in planned if c.role == cells.MEMBER)
-    local = executors.Local(capacity.Plan(capacity.LOCAL, 1, None))
+    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    member = next(c for c in planned if c.role == roles.MEMBER)
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         first = local.submit(member, os.getpid).result()
         with pytest.raises(ProcessDied):
@@ -99,7 +100,7 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
         assert after != first and local.submit(member, os.getpid).result() == after
     finally:
         local.shutdown()
-    two = executors.Local(capacity.Plan(capacity.LOCAL, 2, 1))  # a kept process per cell thread
+    two = executors.Local(capacity.Slots(capacity.LOCAL, 2, 1))  # a kept process per cell thread
     try:
         alive = two.submit(member, time.sleep, 3.0)
         with pytest.raises(ProcessDied):
@@ -112,12 +113,12 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
 def test_a_worker_refuses_inputs_that_hash_otherwise():
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     problem = build_problem(loaded)
-    source = cells.source_of(loaded, problem)
-    forged = cells.Source(**{**source.__dict__, "inputs_sha256": "0" * 64})
-    (cell,) = [c for c in matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
-    with pytest.raises(cells.InputsDiffer, match="refused"):
-        cells.run_cell(forged, cell)
-    assert cells.run_cell(source, cell, quiet=True).outcomes[cell.keys[0]].status == "ok"
+    source = jobs.source_of(loaded, problem)
+    forged = jobs.Source(**{**source.__dict__, "inputs_sha256": "0" * 64})
+    (cell,) = [c for c in matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
+    with pytest.raises(jobs.InputsDiffer, match="refused"):
+        jobs.run_job(forged, cell)
+    assert jobs.run_job(source, cell, quiet=True).outcomes[cell.keys[0]].status == "ok"
 
 
 def test_ray_missing_is_one_line(monkeypatch):
@@ -134,10 +135,10 @@ def test_a_worker_rebuilds_idx_inputs_from_their_folder(mnist_dir):
     """An MNIST problem (IDX files, a data source) rebuilt where a worker runs: the same inputs."""
     loaded = load_spec(SPECS_DIR / "mnist_adamw.yaml", "quick")
     problem = build_problem(loaded, mnist_dir, "test-set")
-    source = cells.source_of(loaded, problem)
+    source = jobs.source_of(loaded, problem)
     assert source.data_dir == str(mnist_dir.resolve()) or source.data_dir == str(mnist_dir)
-    cells._BUILT.clear()  # as in a fresh process
-    assert cells.inputs_sha256(cells.rebuilt(source)) == source.inputs_sha256
+    jobs._BUILT.clear()  # as in a fresh process
+    assert jobs.inputs_sha256(jobs.rebuilt(source)) == source.inputs_sha256
 
 
 def test_the_terminal_names_the_workers_and_each_cross_host_row():
@@ -166,7 +167,7 @@ class _Recording:
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        self.plan = capacity.Plan(kind, jobs, None)
+        self.slots = capacity.Slots(kind, jobs, None)
         self.pool = ThreadPoolExecutor(max_workers=8)
         self.lock = threading.Lock()
         self.active: set = set()
@@ -185,7 +186,7 @@ class _Recording:
             time.sleep(0.05)
             with self.lock:
                 self.active.discard(cell)
-            return cells.Finished({k: Outcome(k, "ok", timings={"train_s": 0.0}, metrics={"train_loss": 0.0}) for k in cell.keys})
+            return jobs.Finished({k: Outcome(k, "ok", timings={"train_s": 0.0}, metrics={"train_loss": 0.0}) for k in cell.keys})
 
         return self.pool.submit(work)
 
@@ -196,10 +197,10 @@ def test_a_local_executor_runs_one_gpu_cell_at_a_time_beside_cpu_cells(kind, mos
     holds a second back on a local executor, not CPU cells beside it. Ray places GPU cells
     itself (num_gpus=1 each), so the driver does not hold them back there."""
     from harness.core.registry import RunKey
-    from harness.run import schedule
+    from harness.execute import schedule
 
     planned = [
-        cells.Cell(f"{f}@{d}", cells.FRAMEWORK, ((RunKey(f, d), f"{f}@{d}"),), cost=float(i))
+        jobs.Job(f"{f}@{d}", jobs.FRAMEWORK, ((RunKey(f, d), f"{f}@{d}"),), cost=float(i))
         for i, (f, d) in enumerate([("torch", "gpu"), ("jax", "gpu"), ("cupy", "gpu"), ("torch", "cpu"), ("jax", "cpu"), ("numpy", "cpu")])
     ]
     executor = _Recording(kind, jobs=3)
@@ -215,9 +216,9 @@ def test_math_paritys_cells_skip_the_whole_set_predictions():
     time); every run a record or the float32 envelope reads keeps them."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     problem = build_problem(loaded)
-    planned = matrix.plan_cells(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
-    assert {c.role for c in planned if not c.metrics} == {cells.REFERENCE, cells.MEMBER64}
-    assert all(c.metrics for c in planned if c.role in (cells.FRAMEWORK, cells.MEMBER, cells.TWIN))
-    (reference,) = [c for c in planned if c.role == cells.REFERENCE]
-    outcome = cells.run_cell(cells.source_of(loaded, problem), reference, quiet=True).outcomes[reference.keys[0]]
+    planned = matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
+    assert {c.role for c in planned if not c.metrics} == {roles.REFERENCE, roles.MEMBER64}
+    assert all(c.metrics for c in planned if c.role in (jobs.FRAMEWORK, roles.MEMBER, roles.TWIN))
+    (reference,) = [c for c in planned if c.role == roles.REFERENCE]
+    outcome = jobs.run_job(jobs.source_of(loaded, problem), reference, quiet=True).outcomes[reference.keys[0]]
     assert outcome.status == "ok" and outcome.metrics == {} and outcome.final_outputs is not None

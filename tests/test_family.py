@@ -25,7 +25,7 @@ EXAMPLES = int(os.environ.get("HARNESS_FAMILY_EXAMPLES", "4"))
 OUT = os.environ.get("HARNESS_FAMILY_OUT")
 # Examples are derandomized (the same ones every run) unless a seed picks another set.
 SEED = os.environ.get("HARNESS_FAMILY_SEED")
-# Where the examples run (harness/run/executors.py): in this process (the default), `local`
+# Where the examples run (harness/execute/executors.py): in this process (the default), `local`
 # (fresh processes, HARNESS_FAMILY_JOBS at once) or `ray` / `ray:ADDRESS` (a cluster).
 EXECUTOR = os.environ.get("HARNESS_FAMILY_EXECUTOR", "in-process")
 JOBS = int(os.environ["HARNESS_FAMILY_JOBS"]) if os.environ.get("HARNESS_FAMILY_JOBS") else None
@@ -64,7 +64,7 @@ def draw_examples(count: int) -> list[tuple[dict, str]]:
 
 
 def test_honest_adapters_never_fail_and_every_injected_bug_is_implementation():
-    from harness.run import executors
+    from harness.execute import executors
 
     executor = executors.make(EXECUTOR, JOBS)
     try:
@@ -355,17 +355,17 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
     from rich.console import Console
 
     from harness.core.paths import SPECS_DIR
+    from harness.execute.plan import matrix_keys
     from harness.inputs.problem import build_problem
     from harness.matrix import run_spec
-    from harness.run.plan import matrix_keys
+    from harness.spec import catalogue
     from harness.spec.load import load_spec
-    from harness.verdict import diagnosis
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
-    entries = tuple(e for e in diagnosis.library_differences() if e.id != "optax-adam-float32-bias-corrections")
+    entries = tuple(e for e in catalogue.library_differences() if e.id != "optax-adam-float32-bias-corrections")
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(diagnosis, "library_differences", lambda: entries)
+        monkeypatch.setattr(catalogue, "library_differences", lambda: entries)
         result = run_spec(loaded, build_problem(loaded), matrix_keys(["jax", "numpy"], ["cpu"]), None, Console(file=out, width=400), repeats=1)
     step1 = next(c for c in result.checks if {c.a, c.b} == {RunKey("jax", "cpu"), ORACLE_KEY} and c.name == "params_after_step_1")
     assert len(result.members) == 16 and step1.bound.members == 17

@@ -245,8 +245,8 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     """A fresh lent machine (another hostname, the same CPU, GPU and libraries) reuses the
     cells a work folder carried from the last one; another GPU model does not."""
     from harness.core.registry import RunKey
+    from harness.execute import workdir
     from harness.inputs import problem as inputs
-    from harness.run import execute
     from harness.spec.load import load_spec
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
@@ -256,7 +256,7 @@ def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path,
     def cell(hostname: str, gpus: list[str]) -> Path:
         monkeypatch.setattr(provenance.platform, "node", lambda: hostname)
         monkeypatch.setattr(provenance, "_gpu_names", lambda: gpus)
-        return execute.cell_path(tmp_path, loaded, problem, key, 1, execute.machine())
+        return workdir.job_path(tmp_path, loaded, problem, key, 1, workdir.machine())
 
     here = cell("lent-1", ["NVIDIA H100 80GB HBM3"])
     assert cell("lent-2", ["NVIDIA H100 80GB HBM3"]) == here
@@ -286,7 +286,7 @@ def _sleep_writing_pid(path: str) -> None:
 
 
 def test_a_fresh_process_returns_its_result_or_says_it_died():
-    from harness.run.fresh import ProcessDied, in_fresh_process
+    from harness.execute.fresh import ProcessDied, in_fresh_process
 
     assert in_fresh_process(os.getpid) != os.getpid()
     with pytest.raises(ProcessDied):
@@ -297,7 +297,7 @@ def test_a_fresh_process_dies_with_its_parent_even_on_sigkill(tmp_path):
     """kill -9 of the harness must not leave its run process training on."""
     pid_file = tmp_path / "child.pid"
     program = (
-        "from harness.run.fresh import in_fresh_process; from tests.test_faults import _sleep_writing_pid; "
+        "from harness.execute.fresh import in_fresh_process; from tests.test_faults import _sleep_writing_pid; "
         f"in_fresh_process(_sleep_writing_pid, {str(pid_file)!r})"
     )
     parent = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT)
@@ -324,12 +324,12 @@ def test_a_fresh_process_dies_with_its_parent_even_on_sigkill(tmp_path):
 def test_ctrl_c_ends_a_fresh_process_without_its_traceback(tmp_path):
     """Ctrl-C reaches the whole process group: the child ends by SIGINT's default action, so
     only the parent's own line is printed, also when it lands as the child starts."""
-    from harness.run.fresh import in_fresh_process
+    from harness.execute.fresh import in_fresh_process
 
     assert in_fresh_process(signal.getsignal, signal.SIGINT) == signal.SIG_DFL
     for delay in (0.02, 0.1, 0.3, 0.6, 1.0):  # during the child's start, and once it runs
         program = (
-            "import os, signal, threading, time; from harness.run.fresh import in_fresh_process\n"
+            "import os, signal, threading, time; from harness.execute.fresh import in_fresh_process\n"
             f"threading.Timer({delay}, lambda: os.killpg(0, signal.SIGINT)).start()\n"
             "try:\n    in_fresh_process(time.sleep, 20)\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
         )

@@ -9,16 +9,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from harness.calibrate import roles, spread
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.execute import jobs
 from harness.inputs import members
 from harness.inputs import problem as inputs
 from harness.layers import dense
 from harness.optimizers import adam
 from harness.reference import network
-from harness.run import plan, runner
+from harness.run import runner
 from harness.spec.load import load_spec
-from harness.verdict import calibration, checks, rules
+from harness.verdict import checks, rules
 from tests.conftest import quick_problem
 
 STEPS = 40
@@ -114,25 +116,25 @@ def ok(outcome):
 class Judge:
     """The matrix's checks of one run against the oracle (rules.pair_checks), with the
     envelope calibrated as the matrix calibrates it: the float32 array-module run and its
-    members that sum in other orders (plan.calibration_members)."""
+    members that sum in other orders (roles.calibration_members)."""
 
     def __init__(self, problem):
         self.problem = problem
         self.spec = problem.spec
         self.oracle = ok(runner.run(problem, ORACLE_KEY))
-        self.members = [self.member(key, p) for key, p in plan.calibration_members(problem)]
+        self.members = [self.member(key, p) for key, p in roles.calibration_members(problem)]
         self.reference = ok(runner.run(problem, CALIBRATION_KEY))
-        self.calibration = calibration.measure(self.oracle, [self.reference, *self.members], "float32")
+        self.calibration = spread.measure(self.oracle, [self.reference, *self.members], "float32")
         self.second_looks = 0
 
     @staticmethod
     def member(key, problem):
-        return calibration.in_plain_units(ok(runner.run(problem, key)), problem.unit_orders)
+        return jobs.in_plain_units(ok(runner.run(problem, key)), problem.unit_orders)
 
     def __call__(self, outcome, cal=None) -> dict[str, checks.Check]:
         """Each check by name; the step-10 parameters' as `params_after_step`."""
         outcome = replace(ok(outcome), key=RunKey(outcome.key.framework, "cpu", "under-test"))
-        cal = checks.Calibration(cal or self.calibration, None)
+        cal = spread.Calibration(cal or self.calibration, None)
         found = {c.name: c for c in rules.pair_checks(self.spec, outcome, self.oracle, cal)}
         found["params_after_step"] = found.pop(f"params_after_step_{self.spec.checks.params_after_steps.step}")
         return found
@@ -141,8 +143,8 @@ class Judge:
     def wider(self):
         """The envelope's second look (harness/matrix.py): measured again on
         long_run.second_look members in all."""
-        more = plan.calibration_members(self.problem, upto=self.spec.checks.long_run.second_look)
-        return calibration.measure(self.oracle, [self.reference, *self.members, *(self.member(k, p) for k, p in more)], "float32")
+        more = roles.calibration_members(self.problem, upto=self.spec.checks.long_run.second_look)
+        return spread.measure(self.oracle, [self.reference, *self.members, *(self.member(k, p) for k, p in more)], "float32")
 
     def as_the_matrix(self, outcome) -> dict[str, checks.Check]:
         """The verdicts the matrix gives a run whose float32 failures are rounding alone (a
@@ -173,7 +175,7 @@ def other_order(problem, seed: int):
     its parameters put back in the plain problem's unit order, as the driver puts back a
     member's: compared in the reordered order, every tensor of hidden units would differ."""
     moved = members.reordered(problem, seed)
-    return calibration.in_plain_units(ok(runner.run(moved, CALIBRATION_KEY)), moved.unit_orders)
+    return jobs.in_plain_units(ok(runner.run(moved, CALIBRATION_KEY)), moved.unit_orders)
 
 
 def test_the_calibrated_checks_hold_other_summation_orders_at_40000_points(monkeypatch):

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.core.errors import HarnessError
-from harness.run import hardware, runner
-from harness.run.floor import Floor, Rates, floor, step_cost
+from harness.hardware.floor import Floor, Rates, floor, step_cost
+from harness.hardware.rates import measure
+from harness.run import runner
 from harness.run.runner import chunk_plan
 from tests.conftest import quick_problem
 
@@ -129,7 +130,7 @@ def test_faster_hardware_never_raises_the_floor(matmul, bandwidth, latency, fact
 
 
 def test_cpu_rates_are_measured_here():
-    rates = hardware.measure("cpu")
+    rates = measure("cpu")
     assert rates.matmul_flops_per_s > 1e8 and rates.bandwidth_bytes_per_s > 1e8
     assert rates.launch_latency_s is None
     assert "numpy" in rates.measured_with and "GFLOP/s" in rates.measured_with
@@ -137,7 +138,7 @@ def test_cpu_rates_are_measured_here():
 
 def test_gpu_rates_without_a_gpu_say_why_in_one_line():
     try:
-        rates = hardware.measure("gpu")
+        rates = measure("gpu")
     except HarnessError as exc:
         assert "cannot measure the gpu's rates" in str(exc) and "\n" not in str(exc)
     else:  # a CUDA host: the GPU's rates, with the launch latency of a graph's kernel

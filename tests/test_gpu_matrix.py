@@ -14,12 +14,14 @@ import sys
 import numpy as np
 import pytest
 
+from harness.calibrate import spread
 from harness.core import registry
 from harness.core.registry import ORACLE_KEY, RunKey, gates
+from harness.execute import plan
 from harness.records import schema as records
 from harness.records import store
 from harness.report import speed
-from harness.run import plan, runner
+from harness.run import runner
 from harness.verdict import checks, diagnosis
 from tests.conftest import GPU_FRAMEWORKS, ROOT, key_for, quick_problem
 
@@ -47,7 +49,7 @@ def test_a_tf32_run_is_judged_against_the_oracle_only_and_does_not_gate():
     keys = [RunKey("numpy", "cpu"), tf32, ORACLE_KEY]
     outcomes = {k: runner.run(problem, k) for k in keys}
     assert all(o.status == "ok" for o in outcomes.values())
-    found = diagnosis.verdicts(problem.spec, outcomes, checks.Calibration(None, None))
+    found = diagnosis.verdicts(problem.spec, outcomes, spread.Calibration(None, None))
     partners = {c.other(tf32) for c in found if c.involves(tf32)}
     assert partners == {ORACLE_KEY}
     assert not any(gates(c.a, c.b) for c in found if c.involves(tf32))

@@ -100,7 +100,24 @@ def test_the_terminal_tables_render_records_not_the_matrix():
 # The pipeline's rooms, in order: a module may import from its own room and the rooms
 # before it, never from one after it (the adapters come after the reference math they
 # share, and before the run that loads them by name).
-PIPELINE = ("core", "layers", "optimizers", "spec", "inputs", "reference", "adapters", "run", "verdict", "records", "report", "gate", "top")
+PIPELINE = (
+    "core",
+    "layers",
+    "optimizers",
+    "spec",
+    "inputs",
+    "reference",
+    "adapters",
+    "run",
+    "execute",
+    "hardware",
+    "calibrate",
+    "verdict",
+    "records",
+    "report",
+    "gate",
+    "top",
+)
 
 
 def room(module: str) -> str:

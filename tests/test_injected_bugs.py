@@ -31,13 +31,13 @@ from harness import optimizers
 from harness.core import registry
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute.plan import matrix_keys
 from harness.inputs.problem import build_problem
 from harness.matrix import SpecResult, run_spec
 from harness.optimizers import adam
 from harness.reference import network
-from harness.run.plan import matrix_keys
+from harness.spec import catalogue
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
-from harness.verdict import diagnosis
 from harness.verdict.checks import Check
 from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
 from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
@@ -188,9 +188,9 @@ def run_with_copies(loaded: LoadedSpec, buggy: list[str], problem=None) -> SpecR
     one bug: the library's catalogued differences (harness/known_differences.yaml) are its
     too, so that what it is judged on is its bug."""
     with pytest.MonkeyPatch.context() as monkeypatch, torch_single_threaded():
-        entries = diagnosis.library_differences()
+        entries = catalogue.library_differences()
         inherited = tuple(e.model_copy(update={"framework": name}) for name in buggy for e in entries if e.framework == BUGGY[name][0])
-        monkeypatch.setattr(diagnosis, "library_differences", lambda: entries + inherited)
+        monkeypatch.setattr(catalogue, "library_differences", lambda: entries + inherited)
         for name in buggy:
             real, overrides = BUGGY[name]
             register_copy(monkeypatch, name, real, overrides)

@@ -82,8 +82,8 @@ def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
 def test_a_members_unit_orders_are_known_without_making_the_member(name):
     """The driver puts a member's outcome back in plain units from members.unit_orders,
     which must be the orders reordered() drew (a CNN's channels, an MLP's hidden units)."""
+    from harness import smoke
     from harness.inputs import members
-    from harness.run import smoke
 
     spec = load_spec(SPECS_DIR / f"{name}.yaml", "quick").spec
     made = members.reordered(smoke.smoke_problem(spec), seed=5).unit_orders

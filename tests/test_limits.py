@@ -34,10 +34,10 @@ from rich.console import Console
 
 from harness.core.errors import DataError, RecordError, SpecError
 from harness.core.paths import SPECS_DIR
+from harness.execute import workdir
 from harness.inputs import data, resources
 from harness.inputs import problem as inputs
 from harness.records import store
-from harness.run import workdir
 from harness.spec import model
 from harness.spec.load import load_spec, spec_paths, sweep_overrides
 from tests.conftest import ROOT

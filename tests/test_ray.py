@@ -1,4 +1,4 @@
-"""Ray (harness/run/ray_executor.py) on a simulated cluster of two nodes on this machine
+"""Ray (harness/execute/ray_executor.py) on a simulated cluster of two nodes on this machine
 (ray.cluster_utils.Cluster), custom resources standing in for two hosts: the same records,
 bitwise, as the local executor under the same thread cap; a cross-host row per run made on
 both; a worker killed mid-cell loses nothing."""
@@ -18,8 +18,8 @@ from rich.console import Console
 
 from harness import matrix
 from harness.core.paths import SPECS_DIR
+from harness.execute import capacity, executors, plan
 from harness.inputs.problem import build_problem
-from harness.run import capacity, executors, plan
 from harness.spec.load import load_spec
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
@@ -54,11 +54,11 @@ def bits(outcome) -> bytes:
 
 @pytest.fixture(scope="module")
 def local():
-    return small_matrix(executors.Local(capacity.Plan(capacity.LOCAL, 1, 1)))
+    return small_matrix(executors.Local(capacity.Slots(capacity.LOCAL, 1, 1)))
 
 
 def test_ray_gives_the_local_records_bitwise_and_a_cross_host_row_per_run(cluster, local):
-    from harness.run.ray_executor import RayExecutor
+    from harness.execute.ray_executor import RayExecutor
 
     result = small_matrix(RayExecutor(None, None, 1, [], PLACES))
     assert set(result.outcomes) == set(local.outcomes)
@@ -91,7 +91,7 @@ def _ray_cells() -> list[int]:
 
 
 def test_a_worker_killed_mid_cell_is_retried_and_nothing_is_lost(cluster, local, tmp_path):
-    from harness.run.ray_executor import RayExecutor
+    from harness.execute.ray_executor import RayExecutor
 
     killed = []
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.calibrate import roles
 from harness.core import registry
 from harness.core.errors import SpecError
 from harness.core.registry import FLOAT64, RunKey
+from harness.inputs import library
 from harness.inputs import problem as inputs
 from harness.optimizers.recipe import StepDecay, WarmupCosine
-from harness.run import plan
+from harness.spec import catalogue
 from harness.spec.load import load_spec
-from harness.verdict import diagnosis
 
 STEPS = 24
 ADAM = {"kind": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
@@ -87,7 +88,7 @@ def test_each_recipe_is_the_specs_math_or_a_catalogued_difference(framework, rec
 
 
 def catalogued_formula(entry_id: str):
-    return next(e.formula for e in diagnosis.library_differences() if e.id == entry_id)
+    return next(e.formula for e in catalogue.library_differences() if e.id == entry_id)
 
 
 @pytest.mark.parametrize(
@@ -97,14 +98,14 @@ def catalogued_formula(entry_id: str):
 def test_the_oracle_computing_the_catalogued_formula_is_the_librarys_twin(framework, recipe, oracle_runs):
     """torch's clipping scales by max_norm / (norm + 1e-6), clamped at 1; optax's momentum
     has no dampening; optax's schedules give float32 rates (RMSprop's too): the oracle computing the entry's
-    `formula` (plan.library_problem, with the rates optax computes: plan.resolved; what that
+    `formula` (library.library_problem, with the rates optax computes: roles.resolved; what that
     framework's twin is judged against) agrees with its float64 twin to rounding."""
     problem = problem_of(recipe)
     twin = trained(framework, problem)
     if framework == "jax":
         pytest.importorskip("optax")
-    formula = plan.resolved(catalogued_formula(CATALOGUED[framework, recipe]), problem)
-    as_library = trained("numpy", plan.library_problem(problem, formula))
+    formula = roles.resolved(catalogued_formula(CATALOGUED[framework, recipe]), problem)
+    as_library = trained("numpy", library.library_problem(problem, formula))
     assert apart(twin, as_library) < AGREE < APART < apart(twin, oracle_runs[recipe])
 
 
@@ -156,8 +157,8 @@ def test_optax_rmsprop_alias_is_not_torchs_rmsprop_its_parts_are(recipe, alias, 
     monkeypatch.setitem(jax_adapter.OPTIMIZERS, "rmsprop", alias_rule)
     as_alias = trained("jax", problem)
     if recipe == "rmsprop_momentum_schedule":  # optax's float32 rates aside (optax-schedule-float32)
-        formula = plan.resolved(catalogued_formula("optax-schedule-float32"), problem)
-        reference = trained("numpy", plan.library_problem(problem, formula))
+        formula = roles.resolved(catalogued_formula("optax-schedule-float32"), problem)
+        reference = trained("numpy", library.library_problem(problem, formula))
     else:
         reference = oracle_runs[recipe]
     assert apart(as_alias, reference) > APART

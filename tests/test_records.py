@@ -18,10 +18,10 @@ from harness import matrix
 from harness.core import provenance
 from harness.core.errors import RecordError
 from harness.core.registry import ORACLE_KEY, RunKey
+from harness.execute import plan
 from harness.records import build as recording
 from harness.records import schema as records
 from harness.records import store, write
-from harness.run import plan
 from tests.conftest import ROOT
 
 

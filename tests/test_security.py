@@ -26,8 +26,8 @@ from harness.core import git as gitrev
 from harness.core.errors import DataError, HarnessError
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import RunKey
+from harness.execute import workdir
 from harness.inputs import data
-from harness.run import workdir
 from harness.run.runner import Outcome
 from tests.conftest import ROOT
 from tests.helpers import a_sample_outcome, harness, one_line_error, tiny_moons, write_spec
@@ -358,16 +358,16 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
 def test_the_known_differences_file_is_read_like_a_spec(tmp_path):
     """No aliases (an alias bomb), no duplicate keys: the library file gets the spec's loader."""
     from harness.core.errors import SpecError
-    from harness.verdict import diagnosis
+    from harness.spec import catalogue
 
     bomb = tmp_path / "known.yaml"
     bomb.write_text("- &a {id: x}\n- *a\n")
     with pytest.raises(SpecError, match="anchors and aliases"):
-        diagnosis.library_differences(bomb)
+        catalogue.library_differences(bomb)
     twice = tmp_path / "twice.yaml"
     twice.write_text("- {id: x, id: y}\n")
     with pytest.raises(SpecError, match="twice.yaml"):
-        diagnosis.library_differences(twice)
+        catalogue.library_differences(twice)
 
 
 def test_report_out_refuses_a_fifo_and_writes_nothing(tmp_path, capsys):

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
+from harness import smoke
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import FLOAT64, ORACLE_KEY, TF32, RunKey
-from harness.run import smoke
 from harness.spec.load import load_spec
 from tests.conftest import ROOT
 

@@ -1,1 +1,1 @@
-"""7. The gate: new records against a baseline."""
+"""9. The gate: new records against a baseline."""

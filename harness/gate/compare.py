@@ -108,7 +108,7 @@ def fingerprint_differences(a: Record, b: Record) -> list[str]:
         else:
             differs.append(part)
     threads = [r.worker.threads if r.worker else None for r in (a, b)]
-    if threads[0] != threads[1]:  # a run's bits depend on its thread count (harness/run/executors.py)
+    if threads[0] != threads[1]:  # a run's bits depend on its thread count (harness/execute/executors.py)
         said = ["default" if t is None else str(t) for t in threads]
         differs.append(f"thread cap ({said[1]} vs {said[0]})")
     return differs

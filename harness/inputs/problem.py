@@ -84,7 +84,7 @@ class Problem:
     jitter_seed: int | None = None
     # ... from this step on (a re-anchored segment's member starts rounding where it starts)
     jitter_from: int = 0
-    # The oracle computing a library's clipping (harness/run/plan.py library_problem): see
+    # The oracle computing a library's clipping (harness/inputs/library.py): see
     # harness.reference.network.recipe_gradients. 0: the spec's.
     clip_eps: float = 0.0
     # ... and a library's other behaviours (harness/known_differences.yaml): the learning

@@ -66,7 +66,7 @@ class Context:
 @dataclass(frozen=True)
 class Cost:
     """One example's share of a training step, in float operations, and the values a layer
-    writes (its activations): the floor's terms (harness/run/floor.py)."""
+    writes (its activations): the floor's terms (harness/hardware/floor.py)."""
 
     flops: float  # forward, backward and the layer's own element-wise work, per example
     values: int  # one example's output values

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.calibrate.spread import Calibration
 from harness.core.provenance import Provenance
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, RunKey
+from harness.hardware.floor import Floor
 from harness.inputs.problem import Problem
 from harness.records import schema
 from harness.records.write import artifact_bytes, new_id, now
-from harness.run.floor import Floor
 from harness.run.runner import Outcome
 from harness.spec.load import LoadedSpec
 from harness.verdict import checks as checks_mod
-from harness.verdict.checks import Calibration, Check
+from harness.verdict.checks import Check
 
 
 def implementation(key: RunKey, describe: dict) -> str:
@@ -31,7 +32,7 @@ def implementation(key: RunKey, describe: dict) -> str:
 
 
 def floor_record(outcome: Outcome, f: Floor | None) -> schema.FloorRecord | None:
-    """The step's floor on the run's device (run.floor.floor_of), and this run against it."""
+    """The step's floor on the run's device (harness/hardware/floor.py floor_of), and this run against it."""
     if f is None:
         return None
     rates = f.rates
@@ -99,7 +100,7 @@ def build_record(
     ran (asked once per run: core.provenance.collect), and the floor of its step on its
     device, where that was measured."""
     key, spec = outcome.key, loaded.spec
-    metrics = None  # and none where the run computed none (math parity's members: harness/run/cells.py)
+    metrics = None  # and none where the run computed none (math parity's members: harness/execute/jobs.py)
     if outcome.losses is not None and outcome.status == "ok" and "train_loss" in outcome.metrics:
         every = spec.logging.loss_every
         steps = list(range(0, len(outcome.losses), every))

@@ -43,7 +43,7 @@ class DataUsed(Frozen):
     n_train: int
     n_validation: int
     # the sha256 of every input the run read (data, initial tensors, batch order, masks:
-    # harness/run/cells.py inputs_sha256), as the driver built them; a worker that rebuilt
+    # harness/execute/jobs.py inputs_sha256), as the driver built them; a worker that rebuilt
     # other inputs refused the cell
     inputs_sha256: str | None = None
 
@@ -75,7 +75,7 @@ class Timings(Frozen):
 
 
 class FloorRecord(Frozen):
-    """The hardware floor of one step (harness/run/floor.py) and this run against it."""
+    """The hardware floor of one step (harness/hardware/floor.py) and this run against it."""
 
     flops_per_step: float
     bytes_per_step: float
@@ -124,7 +124,7 @@ class CheckRecord(Frozen):
 
 
 class CalibrationRecord(Frozen):
-    """The spreads the run's checks were judged by (harness/verdict/calibration.py): what a later
+    """The spreads the run's checks were judged by (harness/calibrate/spread.py): what a later
     comparison on another host may allow an honest float32 difference."""
 
     factor: float
@@ -142,7 +142,7 @@ class Artifact(Frozen):
 
 
 class Worker(Frozen):
-    """Where a run ran, when an executor ran it (harness/run/executors.py): the machine's
+    """Where a run ran, when an executor ran it (harness/execute/executors.py): the machine's
     name and fingerprint, the Ray node, and the thread cap its cell ran under (None: the
     frameworks' own threads). A run's bits depend on its thread count."""
 

@@ -246,7 +246,7 @@ def train_step(
 ):
     """One optimizer step of the spec: the loss before it, the parameters and running
     statistics after it, and the optimizer state. A library's behaviour instead of the
-    spec's (harness/run/plan.py library_problem): `clip_eps` (see recipe_gradients), `rates`
+    spec's (harness/inputs/library.py library_problem): `clip_eps` (see recipe_gradients), `rates`
     (the learning rate of update t is rates[t]), `corrections` (Adam's bias corrections, if
     not its update's own)."""
     loss, grads, updates = loss_and_grads(xp, placed, params, x, targets, spec.loss, n_examples, ctx)

@@ -1,1 +1,1 @@
-"""6. The report: REPORT.md and its figures, and the terminal's tables, from records alone."""
+"""8. The report: REPORT.md and its figures, and the terminal's tables, from records alone."""

@@ -203,7 +203,7 @@ def bench_section(doc: Document, records: list[Record], figures) -> None:
         f"`python -m harness bench` runs each framework's eager (article-style) and fast (compiled) "
         f"mode side by side (by default profile `{spec_mod.BENCH_PROFILE}`); every profile with "
         f"fast-mode records is listed, from {provenance(records)}. "
-        "The floor is the lowest time per step the device allows (`harness/run/floor.py`): the "
+        "The floor is the lowest time per step the device allows (`harness/hardware/floor.py`): the "
         "largest of the step's floating-point operations at the measured matrix-product rate, "
         "its fewest bytes at the measured bandwidth and, on a GPU, its fewest kernel launches "
         'at the measured launch latency; "bound" names that term. The fast mode\'s checks '

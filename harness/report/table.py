@@ -196,7 +196,7 @@ def bench_table(written: list) -> Table:
 
 
 def cross_host_table(results: Sequence) -> Table | None:
-    """A row per run made at several places (harness/run/hosts.py): the same bits or not,
+    """A row per run made at several places (harness/execute/hosts.py): the same bits or not,
     how far apart, and the calibrated rule's verdict."""
     rows = [(r.loaded.name, row) for r in results for row in getattr(r, "cross_host", [])]
     if not rows:

@@ -1,3 +1,4 @@
-"""3. The run: one spec through the adapters, cell by cell, each in a fresh process, timed
-phase by phase, with finished cells kept in a work folder.
+"""3. The run: one spec through one adapter on one device, timed phase by phase
+(runner.py), re-anchored from the oracle's states along the way (anchored.py), with its
+progress shown (progress.py).
 """

@@ -58,7 +58,7 @@ class Outcome:
     # are judged against.
     segment_ends: dict[int, Params] = field(default_factory=dict)
     segment_outputs: dict[int, np.ndarray] = field(default_factory=dict)
-    # where it ran (harness/run/cells.py where): hostname, Ray node, thread cap, fingerprint
+    # where it ran (harness/execute/jobs.py where): hostname, Ray node, thread cap, fingerprint
     worker: dict[str, Any] = field(default_factory=dict)
 
 

@@ -44,7 +44,7 @@ class KnownDifference(Strict):
 
 class LibraryFormula(Strict):
     """What a library computes where it differs from the spec, for the array-module code to
-    compute too (harness/run/plan.py library_problem). In an entry's `formula` (the library's
+    compute too (harness/inputs/library.py library_problem). In an entry's `formula` (the library's
     math, float64 too): the oracle computing it is the reference of that framework's float64
     twin, so every other bit of its math stays judged. In `formula` or `float32` (what the
     library does in float32 only): the float32 members computing it measure how far it can

@@ -263,7 +263,7 @@ class Envelope(Strict):
     array-module float32 run and the float64 oracle on this spec: the plain run and `members`
     more that take its float32 sums in other orders (members.reordered; per step for the
     curve, running maximum). Two runs may differ by at most factor * e + floor; the
-    short-horizon checks use the same runs and factor (harness/verdict/calibration.py).
+    short-horizon checks use the same runs and factor (harness/calibrate/spread.py).
 
     `members` is a first sample. Where a float32 check fails on rounding alone (the float64
     twins agree with the oracle), e is measured again with `second_look` members in all

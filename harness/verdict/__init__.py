@@ -1,3 +1,3 @@
-"""4. The verdict: the calibration, the checks between runs, and the diagnosis of every
+"""6. The verdict: the checks between runs, and the diagnosis of every
 failing check.
 """

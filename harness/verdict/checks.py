@@ -3,8 +3,9 @@ its tolerance (as prose, and as fields: `Bound`), a verdict that can fail, and, 
 fails, a diagnosis (harness/verdict/diagnosis.py). Which checks a matrix takes, over which
 runs, is the list of rules in harness/verdict/rules.py.
 
-Every tolerance is calibrated on the spec itself (harness/verdict/calibration.py): factor times
-the spread of rounding-only runs, plus a floor of a few units of the dtype's rounding.
+Every tolerance is calibrated on the spec itself (harness/calibrate/spread.py): factor times
+the spread of rounding-only runs, plus a rounding floor of a few units of the dtype's
+rounding (a tolerance's floor; the hardware floor of a step is harness/hardware/floor.py).
 
 - Short horizon (float32 pairs): the probe outputs and the loss at step 0, the parameters
   after the first step and after step k, per tensor, against the float32 members' spread
@@ -20,15 +21,15 @@ the spread of rounding-only runs, plus a floor of a few units of the dtype's rou
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from harness.calibrate.spread import TINY, Calibration, Segments, Spread, relative_curve_distance, tensors
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
-from harness.verdict.calibration import TINY, Segments, Spread, relative_curve_distance, tensors
 
 # The floor of every calibrated check, in units of the compared dtype's rounding (machine
 # epsilon) times the size of the reference: no difference below a few roundings of the
@@ -66,48 +67,6 @@ class Check:
 
     def other(self, key: RunKey) -> RunKey:
         return self.b if key == self.a else self.a
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The spreads that set every tolerance of a spec's matrix."""
-
-    float32: Spread | None  # the array-module float32 run and members against the oracle
-    float64: Spread | None  # the oracle's reordered members against the oracle, first steps
-    twin_reference: Outcome | None = None  # the oracle over the twins' steps
-    segments: Segments | None = None  # the re-anchored twins' members, over each segment
-    anchored: dict[tuple[str, str], Outcome] = field(default_factory=dict)  # (framework, device) -> its re-anchored run
-    # (framework, device) -> the oracle computing that library's formula (plan.library_problem):
-    # over the first steps, and re-anchored; that framework's twin is judged against them
-    library: dict[tuple[str, str], tuple[Outcome, Outcome | None]] = field(default_factory=dict)
-    # (framework, device) -> the spread of that library's formula, over the first steps and
-    # re-anchored: its own reordered members around it. A formula can carry rounding further
-    # than the spec's (SGD without dampening takes longer steps), so its twin is calibrated
-    # on the dynamics it is judged on.
-    library_spread: dict[tuple[str, str], tuple[Spread | None, Segments | None]] = field(default_factory=dict)
-    # framework -> the float32 members computing its library's catalogued behaviours
-    # (harness/known_differences.yaml), whole runs in plain unit order: how far a known
-    # difference can carry that framework's float32 runs (diagnosis.reach)
-    library32: dict[str, list[Outcome]] = field(default_factory=dict)
-
-    def reference_of(self, twin: RunKey) -> Outcome | None:
-        """What a twin's first steps are judged against: the oracle's, or the oracle
-        computing the library's formula."""
-        found = self.library.get((twin.framework, twin.device))
-        return self.twin_reference if found is None else found[0]
-
-    def spread_of(self, twin: RunKey) -> Spread | None:
-        """The float64 spread a twin's first steps are calibrated on: the oracle's members',
-        or those computing the library's formula where the twin is judged against it."""
-        if (twin.framework, twin.device) not in self.library:
-            return self.float64
-        return self.library_spread.get((twin.framework, twin.device), (None, None))[0]
-
-    def segments_of(self, twin: RunKey) -> Segments | None:
-        """The re-anchored spread a twin is calibrated on (as spread_of, per segment)."""
-        if (twin.framework, twin.device) not in self.library:
-            return self.segments
-        return self.library_spread.get((twin.framework, twin.device), (None, None))[1]
 
 
 def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

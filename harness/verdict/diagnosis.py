@@ -16,90 +16,18 @@ tensor whose difference (over its tolerance) is largest at the earliest snapshot
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from fnmatch import fnmatchcase
-from importlib import metadata
-from pathlib import Path
 
-import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import TypeAdapter, ValidationError
-
-from harness.core.errors import SpecError
-from harness.core.paths import KNOWN_DIFFERENCES_FILE
+from harness.calibrate.spread import Calibration
 from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Verdict
-from harness.spec.known import KnownDifference, LibraryDifference, LibraryFormula
+from harness.spec import catalogue
+from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
-from harness.spec.yamlsafe import Refused, load_yaml
-from harness.verdict.checks import MATH, Calibration, Check
+from harness.verdict.checks import MATH, Check
 from harness.verdict.rules import check_all, pair_checks
 
 FLOAT32_ROUNDING = "rounding: float32 only"  # how _diagnosis begins where on_rounding_alone is true
-
-
-@functools.cache
-def library_differences(path: Path = KNOWN_DIFFERENCES_FILE) -> tuple[LibraryDifference, ...]:
-    try:
-        # The spec's loader: no anchors or aliases, no duplicate keys, bounded depth.
-        doc = load_yaml(path.read_text())
-        entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
-    except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
-        raise SpecError(f"{path}: not a valid known-differences file: {exc}") from None
-    for entry in entries:
-        try:
-            SpecifierSet(entry.versions)
-        except InvalidSpecifier:
-            raise SpecError(f"{path}: {entry.id}: versions: not a version specifier: {entry.versions!r}") from None
-    return tuple(entries)
-
-
-def _installed(library: str) -> str | None:
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def applies(entry: KnownDifference, spec: Spec) -> bool:
-    """A spec's own entries always apply; a library entry where its keys match."""
-    if not isinstance(entry, LibraryDifference):
-        return True
-    version = _installed(entry.library)
-    return (
-        version is not None
-        and SpecifierSet(entry.versions).contains(version, prereleases=True)
-        and spec.optimizer.kind in entry.optimizers
-        and spec.loss.kind in entry.losses
-        and entry.matches_options(spec)
-    )
-
-
-def library_formula(spec: Spec, key) -> LibraryFormula | None:
-    """The library formulas (harness/known_differences.yaml, `formula`) that apply to a
-    float64 twin's framework on this spec, merged; None where there are none."""
-    found: dict = {}
-    for entry in library_differences():
-        if entry.formula is not None and entry.framework == key.framework and key.device in entry.devices and applies(entry, spec):
-            found.update(entry.formula.model_dump(exclude_none=True))
-    return LibraryFormula(**found) if found else None
-
-
-def library_behaviour(spec: Spec, framework: str, keys) -> LibraryFormula | None:
-    """What the float32 members standing for `framework`'s library compute (the bound of
-    what its entries explain): every applicable entry's `formula` and `float32` behaviour,
-    merged, for the entries that match one of its float32 runs in `keys` (device and mode);
-    None where none applies."""
-    runs = [k for k in keys if k.framework == framework and k.precision != FLOAT64]
-    found: dict = {}
-    for entry in library_differences():
-        if entry.framework != framework or not any(k.device in entry.devices and k.mode in entry.modes for k in runs):
-            continue
-        if applies(entry, spec):
-            for part in (entry.formula, entry.float32):
-                if part is not None:
-                    found.update(part.model_dump(exclude_none=True))
-    return LibraryFormula(**found) if found else None
 
 
 def covers(entry: KnownDifference, check: Check) -> bool:
@@ -168,7 +96,7 @@ def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, 
     the float32 members computing its library's behaviour reach on that check (`reached`,
     see reach): beyond that, the check fails and says so, and diagnose() says why as for
     any failing check (implementation where a twin differs from its reference)."""
-    entries = [e for e in (*spec.known_differences, *library_differences()) if applies(e, spec)]
+    entries = [e for e in (*spec.known_differences, *catalogue.library_differences()) if catalogue.applies(e, spec)]
     marked = []
     for check in checks:
         covering = [e for e in entries if covers(e, check)]

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
+from harness.calibrate.spread import Calibration, Spread
 from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
-from harness.verdict.calibration import Spread
 from harness.verdict.checks import (
     MATH,
-    Calibration,
     Check,
     anchored_parity_check,
     envelope_checks,

@@ -1,10 +1,10 @@
-"""`--executor ray`: each cell a Ray task (an optional extra: pip install '.[ray]').
+"""`--executor ray`: each job a Ray task (an optional extra: pip install '.[ray]').
 
-A cell asks for `num_cpus` (its thread cap: 1 unless --threads), `num_gpus=1` if it runs on
+A job asks for `num_cpus` (its thread cap: 1 unless --threads), `num_gpus=1` if it runs on
 the GPU, and where the matrix asks for it on each of several places, `accelerator_type`
 (--gpu-types H100,H200) or a custom resource the user gave the nodes (--places). Each task
 runs in a fresh worker process (`max_calls=1`: frameworks' thread pools and GPU memory never
-meet, as with the local executor); a worker killed mid-cell is retried `RAY_RETRIES` times
+meet, as with the local executor); a worker killed mid-job is retried `RAY_RETRIES` times
 and then reported as a failed run with Ray's reason. Ray connects to ADDRESS
 (`ray:ADDRESS`), else to $RAY_ADDRESS, else starts a local Ray on this machine.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT
-from harness.run.capacity import GPU_TYPE, RAY, RAY_RETRIES, Plan, cap_threads
+from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Slots, cap_threads
 
 
 def _task(threads: int, call: Callable[..., Any], *args: Any) -> Any:
-    """A cell in its Ray worker: the node named (the record says where it ran), the
+    """A job in its Ray worker: the node named (the record says where it ran), the
     threads capped before any framework starts."""
     import ray
 
@@ -48,21 +48,21 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise HarnessError(f"--executor ray: cannot connect to Ray at {address or 'a new local instance'}: {exc}") from None
         threads = threads or 1
-        self.plan = Plan(RAY, jobs or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads), threads)
+        self.slots = Slots(RAY, jobs or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads), threads)
         self.places = [GPU_TYPE + t for t in gpu_types] + list(places)
         self.remote = ray.remote(max_calls=1)(_task)
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
-        """call(*args) as a task; `cell` (harness/run/cells.py, or None) says what it needs."""
-        options: dict[str, Any] = {"num_cpus": self.plan.threads, "max_retries": RAY_RETRIES}
-        if cell is not None and cell.gpu:
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
+        """call(*args) as a task; `job` (harness/execute/jobs.py, or None) says what it needs."""
+        options: dict[str, Any] = {"num_cpus": self.slots.threads, "max_retries": RAY_RETRIES}
+        if job is not None and job.gpu:
             options["num_gpus"] = 1
-        place = None if cell is None else cell.place
+        place = None if job is None else job.place
         if place and place.startswith(GPU_TYPE):
             options["accelerator_type"] = place.removeprefix(GPU_TYPE)
         elif place:
             options["resources"] = {place: 0.001}
-        return self.remote.options(**options).remote(self.plan.threads, call, *args).future()
+        return self.remote.options(**options).remote(self.slots.threads, call, *args).future()
 
     def shutdown(self) -> None:
         pass  # a local Ray started here ends with this process; a cluster stays up

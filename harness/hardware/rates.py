@@ -1,4 +1,4 @@
-"""A device's measured rates, for the floor (harness/run/floor.py): the float32 matrix-product
+"""A device's measured rates, for the floor (harness/hardware/floor.py): the float32 matrix-product
 rate, the memory bandwidth and, on a GPU, the time one kernel adds inside a CUDA graph.
 
 Each is the best over the adapters that measure rates (their optional `rates`, see
@@ -13,8 +13,8 @@ from adapters.timing import GRAPH_KERNELS, REPEATS, copy_bytes, matmul_n
 from harness.core import registry
 from harness.core.errors import HarnessError
 from harness.core.registry import STRICT
-from harness.run.floor import Rates
-from harness.run.fresh import ProcessDied, in_fresh_process
+from harness.execute.fresh import ProcessDied, in_fresh_process
+from harness.hardware.floor import Rates
 
 
 def _measure_here(device: str, precision: str) -> Rates:

@@ -1,15 +1,15 @@
-"""A spec's matrix as cells: what each run is, what it needs, and how a worker runs it.
+"""A spec's matrix as jobs: what each run is, what it needs, and how a worker runs it.
 
-A cell names its runs (one key, or the modes of one framework and device, whose repeats
+A job names its runs (one key, or the modes of one framework and device, whose repeats
 take turns in one process), its role, its repeats, the problem it trains (the spec's, its
-first steps, a calibration member's reordering, a library's formula) and the cells whose
+first steps, a calibration member's reordering, a library's formula) and the jobs whose
 outcomes it takes (a re-anchored run starts from the oracle's states). It carries no
 arrays: a worker rebuilds the spec's inputs from `Source` (the validated spec, its profile,
 its data files' folder) and refuses them if they hash otherwise than the driver's
-(`inputs_sha256`). The only arrays that travel to a worker are another cell's results: the
+(`inputs_sha256`). The only arrays that travel to a worker are another job's results: the
 oracle's states a re-anchored run starts from.
 
-`run_cell` is the one function an executor calls (harness/run/executors.py), in a fresh
+`run_job` is the one function an executor calls (harness/execute/executors.py), in a fresh
 process of this machine or on a Ray worker; the driver alone checks and writes.
 """
 
@@ -17,41 +17,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.core.errors import HarnessError
-from harness.core.registry import CALIBRATION, ORACLE, RunKey
+from harness.core.registry import CALIBRATION, FLOAT64, ORACLE, RunKey
 from harness.inputs import resources
-from harness.inputs.members import reordered
+from harness.inputs.library import library_problem
+from harness.inputs.members import in_plain_order, reordered
 from harness.inputs.problem import Params, Problem, build_problem, truncated
-from harness.run import anchored, plan, progress
+from harness.run import anchored, progress
 from harness.run.runner import Outcome, run_alternating
 from harness.spec.load import LoadedSpec
 
-# The roles of a matrix's cells, in the order the tables name them.
-FRAMEWORK = "framework run"  # a chosen cell (its modes together), or the calibration run
-MEMBER = "calibration member"  # float32, whole run
-REFERENCE = "math parity's reference"  # the oracle over the twins' first steps
-MEMBER64 = "math parity's member"  # float64, first steps
-TWIN = "float64 twin"
-ANCHORED_MEMBER = "re-anchored member"
-ANCHORED_TWIN = "re-anchored twin"
-LIBRARY = "library reference"  # the oracle computing a library's formula
-LIBRARY_ANCHORED = "library reference, re-anchored"
-# the oracle's reordered members computing a library's formula: the spread of that formula's
-# own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
-LIBRARY_MEMBER = "library member"
-LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
-# the float32 members computing a library's catalogued behaviours: how far a known
-# difference can carry that framework's float32 runs (harness/verdict/diagnosis.py reach)
-LIBRARY32 = "library float32 member"
-
-# The roles of the runs that calibrate the checks: no record holds them, nothing times them.
-CALIBRATING = frozenset({MEMBER, REFERENCE, MEMBER64, ANCHORED_MEMBER, LIBRARY, LIBRARY_ANCHORED, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER, LIBRARY32})
+FRAMEWORK = "framework run"  # the role of a chosen run (its modes together), or the calibration run; calibration's: harness/calibrate/roles.py
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
 
@@ -121,7 +103,7 @@ def source_of(loaded: LoadedSpec, problem: Problem) -> Source:
 
 
 @dataclass(frozen=True)
-class Cell:
+class Job:
     """One unit of work: the runs of `labels` (key -> progress label) on a problem."""
 
     name: str  # unique in its matrix
@@ -131,13 +113,14 @@ class Cell:
     steps: int | None = None  # the problem's first steps only
     member: int | None = None  # a calibration member's seed (members.reordered)
     formula: Any = None  # a library's formula (harness/known_differences.yaml)
-    needs: tuple[str, ...] = ()  # the cells whose outcomes it takes (the oracle's, for its states)
+    needs: tuple[str, ...] = ()  # the jobs whose outcomes it takes (the oracle's, for its states)
     cost: float = 0.0  # training steps times repeats: the longest start first
-    place: str | None = None  # where an executor must run it (harness/run/ray_executor.py), if anywhere
+    place: str | None = None  # where an executor must run it (harness/execute/ray_executor.py), if anywhere
     # the final loss and accuracy on the whole sets: what a record and the float32 envelope
     # read; math parity's reference, members and library references compare curves and
     # probe outputs only, and skip the whole-set predictions (most of a CNN member's time)
     metrics: bool = True
+    recorded: bool = True  # False: a run that calibrates the checks; no record holds it, nothing times it
 
     @property
     def keys(self) -> list[RunKey]:
@@ -155,17 +138,22 @@ class Cell:
     def calibrates(self) -> bool:
         """A run no record holds and nothing times, of the array-module code on the CPU (a
         calibration member, math parity's reference, a library's reference): it loads no
-        framework, so such cells may share a worker process (executors.Local)."""
-        return self.role in CALIBRATING and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
+        framework, so such jobs may share a worker process (executors.Local)."""
+        return not self.recorded and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
 
     def problem(self, base: Problem) -> Problem:
-        """This cell's problem, made from the spec's."""
+        """This job's problem, made from the spec's."""
         p = base if self.steps is None else truncated(base, self.steps)
         if self.member is not None:
             p = reordered(p, seed=self.member)
         if self.formula is not None:
-            p = plan.library_problem(p, self.formula)
+            p = library_problem(p, self.formula)
         return p
+
+
+def cost(key: RunKey, steps: int, runs: int = 1) -> float:
+    """A job's cost, to start the longest first: training steps times repeats, a float64 step twice a float32 one."""
+    return steps * runs * (2.0 if key.dtype == FLOAT64 else 1.0)
 
 
 @dataclass
@@ -177,12 +165,12 @@ class Finished:
 
 
 # Problems built in this process, by their inputs' sha256: the driver's own when it runs
-# cells in its process (nothing is rebuilt), a worker's for the cells it runs.
+# jobs in its process (nothing is rebuilt), a worker's for the jobs it runs.
 _BUILT: dict[str, Problem] = {}
 
 
 def remember(source: Source, problem: Problem) -> None:
-    """The problem this process's next cells take: the driver's own, for the cells it runs
+    """The problem this process's next jobs take: the driver's own, for the jobs it runs
     in its process (hashed in source_of), or one a worker rebuilt. A process keeps one
     spec's problem only: a matrix runs its specs one after another."""
     _BUILT.clear()
@@ -206,26 +194,38 @@ def rebuilt(source: Source) -> Problem:
 
 
 def where() -> dict[str, Any]:
-    """The machine a cell ran on: its fingerprint, its name, and a Ray node's id if any."""
+    """The machine a job ran on: its fingerprint, its name, and a Ray node's id if any."""
     import platform
 
     from harness.core.provenance import host_fingerprint
-    from harness.run.capacity import capped_threads
+    from harness.execute.capacity import capped_threads
 
     return {"hostname": platform.node(), "node": os.environ.get("HARNESS_NODE"), "threads": capped_threads(), "fingerprint": host_fingerprint()}
 
 
-def run_cell(source: Source, cell: Cell, states: dict[int, Params] | None = None, quiet: bool = False) -> Finished:
-    """Run one cell here: rebuild its problem, train its runs (their repeats taking turns),
-    or, for a re-anchored cell, every segment from `states`."""
-    problem = cell.problem(rebuilt(source))
+def in_plain_units(outcome: Outcome, unit_orders: tuple) -> Outcome:
+    """A member's outcome with its tensors in the plain problem's unit order (members.reordered
+    moved them): what every job hands back."""
+    if not unit_orders or outcome.status != "ok":
+        return outcome
+    snapshots = {step: in_plain_order(p, unit_orders) for step, p in outcome.snapshots.items()}
+    final = None if outcome.final_params is None else in_plain_order(outcome.final_params, unit_orders)
+    ends = {a: in_plain_order(p, unit_orders) for a, p in outcome.segment_ends.items()}
+    return replace(outcome, snapshots=snapshots, final_params=final, segment_ends=ends)
+
+
+def run_job(source: Source, job: Job, states: dict[int, Params] | None = None, quiet: bool = False) -> Finished:
+    """Run one job here: rebuild its problem, train its runs (their repeats taking turns),
+    or, for a re-anchored job, every segment from `states`; a member's tensors come back in
+    the plain problem's unit order."""
+    problem = job.problem(rebuilt(source))
     out = progress.console()
-    if cell.anchored:
-        (key,) = cell.keys
-        given = anchored.member_states(states or {}, problem) if cell.member is not None else states or {}
+    if job.anchored:
+        (key,) = job.keys
+        given = anchored.member_states(states or {}, problem) if job.member is not None else states or {}
         outcomes = {key: anchored.run_segments(problem, key, given)}
     else:
         every = problem.spec.logging.print_every
-        printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in cell.labels}
-        outcomes = run_alternating(problem, cell.keys, cell.repeats, printers, cell.metrics)
-    return Finished(outcomes, where())
+        printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in job.labels}
+        outcomes = run_alternating(problem, job.keys, job.repeats, printers, job.metrics)
+    return Finished({key: in_plain_units(outcome, problem.unit_orders) for key, outcome in outcomes.items()}, where())

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from harness.core.registry import ADAPTERS, EAGER, FAST, FLOAT64, ORACLE_KEY, STRICT, TF32, RunKey
+from harness.execute import plan
+from harness.execute.fresh import ProcessDied, in_fresh_process
 from harness.inputs.problem import Problem, in_memory, truncated
 from harness.layers import KINDS
-from harness.run import plan
-from harness.run.fresh import ProcessDied, in_fresh_process
 from harness.spec.load import load_spec
 from harness.spec.model import Spec
 
@@ -199,7 +199,7 @@ def judged(spec: str, key: RunKey, got: dict[str, Any], reference: dict[str, Any
 
 
 def keys_for(frameworks: list[str], devices: list[str]) -> list[list[RunKey]]:
-    """The groups of keys, one fresh process each, as the matrix plans them (harness/run/plan.py):
+    """The groups of keys, one fresh process each, as the matrix plans them (harness/execute/plan.py):
     each chosen framework and device strict, its modes together; its float64 twin; and on
     the GPU, TF32 (eager)."""
     runs = [k for k in plan.matrix_keys(frameworks, devices, tf32=True, modes=(EAGER, FAST)) if k.framework in frameworks]

@@ -5,8 +5,8 @@ A calibration member trains the same problem with its sums in another order
 reference is rounding and nothing else. The float32 members (the array-module code in
 float32, against the float64 oracle) calibrate every float32 check; the float64 members
 (the oracle's own code, reordered, against the oracle over the twins' first steps)
-calibrate math parity. Every tolerance is then `factor * spread + floor`, with the spread
-taken here:
+calibrate math parity. Every tolerance is then `factor * spread + floor` (a rounding floor,
+harness/verdict/checks.py), with the spread taken here:
 
 - the loss curve: the largest relative distance at each step, as a running maximum;
 - outputs, the step-0 loss and the parameters after a step: the largest L2 distance of a
@@ -19,11 +19,11 @@ taken here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.inputs.members import in_plain_order
+from harness.core.registry import RunKey
 from harness.inputs.problem import Params
 from harness.run.runner import Outcome
 
@@ -120,16 +120,6 @@ def relative_curve_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b) / np.maximum(np.abs(b), TINY)
 
 
-def in_plain_units(outcome: Outcome, unit_orders: tuple) -> Outcome:
-    """A member's outcome with its parameters in the plain problem's unit order."""
-    if not unit_orders or outcome.status != "ok":
-        return outcome
-    snapshots = {step: in_plain_order(p, unit_orders) for step, p in outcome.snapshots.items()}
-    final = None if outcome.final_params is None else in_plain_order(outcome.final_params, unit_orders)
-    ends = {a: in_plain_order(p, unit_orders) for a, p in outcome.segment_ends.items()}
-    return replace(outcome, snapshots=snapshots, final_params=final, segment_ends=ends)
-
-
 def _l2(a, b) -> float:
     return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
 
@@ -158,3 +148,45 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
         final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
         metrics={m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)},
     )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The spreads that set every tolerance of a spec's matrix."""
+
+    float32: Spread | None  # the array-module float32 run and members against the oracle
+    float64: Spread | None  # the oracle's reordered members against the oracle, first steps
+    twin_reference: Outcome | None = None  # the oracle over the twins' steps
+    segments: Segments | None = None  # the re-anchored twins' members, over each segment
+    anchored: dict[tuple[str, str], Outcome] = field(default_factory=dict)  # (framework, device) -> its re-anchored run
+    # (framework, device) -> the oracle computing that library's formula (harness/inputs/library.py):
+    # over the first steps, and re-anchored; that framework's twin is judged against them
+    library: dict[tuple[str, str], tuple[Outcome, Outcome | None]] = field(default_factory=dict)
+    # (framework, device) -> the spread of that library's formula, over the first steps and
+    # re-anchored: its own reordered members around it. A formula can carry rounding further
+    # than the spec's (SGD without dampening takes longer steps), so its twin is calibrated
+    # on the dynamics it is judged on.
+    library_spread: dict[tuple[str, str], tuple[Spread | None, Segments | None]] = field(default_factory=dict)
+    # framework -> the float32 members computing its library's catalogued behaviours
+    # (harness/known_differences.yaml), whole runs in plain unit order: how far a known
+    # difference can carry that framework's float32 runs (diagnosis.reach)
+    library32: dict[str, list[Outcome]] = field(default_factory=dict)
+
+    def reference_of(self, twin: RunKey) -> Outcome | None:
+        """What a twin's first steps are judged against: the oracle's, or the oracle
+        computing the library's formula."""
+        found = self.library.get((twin.framework, twin.device))
+        return self.twin_reference if found is None else found[0]
+
+    def spread_of(self, twin: RunKey) -> Spread | None:
+        """The float64 spread a twin's first steps are calibrated on: the oracle's members',
+        or those computing the library's formula where the twin is judged against it."""
+        if (twin.framework, twin.device) not in self.library:
+            return self.float64
+        return self.library_spread.get((twin.framework, twin.device), (None, None))[0]
+
+    def segments_of(self, twin: RunKey) -> Segments | None:
+        """The re-anchored spread a twin is calibrated on (as spread_of, per segment)."""
+        if (twin.framework, twin.device) not in self.library:
+            return self.segments
+        return self.library_spread.get((twin.framework, twin.device), (None, None))[1]

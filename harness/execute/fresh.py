@@ -4,7 +4,7 @@ the GPU probe, the hardware rates. Frameworks' thread pools and GPU memory never
 child dies with its parent, even when the parent is killed with SIGKILL.
 
 `Reused`: calls one after another in the same spawned processes, for work that loads no
-framework and times nothing (the calibration runs of harness/run/executors.py's Local),
+framework and times nothing (the calibration runs of harness/execute/executors.py's Local),
 where a fresh process each would cost more than the work."""
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+PROCESS_DIED = "the run's process died (killed, or out of memory)"  # a failed run's reason
 
 
 class ProcessDied(Exception):
@@ -69,7 +72,7 @@ def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
 
 
 class Reused:
-    """One spawned process per calling thread (an executor's cell thread), started on that
+    """One spawned process per calling thread (an executor's job thread), started on that
     thread's first call and kept for its next; each dies with its parent, as a fresh one
     does. A process that dies fails the call it held with ProcessDied, and that thread's
     next call starts a new one: a death never fails another thread's call."""

@@ -1,12 +1,16 @@
 """The work folder (`--work-dir`): finished runs kept as data, never as code.
 
-A kept run is two files: CELL.json, its Outcome's scalars, strings and dicts with the
-name of each array, and CELL.npz, the arrays (curves, snapshots, outputs, parameters).
+A kept run is two files: JOB.json, its Outcome's scalars, strings and dicts with the
+name of each array, and JOB.npz, the arrays (curves, snapshots, outputs, parameters).
 The .json holds the .npz's sha256. Reading checks that digest, loads the arrays with
 allow_pickle=False and rebuilds every field from its type annotation, so a file that does
 not verify or does not parse is not used (the run goes again) and nothing in the folder is
 ever unpickled or executed. The codec walks dataclasses.fields(Outcome) and each field's
 type: a field added to Outcome later is handled or fails the roundtrip test.
+
+A kept run is named by everything that makes it what it is (`job_path`): the spec's bytes,
+profile and data, the run key and repeats, and where it runs (`machine`: the commit and the
+host's fingerprint), so that a later call with the same inputs takes it.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from harness.core import git
 from harness.core.atomic import atomic_write
 from harness.core.errors import HarnessError
 from harness.core.files import BadNpz, npz_arrays, read_regular
+from harness.core.provenance import host_fingerprint
 from harness.core.registry import RunKey
+from harness.inputs.problem import Problem
 from harness.run.runner import Outcome
+from harness.spec.load import LoadedSpec
 
 FORMAT = 1
 JSON_SCALARS = (str, int, float, bool, type(None))
@@ -158,12 +166,12 @@ def decode(value: Any, hint: Any, arrays: dict[str, np.ndarray]) -> Any:
 # --- the two files of a kept run --------------------------------------------------------
 
 
-def npz_path(cell: Path) -> Path:
-    return cell.with_suffix(".npz")
+def npz_path(job: Path) -> Path:
+    return job.with_suffix(".npz")
 
 
-def save(cell: Path, outcome: Outcome) -> None:
-    """Write the .npz, then the .json that names its digest (the .json last: a cell whose
+def save(job: Path, outcome: Outcome) -> None:
+    """Write the .npz, then the .json that names its digest (the .json last: a job whose
     .json is there is complete)."""
     arrays: dict[str, np.ndarray] = {}
     doc = {"format": FORMAT, "outcome": encode(outcome, Outcome, arrays)}
@@ -172,19 +180,19 @@ def save(cell: Path, outcome: Outcome) -> None:
     payload = buffer.getvalue()
     doc["npz_sha256"] = hashlib.sha256(payload).hexdigest()
     text = json.dumps(doc).encode()
-    atomic_write(npz_path(cell), lambda f: f.write(payload))
-    atomic_write(cell, lambda f: f.write(text))
+    atomic_write(npz_path(job), lambda f: f.write(payload))
+    atomic_write(job, lambda f: f.write(text))
 
 
-def load(cell: Path, key: RunKey) -> Outcome:
-    """The outcome kept in `cell` for `key`; Unusable if anything does not verify or does
+def load(job: Path, key: RunKey) -> Outcome:
+    """The outcome kept in `job` for `key`; Unusable if anything does not verify or does
     not decode, whatever the content (a digest that matches says nothing of what is in
     the files: they may have been written by hand, or be incomplete)."""
     try:
-        doc = json.loads(read_regular(cell, CELL_MAX_BYTES, "work-folder cell", follow_links=False, error=Unusable))
+        doc = json.loads(read_regular(job, CELL_MAX_BYTES, "work-folder job", follow_links=False, error=Unusable))
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise Unusable(f"not a kept run of format {FORMAT}")
-        payload = read_regular(npz_path(cell), CELL_NPZ_MAX_BYTES, "work-folder cell", follow_links=False, error=Unusable)
+        payload = read_regular(npz_path(job), CELL_NPZ_MAX_BYTES, "work-folder job", follow_links=False, error=Unusable)
         if hashlib.sha256(payload).hexdigest() != doc.get("npz_sha256"):
             raise Unusable("the .npz does not match the sha256 the .json names")
         try:
@@ -205,24 +213,52 @@ def _note(console: Console, text: str) -> None:
     console.print(text, style="yellow", soft_wrap=True, highlight=False, markup=False)
 
 
-def taken(cells: dict[RunKey, Path | None], console: Console) -> dict[RunKey, Outcome] | None:
+def taken(jobs: dict[RunKey, Path | None], console: Console) -> dict[RunKey, Outcome] | None:
     """Each key's kept outcome, if every key was kept and every one verifies; else None
     (they run again). A kept run that does not verify gets a one-line note."""
-    if not all(cell is not None and cell.is_file() for cell in cells.values()):
+    if not all(job is not None and job.is_file() for job in jobs.values()):
         return None
     outcomes = {}
-    for key, cell in cells.items():
+    for key, job in jobs.items():
         try:
-            outcomes[key] = load(cell, key)
+            outcomes[key] = load(job, key)
         except Unusable as exc:
-            _note(console, f"  work folder: {cell} not used ({exc}); it runs again")
+            _note(console, f"  work folder: {job} not used ({exc}); it runs again")
             return None
     return outcomes
 
 
-def keep(cell: Path, outcome: Outcome, console: Console) -> None:
+def keep(job: Path, outcome: Outcome, console: Console) -> None:
     """Keep a finished run in the work folder; a one-line note if it cannot be."""
     try:
-        save(cell, outcome)
+        save(job, outcome)
     except (HarnessError, TypeError, ValueError) as exc:
-        _note(console, f"  work folder: {cell} not kept: {exc}")
+        _note(console, f"  work folder: {job} not kept: {exc}")
+
+
+def machine() -> dict[str, Any]:
+    """What a work-folder job owes to where it runs: the code's commit, and the host's
+    fingerprint, not its name (a fresh machine of the same kind reuses the job). Asked
+    once per matrix: two git calls, /proc/cpuinfo and the BLAS libraries."""
+    return {"commit": git.head()[0], "host": host_fingerprint()}
+
+
+def job_path(work_dir: Path, loaded: LoadedSpec, problem: Problem, key: RunKey, repeats: int, where: dict[str, Any]) -> Path:
+    """Where a finished job's outcome is kept: named by everything that makes it what it
+    is (spec bytes, profile and overrides, data files, run key, repeats, and `where`, the
+    machine() it runs on)."""
+    facts = {
+        "spec_sha256": loaded.sha256,
+        "profile": loaded.profile,
+        "overrides": loaded.overrides,
+        "data": [f.sha256 for f in problem.data_files],
+        "source": problem.data_source,
+        "key": [key.framework, key.device, key.variant, key.precision, key.mode],
+        "repeats": repeats,
+        **where,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    name = key.label
+    for mark in "@+~:":
+        name = name.replace(mark, "-")
+    return work_dir / loaded.name / f"{name}-{digest}.json"

@@ -1,12 +1,12 @@
-"""What a machine gives a cell: its cores, the thread cap a cell runs under, and an
-executor's choice of cells at once and threads each (`Plan`).
+"""What a machine gives a job: its cores, the thread cap a job runs under, and an
+executor's choice of jobs at once and threads each (`Slots`).
 
-A cell's bits depend on its thread count: on this project's 2-core VM, torch's, NumPy's and
+A job's bits depend on its thread count: on this project's 2-core VM, torch's, NumPy's and
 the oracle's moons curves differ bitwise between 1 and 2 threads (JAX's do not; see
-docs/executor.md). So a cell keeps the frameworks' own default threads unless the executor
-runs several at once: then each cell's torch, BLAS and XLA threads are capped at
-cores // jobs (without a cap, two 2-thread cells on 2 cores ran 2-3x slower each), and the
-cap is part of the cell's identity (its record's `worker.threads`, its work-folder name).
+docs/executor.md). So a job keeps the frameworks' own default threads unless the executor
+runs several at once: then each job's torch, BLAS and XLA threads are capped at
+cores // jobs (without a cap, two 2-thread jobs on 2 cores ran 2-3x slower each), and the
+cap is part of the job's identity (its record's `worker.threads`, its work-folder name).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 LOCAL, RAY, INLINE = "local", "ray", "in-process"
-# Ray retries a cell whose worker died (killed, out of memory) this many times.
+# Ray retries a job whose worker died (killed, out of memory) this many times.
 RAY_RETRIES = 2
 GPU_TYPE = "gpu-type:"  # a place that is a GPU model (--gpu-types), not a custom resource
 
@@ -55,8 +55,8 @@ def capped_threads() -> int | None:
 
 
 @dataclass
-class Plan:
-    """An executor's choice, said before the first cell: jobs at once, threads per cell."""
+class Slots:
+    """An executor's choice, said before the first job: jobs at once, threads per job."""
 
     kind: str
     jobs: int
@@ -64,4 +64,4 @@ class Plan:
 
     def describe(self) -> str:
         threads = "the frameworks' default threads" if self.threads is None else f"{self.threads} thread(s) each"
-        return f"executor {self.kind}: {self.jobs} cell(s) at a time, {threads} ({cores()} cores here)"
+        return f"executor {self.kind}: {self.jobs} job(s) at a time, {threads} ({cores()} cores here)"

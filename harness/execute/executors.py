@@ -1,11 +1,11 @@
-"""Where a matrix's cells run: this process (`--in-process`), fresh processes of this
+"""Where a matrix's jobs run: this process (`--in-process`), fresh processes of this
 machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executor ray`).
 
-Each executor has one method, `submit(cell, call, *args) -> concurrent.futures.Future`, the
-result of `call(*args)` (`cell`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
-a crash of the matrix. The driver (harness/run/schedule.py) decides what is ready to run.
+Each executor has one method, `submit(job, call, *args) -> concurrent.futures.Future`, the
+result of `call(*args)` (`job`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
+a crash of the matrix. The driver (harness/execute/schedule.py) decides what is ready to run.
 
-Threads: harness/run/capacity.py.
+Threads: harness/execute/capacity.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harness.core.errors import HarnessError
-from harness.run.capacity import INLINE, LOCAL, RAY, Plan, cap_threads, cores
-from harness.run.fresh import Reused, in_fresh_process
+from harness.execute.capacity import INLINE, LOCAL, RAY, Slots, cap_threads, cores
+from harness.execute.fresh import Reused, in_fresh_process
 
 
 def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
@@ -24,24 +24,24 @@ def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
     return call(*args)
 
 
-def local_plan(jobs: int | None, threads: int | None) -> Plan:
-    """The default: one cell at a time with the frameworks' own threads (the bits every
-    record so far was made with); with --jobs N, N cells at a time, cores // N threads
+def local_slots(jobs: int | None, threads: int | None) -> Slots:
+    """The default: one job at a time with the frameworks' own threads (the bits every
+    record so far was made with); with --jobs N, N jobs at a time, cores // N threads
     each unless --threads says otherwise."""
     n = cores()
     if jobs is None:
         jobs = max(1, n // threads) if threads else 1
     if jobs > 1 and threads is None:
         threads = max(1, n // jobs)
-    return Plan(LOCAL, jobs, threads)
+    return Slots(LOCAL, jobs, threads)
 
 
 class Inline:
-    """Every cell in this process, one after another (debugging; timings suffer)."""
+    """Every job in this process, one after another (debugging; timings suffer)."""
 
-    plan = Plan(INLINE, 1, None)
+    slots = Slots(INLINE, 1, None)
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
         try:
             future.set_result(call(*args))
@@ -54,20 +54,20 @@ class Inline:
 
 
 class Local:
-    """Each cell in a fresh process of this machine (harness/run/fresh.py), `jobs` at once;
-    the calibration runs of the array-module code (`Cell.calibrates`: no record, no timing,
-    no framework) one after another in a process kept for them by each of the `jobs` cell
+    """Each job in a fresh process of this machine (harness/execute/fresh.py), `jobs` at once;
+    the calibration runs of the array-module code (`Job.calibrates`: no record, no timing,
+    no framework) one after another in a process kept for them by each of the `jobs` job
     threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
     profile trains in 0.1 s."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        self.pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="cell")
+    def __init__(self, slots: Slots):
+        self.slots = slots
+        self.pool = ThreadPoolExecutor(max_workers=slots.jobs, thread_name_prefix="job")
         self.kept = Reused()
 
-    def submit(self, cell, call: Callable[..., Any], *args: Any) -> Future:
-        where = self.kept.call if cell is not None and cell.calibrates else in_fresh_process
-        return self.pool.submit(where, _capped, self.plan.threads, call, *args)
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
+        where = self.kept.call if job is not None and job.calibrates else in_fresh_process
+        return self.pool.submit(where, _capped, self.slots.threads, call, *args)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -81,9 +81,9 @@ def make(kind: str, jobs: int | None = None, threads: int | None = None, gpu_typ
     if kind == LOCAL:
         if gpu_types or places:
             raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
-        return Local(local_plan(jobs, threads))
+        return Local(local_slots(jobs, threads))
     if kind == RAY or kind.startswith(f"{RAY}:"):
-        from harness.run import ray_executor
+        from harness.execute import ray_executor
 
         address = kind.partition(":")[2] or None
         return ray_executor.RayExecutor(address, jobs, threads, gpu_types or [], places or [])

@@ -1,0 +1,148 @@
+"""The calibration stage in three calls:
+
+- `jobs`: from a spec (loaded, problem) and the runs asked for (keys, twins), the jobs
+  calibration needs (their roles and who calibrates whom: harness/calibrate/roles.py);
+- `gather`: from the finished jobs, the spreads that set every tolerance (`Calibration`,
+  measured in harness/calibrate/spread.py), with the members the terminal shows and the
+  float64 twins the records hold (`Calibrated`);
+- `second_look`: where float32 checks fail on rounding alone, the envelope measured again
+  on more members.
+
+Each takes a `Scheme` (roles.py): which run is the reference and whose reordered runs are
+the members. Today's workloads take the oracle's. A workload with no float64 oracle (a
+user's own torch or flax model) would pass its own: the reference its framework's float64
+run, the float32 members and the float64 members that framework's own runs with the
+examples of each batch permuted, `libraries=False` (no array-module code computes a
+library's formula for it); its float64 twins are then judged against that reference, and
+so against one another, and its float32 runs against the envelope of its own members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from rich.console import Console
+
+from harness.calibrate import roles
+from harness.calibrate.roles import ORACLE_SCHEME, Scheme
+from harness.calibrate.spread import Calibration, measure, measure_segments, measure_segments_against
+from harness.core.registry import FLOAT32, FLOAT64, RunKey
+from harness.execute.hosts import is_copy
+from harness.execute.jobs import Job
+from harness.inputs.problem import Problem
+from harness.run.anchored import anchored_key
+from harness.run.runner import Outcome
+from harness.spec.load import LoadedSpec
+
+Done = dict[str, dict[RunKey, Outcome]]  # each finished job's outcomes, by the job's name
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What calibration hands on: the spreads, the members the terminal's table shows (they
+    calibrate the checks and are not written), and the float64 twins, recorded as runs."""
+
+    calibration: Calibration
+    members: list[Outcome]  # the float32 members, in plain unit order
+    members64: list[Outcome]  # the float64 members over the first steps
+    twins: dict[RunKey, Outcome]  # each float64 twin's outcome over the first steps
+
+
+def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME) -> list[Job]:
+    """Calibration's jobs for the runs `keys` of a spec: the float32 members and the library
+    float32 members; with `twins`, math parity's reference, members and twins over the
+    first steps, the library references with their members, and the re-anchored members,
+    twins and library references, which start from the reference's states."""
+    found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme))
+    if scheme.libraries:
+        found += roles.library32_jobs(loaded, problem, keys, scheme)
+    return found + roles.twin_jobs(loaded, problem, keys, scheme) if twins else found
+
+
+def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: Scheme = ORACLE_SCHEME) -> Calibrated:
+    """The calibration from the finished jobs: `planned` (those of `jobs` among them) and their
+    outcomes `done`, with `runs`, the outcomes of the runs asked for (the scheme's reference
+    and member run among them). A spread whose runs did not all finish is None."""
+
+    def outcomes(role: str, variant: str = "") -> list[Outcome]:
+        return [o for c in planned if c.role == role and not is_copy(c) for o in done.get(c.name, {}).values() if o.key.variant.startswith(variant)]
+
+    float32 = outcomes(roles.MEMBER)
+    twins = {o.key: o for o in outcomes(roles.TWIN)}
+    reference = next(iter(outcomes(roles.REFERENCE)), None)
+    float64 = outcomes(roles.MEMBER64)
+    found = outcomes(roles.ANCHORED_MEMBER)
+    library, library_spread = {}, {}
+    for key in twins:
+        ref = roles.library_reference(key, scheme)
+        first = done.get(ref.label, {}).get(ref)
+        if first is None:
+            continue
+        again = done.get(anchored_key(ref).label, {}).get(anchored_key(ref))
+        library[key.framework, key.device] = (first, again)
+        theirs = f"{ref.variant}-"  # the members computing that library's formula (jobs)
+        again_members = outcomes(roles.LIBRARY_ANCHORED_MEMBER, theirs)
+        segments_of = (
+            measure_segments_against(again.segments, again_members, again.segment_ends, again.segment_outputs)
+            if again is not None and again.status == "ok"
+            else None
+        )
+        library_spread[key.framework, key.device] = (measure(first, outcomes(roles.LIBRARY_MEMBER, theirs), FLOAT64), segments_of)
+    library32: dict[str, list[Outcome]] = {}
+    for o in outcomes(roles.LIBRARY32):  # numpy@cpu~as-<framework>-order<i>
+        library32.setdefault(o.key.variant.removeprefix("as-").rsplit("-", 1)[0], []).append(o)
+    calibration = Calibration(
+        measure(runs.get(scheme.reference), [runs.get(scheme.member), *float32], FLOAT32),
+        measure(reference, float64, FLOAT64),
+        reference,
+        measure_segments(runs.get(scheme.reference), found) if found else None,
+        {(o.key.framework, o.key.device): o for o in outcomes(roles.ANCHORED_TWIN)},
+        library,
+        library_spread,
+        library32,
+    )
+    return Calibrated(calibration, float32, float64, twins)
+
+
+class Doubt(Protocol):
+    """A float32 check that fails on rounding alone (harness/verdict/diagnosis.py on_rounding_alone)."""
+
+    name: str
+    a: RunKey
+    b: RunKey
+    ratio: float | None
+
+
+def second_look(
+    loaded: LoadedSpec,
+    problem: Problem,
+    found: Calibrated,
+    runs: dict[RunKey, Outcome],
+    doubted: list[Doubt],
+    run: Callable[[list[Job]], Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> Calibrated | None:
+    """The envelope's second look before a rounding failure stands (`doubted`): the members
+    after the first look's, up to long_run.second_look in all, run by `run` (the driver's,
+    harness/execute/schedule.py), and the float32 spread measured again on all of them. None
+    where nothing is doubted, there is nothing to look at again (no more members, no first
+    spread) or a new member failed: the first look's verdicts stand."""
+    more = roles.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look, scheme=scheme)
+    if not doubted or not more or found.calibration.float32 is None:
+        return None
+    worst = max(doubted, key=lambda c: c.ratio or 0)
+    console.print(
+        f"  {loaded.name}: {len(doubted)} float32 checks fail on rounding alone ({worst.a.label} vs {worst.b.label}: "
+        f"{worst.name}, {worst.ratio:.3g}x); measuring the envelope again with {len(more)} more members"
+    )
+    again = roles.member_jobs(loaded, problem, more)
+    done = run(again)
+    extra = [o for c in again if not is_copy(c) for o in done.get(c.name, {}).values()]
+    members32 = [*found.members, *extra]
+    wider = measure(runs.get(scheme.reference), [runs.get(scheme.member), *members32], FLOAT32)
+    if wider is None:
+        return None
+    return replace(found, calibration=replace(found.calibration, float32=wider), members=members32)

@@ -1,0 +1,199 @@
+"""The roles of calibration's jobs, and the jobs of each. Nothing runs here.
+
+Who calibrates whom is a `Scheme`: the run every float32 run is measured against, the
+float32 code whose reordered runs (members.reordered) are the envelope's members, and the
+float64 code whose reordered runs over the first steps calibrate math parity and are the
+float64 twins' reference. Today's workloads take `ORACLE_SCHEME`: the float64 oracle, the
+array-module code in float32, the oracle again. Its roles:
+
+- float32 members (whole runs), and, for each library with catalogued behaviours, float32
+  members computing them (how far a known difference can carry that library's runs);
+- with twins: the reference over the first steps, its float64 members, each framework's
+  float64 twin, each library's formula computed by the reference with its own members,
+  and, where the reference keeps states along the run, each of them again re-anchored.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from adapters.protocol import ComputesScheduleRates
+from harness.core import registry
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey
+from harness.execute import plan
+from harness.execute.jobs import Job, cost
+from harness.inputs.members import reordered
+from harness.inputs.problem import Problem, truncated
+from harness.run import anchored
+from harness.spec import catalogue
+from harness.spec.load import LoadedSpec
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """Who calibrates whom (see the module's docstring)."""
+
+    reference: RunKey  # the whole run the float32 runs and members are measured against
+    member: RunKey  # the float32 code reordered into the envelope's members; its own run is one more
+    reference64: RunKey  # the float64 code reordered into math parity's members; the twins' reference
+    libraries: bool = True  # the float64 code can compute a library's catalogued formulas
+
+
+ORACLE_SCHEME = Scheme(reference=ORACLE_KEY, member=CALIBRATION_KEY, reference64=ORACLE_KEY)
+
+# The roles of calibration's jobs, in the order the tables name them.
+MEMBER = "calibration member"  # float32, whole run
+REFERENCE = "math parity's reference"  # the reference over the twins' first steps
+MEMBER64 = "math parity's member"  # float64, first steps
+TWIN = "float64 twin"
+ANCHORED_MEMBER = "re-anchored member"
+ANCHORED_TWIN = "re-anchored twin"
+LIBRARY = "library reference"  # the reference computing a library's formula
+LIBRARY_ANCHORED = "library reference, re-anchored"
+# the reference's reordered members computing a library's formula: the spread of that
+# formula's own dynamics, which calibrates the twin judged against it (first steps, and re-anchored)
+LIBRARY_MEMBER = "library member"
+LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
+# the float32 members computing a library's catalogued behaviours: how far a known
+# difference can carry that framework's float32 runs (harness/verdict/diagnosis.py reach)
+LIBRARY32 = "library float32 member"
+
+
+def _job(role: str, key: RunKey, label: str, **fields) -> Job:
+    """One run as a job named by its key; only the twins' runs are recorded (Job.recorded)."""
+    return Job(key.label, role, ((key, label),), recorded=role in (TWIN, ANCHORED_TWIN), **fields)
+
+
+def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, int]]) -> list[Job]:
+    """The envelope's float32 members (whole runs), one job each."""
+    found = []
+    for key, seed in seeds:
+        label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
+        found.append(_job(MEMBER, key, label, member=seed, cost=problem.total_steps))
+    return found
+
+
+def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
+    """For each framework whose library has catalogued behaviours on this spec
+    (harness/known_differences.yaml), float32 members computing them: the member code,
+    reordered as the envelope's members are, whole runs. How far they get from the
+    reference is how far those entries can explain a check (diagnosis.reach)."""
+    found = []
+    ours = (scheme.reference.framework, scheme.member.framework)
+    frameworks = dict.fromkeys(k.framework for k in keys if k.framework not in ours and k.precision != FLOAT64)
+    for framework in frameworks:
+        behaviour = resolved(catalogue.library_behaviour(loaded.spec, framework, keys), problem)
+        if behaviour is None:
+            continue
+        for key, seed in member_seeds(problem, FLOAT32, scheme=scheme):
+            mk = RunKey(key.framework, key.device, f"as-{framework}-{key.variant}")
+            label = f"{loaded.name} {mk.label} (calibration: {framework}'s catalogued behaviour, its sums in another order)"
+            found.append(_job(LIBRARY32, mk, label, member=seed, formula=behaviour, cost=problem.total_steps))
+    return found
+
+
+def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
+    """Math parity's jobs: its reference, members and twins over the first steps, and where
+    the whole reference runs with anchors, re-anchored along the run from its states."""
+    name, first_steps = loaded.name, twin_problem(problem).total_steps
+    ref64 = scheme.reference64
+    first = RunKey(ref64.framework, ref64.device, f"first{first_steps}")
+    label = f"{name} {first.label} (math parity's reference)"
+    found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
+    seeds = member_seeds(problem, FLOAT64, scheme=scheme)
+    for key, seed in seeds:
+        label = f"{name} {key.label} (math parity's calibration)"
+        found.append(_job(MEMBER64, key, label, steps=first_steps, member=seed, cost=cost(key, first_steps), metrics=False))
+    states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
+    anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
+    if states:
+        for key, seed in seeds:
+            at = anchored.anchored_key(key)
+            label = f"{name} {at.label} (re-anchored math parity's calibration)"
+            found.append(_job(ANCHORED_MEMBER, at, label, member=seed, needs=states, cost=anchored_cost))
+    for key in [t for t in plan.twin_keys(keys) if t.framework != ref64.framework]:
+        label = f"{name} {key.label} (float64 twin, first {first_steps} steps)"
+        found.append(_job(TWIN, key, label, steps=first_steps, cost=cost(key, first_steps)))
+        if states:
+            at = anchored.anchored_key(key)
+            label = f"{name} {at.label} (float64 twin, re-anchored)"
+            found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost))
+        formula = resolved(catalogue.library_formula(loaded.spec, key), problem) if scheme.libraries else None
+        ref = library_reference(key, scheme)
+        if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
+            continue
+        label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
+        found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
+        # that formula's own rounding spread: the reference's members computing it
+        library_members = [(RunKey(ref64.framework, ref64.device, f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
+        for mk, seed in library_members:
+            label = f"{name} {mk.label} (math parity's calibration, {key.framework}'s formula)"
+            found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
+        if states:
+            at = anchored.anchored_key(ref)
+            label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"
+            found.append(_job(LIBRARY_ANCHORED, at, label, formula=formula, needs=states, cost=anchored_cost))
+            for mk, seed in library_members:
+                at = anchored.anchored_key(mk)
+                label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
+                found.append(_job(LIBRARY_ANCHORED_MEMBER, at, label, member=seed, formula=formula, needs=states, cost=anchored_cost))
+    return found
+
+
+def library_reference(twin: RunKey, scheme: Scheme = ORACLE_SCHEME) -> RunKey:
+    """The key of the float64 reference computing `twin`'s library's formula (one per framework)."""
+    return RunKey(scheme.reference64.framework, scheme.reference64.device, f"as-{twin.framework}")
+
+
+def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None, scheme: Scheme = ORACLE_SCHEME) -> list[tuple[RunKey, int]]:
+    """The calibration members' keys and seeds: the scheme's code on the problem with its
+    sums in another order (members.reordered), each with its own seed. float32: the
+    envelope's members (long_run.members, whole runs); float64: math parity's
+    (math_parity.members, over the twins' first steps). With `upto`, the members after
+    those, up to that many in all (the envelope's second look)."""
+    if dtype == FLOAT32:
+        count, code = problem.spec.checks.long_run.members, scheme.member
+    else:
+        count, code = problem.spec.checks.math_parity.members, scheme.reference64
+    seeds = range(count + 1, upto + 1) if upto is not None else range(1, count + 1)
+    return [(RunKey(code.framework, code.device, f"order{i}"), i) for i in seeds]
+
+
+def calibration_members(problem: Problem, dtype: str = FLOAT32, upto: int | None = None) -> list[tuple[RunKey, Problem]]:
+    """The calibration members (member_seeds, `upto` as there), each with its problem."""
+    return [(key, reordered(problem, seed=seed)) for key, seed in member_seeds(problem, dtype, upto)]
+
+
+def resolved(formula, problem: Problem):
+    """A library formula with what it names computed: `rates: optax` becomes the learning
+    rate of every update of the run as optax's schedule gives it (adapters/jax_adapter.py
+    schedule_rates, in this process, once per spec), a sequence of numbers the worker's
+    oracle takes as they are. None stays None."""
+    if formula is None or formula.rates is None or isinstance(formula.rates, tuple):
+        return formula
+    opt = problem.spec.optimizer
+    if opt.schedule is None:
+        return formula.model_copy(update={"rates": None})
+    steps = problem.spec.training.epochs * len(problem.bounds)  # the whole run's, in a twin's problem too
+    return formula.model_copy(update={"rates": _optax_rates(opt.model_dump_json(), type(opt), steps)})
+
+
+@functools.cache
+def _optax_rates(optimizer: str, kind: type, steps: int) -> tuple[float, ...]:
+    """optax's rates for an optimizer section (as JSON, so that it keys the cache), computed
+    once per process: the twins' reference and every library member of a spec take the same."""
+    adapter = registry.load("jax")
+    if not isinstance(adapter, ComputesScheduleRates):
+        raise TypeError("the jax adapter computes no schedule rates (adapters/protocol.py ComputesScheduleRates)")
+    return tuple(adapter.schedule_rates(kind.model_validate_json(optimizer), steps))
+
+
+def twin_steps(problem: Problem) -> int:
+    return min(problem.total_steps, problem.spec.checks.math_parity.steps)
+
+
+def twin_problem(problem: Problem) -> Problem:
+    """The problem the float64 twins, the reference's first steps and math parity's members
+    train: its first `twin_steps` steps."""
+    return truncated(problem, twin_steps(problem))

@@ -1,0 +1,58 @@
+"""Which runs a matrix takes: the chosen jobs in each mode with the calibration run and
+the oracle, which of them share a process (`framework_jobs`), and the float64 twins'
+keys; the jobs calibration adds are harness/calibrate/roles.py's. Nothing runs here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.core.registry import CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
+from harness.execute.jobs import FRAMEWORK, Job, cost
+from harness.inputs.problem import Problem
+from harness.spec.load import LoadedSpec
+
+GPU_MIN_REPEATS = 2
+
+
+def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
+    """The chosen jobs in each mode, each framework on the devices it runs on (and with
+    `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
+    (numpy@cpu) and the oracle, which the checks need, both eager; the oracle runs last, as
+    it is the slowest."""
+    keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
+    if tf32 and "gpu" in devices:
+        keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
+    if CALIBRATION_KEY not in keys:
+        keys.append(CALIBRATION_KEY)
+    keys.append(ORACLE_KEY)
+    return keys
+
+
+def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
+    """The keys that differ only in mode, together, in order of first appearance: their
+    repeats take turns in one process (harness bench). Every other key is a group of one."""
+    groups: dict[RunKey, list[RunKey]] = {}
+    for key in keys:
+        groups.setdefault(replace(key, mode=EAGER), []).append(key)
+    return list(groups.values())
+
+
+def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None) -> list[Job]:
+    """The runs asked for as jobs: the keys of one framework and device together, their
+    modes taking turns in one process, each repeated `repeats` times (the spec's by default)."""
+    found = []
+    for group in alternation_groups(keys):
+        # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
+        # least twice, so that run-to-run determinism on the device is measured.
+        runs = 1 if group == [ORACLE_KEY] else repeats or loaded.spec.timing.repeats
+        if group[0].device == "gpu":
+            runs = max(runs, GPU_MIN_REPEATS)
+        labels = tuple((key, f"{loaded.name} {key.label}") for key in group)
+        found.append(Job(group[0].label, FRAMEWORK, labels, runs, cost=sum(cost(k, problem.total_steps, runs) for k in group)))
+    return found
+
+
+def twin_keys(keys: list[RunKey]) -> list[RunKey]:
+    """The float64 twin of every framework and device that runs strict float32."""
+    twins = [k.twin for k in keys if k.framework != ORACLE and k.precision == STRICT and not k.variant]
+    return list(dict.fromkeys(twins))

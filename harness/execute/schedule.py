@@ -1,0 +1,174 @@
+"""The driver's loop: submit each job whose needs are met to the executor, the longest
+first; take a job from the work folder instead where every run of it finished earlier;
+gather what comes back and keep each finished run there. The driver alone writes: the
+work folder here, the records in harness/matrix.py.
+
+On a local executor at most one GPU job runs at a time: two would share one GPU and each
+other's timings."""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from harness.core.registry import ORACLE_KEY, RunKey
+from harness.execute import workdir
+from harness.execute.capacity import RAY
+from harness.execute.executors import Inline
+from harness.execute.fresh import PROCESS_DIED, ProcessDied
+from harness.execute.jobs import Finished, Job, Source, remember, run_job, source_of
+from harness.execute.workdir import job_path, machine
+from harness.inputs.problem import Problem
+from harness.run.runner import Outcome
+from harness.spec.load import LoadedSpec
+
+
+def _announce(console: Console, job: Job, steps: int, segments: int = 0) -> None:
+    """A job's runs as it starts: `steps` of each (a re-anchored job: of each of its
+    `segments`), the line tools/timings.py reads."""
+    for key, label in job.labels:
+        if job.anchored:
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {segments * steps} steps, {job.repeats} repeat(s): {segments} re-anchored segments)")
+        else:
+            console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {job.repeats} repeat(s))")
+    if len(job.labels) > 1:
+        console.print(f"  their repeats take turns: {', '.join(k.label for k in job.keys)}", highlight=False)
+
+
+def _report(console: Console, job: Job, outcomes: dict[RunKey, Outcome]) -> None:
+    labels = dict(job.labels)
+    for key, outcome in outcomes.items():
+        name = f"{labels[key]}: " if len(labels) > 1 else ""
+        if outcome.status != "ok":
+            console.print(f"  {name}{outcome.status}: {outcome.reason}", style="yellow", soft_wrap=True)
+        elif job.anchored:
+            console.print(f"  {name}train {outcome.timings.get('train_s', 0.0):.3f} s, {len(outcome.segments)} segments", highlight=False)
+        elif "train_loss" in outcome.metrics:
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, final loss {outcome.metrics['train_loss']:.7g} (whole training set)")
+        else:
+            console.print(f"  {name}train {outcome.timings['train_s']:.3f} s, last logged loss {outcome.losses[-1]:.7g}", highlight=False)
+
+
+def _died(job: Job, reason: str) -> dict[RunKey, Outcome]:
+    return {key: Outcome(key, "failed", f"{key.label}: {reason}") for key in job.keys}
+
+
+def execute(
+    jobs: list[Job],
+    source: Source,
+    executor,
+    console: Console,
+    kept: dict[str, dict[RunKey, Path]] | None = None,
+    states: Any = None,
+    total_steps: int = 0,
+) -> dict[str, dict[RunKey, Outcome]]:
+    """Run `jobs` on `executor`; each job's outcomes by its name. `kept`: each job's
+    work-folder files by key. `states(done)`: the states a re-anchored job starts from,
+    given the finished jobs (the oracle's); a job that needs states there are none of
+    is not run. A job that raises or whose process dies fails its runs, with the reason."""
+    kept = kept or {}
+    done: dict[str, dict[RunKey, Outcome]] = {}
+    waiting = sorted(jobs, key=lambda c: -c.cost)
+    running: dict[Future, Job] = {}
+    local = executor.slots.kind != RAY  # Ray places and queues jobs itself
+
+    def start(job: Job) -> None:
+        files = kept.get(job.name)
+        if files and len(files) == len(job.labels):
+            found = workdir.taken(files, console)
+            if found is not None:
+                for key, label in job.labels:
+                    console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)
+                done[job.name] = found
+                return
+        given = None
+        if job.anchored:
+            given = states(done) if states else {}
+            if not given:
+                done[job.name] = {}
+                return
+        if job.anchored:  # each segment is math_parity.steps long (Problem.anchors: whole ones)
+            _announce(console, job, source.document["checks"]["math_parity"]["steps"], len(given))
+        else:
+            _announce(console, job, job.steps or total_steps)
+        running[executor.submit(job, run_job, source, job, given)] = job
+
+    def finish(job: Job, outcomes: dict[RunKey, Outcome]) -> None:
+        done[job.name] = outcomes
+        for key, outcome in outcomes.items():
+            path = kept.get(job.name, {}).get(key)
+            if path is not None and outcome.status == "ok":
+                workdir.keep(path, outcome, console)
+
+    while waiting or running:
+        gpu_busy = local and any(c.gpu for c in running.values())
+        for job in list(waiting):
+            if not all(n in done for n in job.needs):
+                continue
+            if job.gpu and gpu_busy:
+                continue
+            if local and len(running) >= executor.slots.jobs:
+                break
+            waiting.remove(job)
+            start(job)
+            gpu_busy = local and any(c.gpu for c in running.values())
+        if not running:
+            if waiting and not any(all(n in done for n in c.needs) for c in waiting):
+                raise RuntimeError("jobs wait on jobs that never run")  # a planning bug, never an input
+            continue
+        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for future in finished:
+            job = running.pop(future)
+            try:
+                result: Finished = future.result()
+                outcomes = result.outcomes
+                for outcome in outcomes.values():
+                    outcome.worker = result.host
+            except ProcessDied:
+                outcomes = _died(job, PROCESS_DIED)
+            except Exception as exc:  # the job raised in its worker (inputs refused, an executor's error)
+                outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
+            _report(console, job, outcomes)
+            finish(job, outcomes)
+    return done
+
+
+@dataclass
+class Driver:
+    """A spec's jobs on an executor: `run(jobs)` runs them (execute) with the spec's
+    inputs (`source`), each finished job kept in the work folder if there is one, a
+    re-anchored job given the oracle's states; each job's outcomes by its name."""
+
+    loaded: LoadedSpec
+    problem: Problem
+    executor: object
+    console: Console
+    work_dir: Path | None
+
+    def __post_init__(self) -> None:
+        self.source = source_of(self.loaded, self.problem)
+        if isinstance(self.executor, Inline):
+            remember(self.source, self.problem)  # this process's jobs take the driver's inputs as they are
+
+    def run(self, jobs: list[Job]) -> dict[str, dict[RunKey, Outcome]]:
+        kept = self.kept(jobs)
+        return execute(jobs, self.source, self.executor, self.console, kept, oracle_states, self.problem.total_steps)
+
+    def kept(self, jobs: list[Job]) -> dict[str, dict[RunKey, Path]]:
+        """Each job's work-folder files, by key."""
+        if self.work_dir is None:
+            return {}
+        threads = self.executor.slots.threads
+        here = {**machine(), **({"threads": threads} if threads else {})}
+        at = {c.name: {**here, "place": c.place} if c.place else here for c in jobs}
+        return {c.name: {key: job_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}
+
+
+def oracle_states(done: dict[str, dict[RunKey, Outcome]]) -> dict:
+    """The states a re-anchored job starts from: the oracle's, once it finished."""
+    oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
+    return oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}

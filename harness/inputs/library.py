@@ -1,0 +1,34 @@
+"""A library's catalogued formula (harness/known_differences.yaml, `formula`) applied to a
+problem: what the oracle computes as that library's float64 reference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.inputs.problem import Problem
+
+
+def library_problem(problem: Problem, formula) -> Problem:
+    """The problem as a library computes it where its formula differs from the spec's and
+    the oracle can compute the library's exactly (harness/known_differences.yaml,
+    `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
+    The oracle on it is the reference of that library's float64 twin."""
+    doc = problem.spec.model_dump()
+    if formula.dampening is not None and "dampening" in doc["optimizer"] and doc["optimizer"].get("momentum"):
+        doc["optimizer"]["dampening"] = formula.dampening
+    if formula.running_var is not None:
+        for layer in doc["model"]["layers"]:
+            if layer.get("kind") == "batch_norm":
+                layer["running_var"] = formula.running_var
+    spec = type(problem.spec).model_validate(doc)
+    rates = formula.rates if isinstance(formula.rates, tuple) else None
+    if formula.rates is not None and rates is None:
+        raise ValueError(f"library_problem: the rates of {formula.rates!r} were not computed (harness/calibrate/roles.py resolved)")
+    return replace(
+        problem,
+        spec=spec,
+        clip_eps=formula.clip_eps or 0.0,
+        rates=rates,
+        float32_corrections=formula.bias_corrections == "float32",
+        sequential_loss=formula.loss_sum == "sequential",
+    )
