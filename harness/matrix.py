@@ -77,7 +77,7 @@ def run_spec(
     work_dir: Path | None = None,
     rates: dict[tuple[str, str], Rates] | None = None,
     twins: bool = True,
-    executor=None,
+    executor: executors.Executor | None = None,
 ) -> SpecResult:
     """Run every key on the spec with what calibrates its checks (plan_jobs), check every
     pair, and write one record per run (keys and float64 twins; the members are part of the
@@ -94,7 +94,7 @@ def run_spec(
         finally:
             own.shutdown()
     planned = plan_jobs(loaded, problem, keys, repeats, twins)
-    planned = hosts.spread(planned, getattr(executor, "places", []))  # a framework job at each place asked for
+    planned = hosts.spread(planned, executor.places)  # a framework job at each place asked for
     driver = schedule.Driver(loaded, problem, executor, console, work_dir)
     done = driver.run(planned)
     chosen = {o.key: o for c in planned if c.role == jobs.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}

@@ -168,6 +168,7 @@ class _Recording:
         from concurrent.futures import ThreadPoolExecutor
 
         self.slots = capacity.Slots(kind, jobs, None)
+        self.places: list[str] = []
         self.pool = ThreadPoolExecutor(max_workers=8)
         self.lock = threading.Lock()
         self.active: set = set()
@@ -189,6 +190,9 @@ class _Recording:
             return jobs.Finished({k: Outcome(k, "ok", timings={"train_s": 0.0}, metrics={"train_loss": 0.0}) for k in cell.keys})
 
         return self.pool.submit(work)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 @pytest.mark.parametrize(("kind", "most_gpu"), [(capacity.LOCAL, 1), (capacity.RAY, 3)])
@@ -222,3 +226,18 @@ def test_math_paritys_cells_skip_the_whole_set_predictions():
     (reference,) = [c for c in planned if c.role == roles.REFERENCE]
     outcome = jobs.run_job(jobs.source_of(loaded, problem), reference, quiet=True).outcomes[reference.keys[0]]
     assert outcome.status == "ok" and outcome.metrics == {} and outcome.final_outputs is not None
+
+
+def test_every_executor_is_an_executor():
+    """The in-process and local executors (and the fake one of these tests) have the Executor
+    Protocol's slots, places, submit and shutdown."""
+    from harness.execute import executors
+
+    local = executors.make(capacity.LOCAL, 1)
+    try:
+        assert isinstance(local, executors.Executor) and local.places == []
+    finally:
+        local.shutdown()
+    assert isinstance(executors.Inline(), executors.Executor)
+    assert isinstance(_Recording(capacity.LOCAL, 1), executors.Executor)
+    assert not isinstance(object(), executors.Executor)

@@ -5,7 +5,7 @@ A job's bits depend on its thread count: on this project's 2-core VM, torch's, N
 the oracle's moons curves differ bitwise between 1 and 2 threads (JAX's do not; see
 docs/executor.md). So a job keeps the frameworks' own default threads unless the executor
 runs several at once: then each job's torch, BLAS and XLA threads are capped at
-cores // jobs (without a cap, two 2-thread jobs on 2 cores ran 2-3x slower each), and the
+cores // jobs (without a cap they oversubscribe the cores: docs/measurements.md), and the
 cap is part of the job's identity (its record's `worker.threads`, its work-folder name).
 """
 

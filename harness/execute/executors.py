@@ -1,9 +1,10 @@
 """Where a matrix's jobs run: this process (`--in-process`), fresh processes of this
 machine (`--executor local --jobs N`, the default), or a Ray cluster (`--executor ray`).
 
-Each executor has one method, `submit(job, call, *args) -> concurrent.futures.Future`, the
-result of `call(*args)` (`job`, or None, says what it needs: a GPU, a place); a run whose process dies is a failed outcome, with the reason, not
-a crash of the matrix. The driver (harness/execute/schedule.py) decides what is ready to run.
+Each is an `Executor`: `submit(job, call, *args) -> concurrent.futures.Future`, the result of
+`call(*args)` (`job`, or None, says what it needs: a GPU, a place); a run whose process dies
+is a failed outcome, with the reason, not a crash of the matrix. The driver
+(harness/execute/schedule.py) decides what is ready to run.
 
 Threads: harness/execute/capacity.py.
 """
@@ -12,11 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from harness.core.errors import HarnessError
 from harness.execute.capacity import INLINE, LOCAL, RAY, Slots, cap_threads, cores
 from harness.execute.fresh import Reused, in_fresh_process
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where jobs run: its slots (jobs at once, threads each), the places it can put a job
+    (several machine kinds or labelled nodes; none for one machine), and how a job is
+    submitted and the executor shut down (its kept processes ended)."""
+
+    slots: Slots
+    places: list[str]
+
+    def submit(self, job, call: Callable[..., Any], *args: Any) -> Future: ...
+
+    def shutdown(self) -> None: ...
 
 
 def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
@@ -40,6 +55,7 @@ class Inline:
     """Every job in this process, one after another (debugging; timings suffer)."""
 
     slots = Slots(INLINE, 1, None)
+    places: list[str] = []
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
@@ -57,8 +73,9 @@ class Local:
     """Each job in a fresh process of this machine (harness/execute/fresh.py), `jobs` at once;
     the calibration runs of the array-module code (`Job.calibrates`: no record, no timing,
     no framework) one after another in a process kept for them by each of the `jobs` job
-    threads. A fresh process costs about 0.9 s on the 2-core VM, where a member of a quick
-    profile trains in 0.1 s."""
+    threads: a fresh process each would cost more than such a run (docs/measurements.md)."""
+
+    places: list[str] = []
 
     def __init__(self, slots: Slots):
         self.slots = slots
@@ -74,7 +91,9 @@ class Local:
         self.kept.shutdown()
 
 
-def make(kind: str, jobs: int | None = None, threads: int | None = None, gpu_types: list[str] | None = None, places: list[str] | None = None):
+def make(
+    kind: str, jobs: int | None = None, threads: int | None = None, gpu_types: list[str] | None = None, places: list[str] | None = None
+) -> Executor:
     """The executor `kind` names: in-process, local, ray or ray:ADDRESS."""
     if kind == INLINE:
         return Inline()

@@ -1,7 +1,7 @@
 """One call in a fresh Python process (spawned, not forked): the runs of one framework,
-the GPU probe, the hardware rates. Frameworks' thread pools and GPU memory never meet
-(torch on 2 cores ran 30x slower after JAX had run in the same process), and on Linux the
-child dies with its parent, even when the parent is killed with SIGKILL.
+the GPU probe, the hardware rates. Frameworks' thread pools and GPU memory never meet (one
+framework's threads slow another's in a shared process: docs/measurements.md), and on Linux
+the child dies with its parent, even when the parent is killed with SIGKILL.
 
 `Reused`: calls one after another in the same spawned processes, for work that loads no
 framework and times nothing (the calibration runs of harness/execute/executors.py's Local),
