@@ -190,6 +190,37 @@ def test_report_refuses_a_record_whose_commit_is_an_option(tmp_path, capsys):
     assert not list((tmp_path / "victim:specs").iterdir()) and not (results / "REPORT.md").exists()
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [(("spec", "name"), "../../escaped"), (("spec", "profile"), "quick/../../x"), (("framework",), "../torch"), (("record_id",), "../../x")],
+)
+def test_a_record_whose_names_would_leave_its_folder_is_refused(tmp_path, capsys, key, value):
+    """A record's spec name, profile, framework and id become parts of paths (its own file's,
+    the report's figures'): one with "../" in them is not a harness record, and `report`
+    exits 2 naming the record's key, with nothing written anywhere."""
+    source = next((ROOT / "baselines" / "cpu-quick" / "peaks_mlp").glob("*.json"))
+    doc = json.loads(source.read_text())
+    holder = doc
+    for part in key[:-1]:
+        holder = holder[part]
+    holder[key[-1]] = value
+    results = tmp_path / "deep" / "results"
+    (results / "peaks_mlp").mkdir(parents=True)
+    (results / "peaks_mlp" / source.name).write_text(json.dumps(doc))
+    before = sorted(tmp_path.rglob("*"))
+    code, _, err = harness(capsys, "report", "--results", results, "--profile", "quick")
+    assert code == 2
+    one_line_error(err, ".".join(key), "should match pattern")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_figure_name_that_is_a_path_is_refused():
+    from harness.report.document import Document
+
+    with pytest.raises(HarnessError, match="not a figure's name"):
+        Document().figure("../escaped", "a caption", lambda: None, lambda _: b"png")
+
+
 # --- 4. resource limits -------------------------------------------------------------------
 
 

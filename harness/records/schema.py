@@ -18,12 +18,19 @@ from harness.verdict.bound import Bound
 
 SCHEMA_VERSION = 1
 
+# What a record says that becomes part of a path (its own file's, a report's figures'): a
+# spec's, a profile's and a framework's name as a spec names them, an id of 12 hex digits, a
+# UTC time. A record that says otherwise ("../" in a name) is not a harness record.
+PathName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+RecordId = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+Created = Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?\+00:00$")]
+
 
 class SpecRef(Frozen):
-    name: str
+    name: PathName
     path: str
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    profile: str
+    profile: PathName
     overrides: dict[str, Any]
 
 
@@ -154,13 +161,13 @@ class Worker(Frozen):
 
 class Record(Frozen):
     schema_version: Literal[1]
-    record_id: str
+    record_id: RecordId
     run_id: str
-    created: str
+    created: Created
     status: Literal["ok", "failed", "skipped"]
     reason: str | None
     spec: SpecRef
-    framework: str
+    framework: PathName
     implementation: str
     library_version: str | None
     device: Device

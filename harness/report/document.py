@@ -67,6 +67,8 @@ class Document:
 
     def figure(self, name: str, caption: str, draw: Callable[[], Any], render: Callable[[Any], bytes]) -> None:
         """Draw a figure and reference it with its caption, or state why it is missing."""
+        if not FIGURE_NAME.fullmatch(f"{name}.png"):
+            raise HarnessError(f"figure {name!r}: not a figure's name ({FIGURE_NAME.pattern}); refusing to write it")
         number = len(self.figures) + 1
         try:
             png = render(draw())
