@@ -279,3 +279,16 @@ def test_the_summary_has_a_line_per_regression_and_counts_the_rest(tmp_path):
     regressions = [f for f in findings if f.verdict == "regression"]
     assert len([line for line in lines if line.startswith("REGRESSION")]) == len(regressions) >= 1
     assert len(lines) < len(findings) / 2 and lines[-1].startswith("findings: ")
+
+
+def test_a_run_the_baseline_lacks_is_named_not_only_counted():
+    """torch and JAX against a NumPy-only baseline: each run without a baseline has its line."""
+    from harness.gate.compare import NO_BASELINE, Finding, summary
+
+    findings = [
+        Finding("peaks_mlp", "torch@cpu", "quick", "everything", "", "", NO_BASELINE),
+        Finding("peaks_mlp", "numpy@cpu", "quick", "loss", "1", "1", "ok"),
+    ]
+    lines = summary(findings)
+    assert lines[0] == "NO BASELINE peaks_mlp torch@cpu (quick): not compared, the baseline has no such run"
+    assert lines[-1] == "findings: 1 not compared, 1 ok"

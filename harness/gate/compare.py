@@ -42,6 +42,7 @@ from harness.report.rows import ms
 # oracle runs once; so do specs whose runs take minutes).
 TIME_NOISE_FLOOR = 0.5
 NOT_COMPARED = "not compared"
+NO_BASELINE = f"{NOT_COMPARED}: no baseline"
 QUICK_BASELINE = Path("baselines/cpu-quick")  # the committed baseline of the quick profile (nox -s regress)
 NOT_JUDGED = "not judged"
 
@@ -221,7 +222,7 @@ def compare(new_dir: Path, baseline: str) -> list[Finding]:
     for key, new in sorted(new_records.items()):
         base = base_records.get(key)
         if base is None:
-            findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", f"{NOT_COMPARED}: no baseline"))
+            findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", NO_BASELINE))
             continue
         findings.extend(compare_pair(base, new, labels[new.record_id]))
     run_matrices = {(r.spec.name, r.spec.profile) for r in new_records.values()}
@@ -263,6 +264,8 @@ def summary(findings: list[Finding]) -> list[str]:
         elif f.what == "host fingerprint" and f.new not in said:
             said.add(f.new)
             lines.append(f"another host fingerprint than the baseline's ({f.new}): bits judged by the calibrated rule, times not compared")
+        elif f.verdict == NO_BASELINE:
+            lines.append(f"NO BASELINE {f.spec} {f.run} ({f.profile}): not compared, the baseline has no such run")
         elif f.verdict.startswith(NOT_JUDGED):
             key = (f.spec, f.profile, f.what)
             if key not in said:
