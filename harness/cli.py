@@ -39,9 +39,10 @@ def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
     return paths
 
 
-def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
+def _prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, list]:
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
-    folder, the GPU when it is required; then the matrix's keys."""
+    folder and each spec's folder in it (`names`), the GPU when it is required; then the
+    matrix's keys."""
     from harness.execute import plan, probe
 
     if args.repeats is not None and args.repeats < 1:
@@ -57,6 +58,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Path | None, list]:
     results_dir = None if getattr(args, "no_records", False) else args.results
     if results_dir is not None:
         write.ensure_writable(results_dir)
+        for name in dict.fromkeys(names):
+            write.ensure_writable(results_dir / name, f"folder of {name}'s records")
     if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
         write.ensure_writable(args.work_dir, "work folder")
     if args.require_gpu and "gpu" not in args.devices:
@@ -133,7 +136,7 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
     from harness.inputs import problem as inputs
 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
-    results_dir, keys = _prepare(args)
+    results_dir, keys = _prepare(args, [spec.name for spec in loaded])
     _also_runs(args.frameworks, keys, console)
     problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)) for spec in loaded]
     rates = _rates(args, keys, console)
@@ -179,7 +182,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             point = spec_load.load_spec(path, spec.sweep.profile, extra)
             resources.check(point, arguments.limits(args))
             points.append((point, value))
-    results_dir, keys = _prepare(args)
+    results_dir, keys = _prepare(args, [point.name for point, _ in points])
     rates = _rates(args, keys, console)
     run_id = write.new_id()
     results = []

@@ -202,6 +202,22 @@ def test_a_results_folder_that_cannot_be_written_changes_nothing(tmp_path):
         write.ensure_writable(blocked / "r")
 
 
+def test_a_specs_records_folder_that_is_a_file_stops_the_run_before_it_starts(tmp_path):
+    """--results whose folder for the spec is a file: one line, exit 2, before any run (it
+    was a FileExistsError traceback after the whole matrix had run)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "moons_net").write_text("a file where the spec's folder should be")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(tiny_moons(tmp_path)), "--results", str(results)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr == f"error: {results / 'moons_net'}: the folder of moons_net's records cannot be written: not a folder\n"
+
+
 def test_a_work_dir_that_cannot_be_written_stops_the_run_before_it_starts(tmp_path):
     """Not every cell run and none kept: one line, exit 2, before anything runs."""
     blocked = tmp_path / "blocked"
