@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from rich.console import Console
 
 from harness import cli
 from harness.core import git as gitrev
@@ -78,6 +80,21 @@ def test_a_kept_run_of_another_key_or_a_changed_npz_is_not_used(tmp_path):
     npz.write_bytes(npz.read_bytes() + b"\0")
     with pytest.raises(workdir.Unusable, match="sha256"):
         workdir.load(cell, outcome.key)
+
+
+@pytest.mark.parametrize(("change", "why"), [({"losses": np.zeros(0)}, "no loss curve"), ({"metrics": {}}, "without its metrics")])
+def test_a_kept_run_that_is_incomplete_is_not_used(tmp_path, change, why):
+    """A finished run kept with an empty loss curve or without its metrics (written by hand:
+    its digest matches) runs again, said in one line; it was an IndexError, or reused
+    without a word."""
+    outcome = dataclasses.replace(a_sample_outcome(), status="ok", reason=None, **change)
+    cell = tmp_path / "cell.json"
+    workdir.save(cell, outcome)
+    with pytest.raises(workdir.Unusable, match=why):
+        workdir.load(cell, outcome.key)
+    out = io.StringIO()
+    assert workdir.taken({outcome.key: cell}, Console(file=out, width=300)) is None
+    assert f"{cell} not used" in out.getvalue() and why in out.getvalue()
 
 
 def plant_pickles(cells: list[Path], marker: Path, digest_matches: bool) -> None:

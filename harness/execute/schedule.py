@@ -79,7 +79,7 @@ def execute(
     def start(job: Job) -> None:
         files = kept.get(job.name)
         if files and len(files) == len(job.labels):
-            found = workdir.taken(files, console)
+            found = workdir.taken(files, console, not job.anchored, job.metrics)
             if found is not None:
                 for key, label in job.labels:
                     console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)

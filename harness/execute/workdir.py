@@ -184,7 +184,7 @@ def save(job: Path, outcome: Outcome) -> None:
     atomic_write(job, lambda f: f.write(text))
 
 
-def load(job: Path, key: RunKey) -> Outcome:
+def load(job: Path, key: RunKey, whole: bool = True, metrics: bool = True) -> Outcome:
     """The outcome kept in `job` for `key`; Unusable if anything does not verify or does
     not decode, whatever the content (a digest that matches says nothing of what is in
     the files: they may have been written by hand, or be incomplete)."""
@@ -202,6 +202,10 @@ def load(job: Path, key: RunKey) -> Outcome:
         outcome = decode(doc.get("outcome"), Outcome, arrays)
         if outcome.key != key:
             raise Unusable(f"it holds {outcome.key.label}, not {key.label}")
+        if whole and outcome.status == "ok" and (outcome.losses is None or outcome.losses.size == 0):
+            raise Unusable("a finished run with no loss curve")
+        if whole and outcome.status == "ok" and metrics and not outcome.metrics:
+            raise Unusable("a finished run without its metrics")
     except Unusable:
         raise
     except Exception as exc:  # any content that does not decode: the run goes again, never a traceback
@@ -213,15 +217,17 @@ def _note(console: Console, text: str) -> None:
     console.print(text, style="yellow", soft_wrap=True, highlight=False, markup=False)
 
 
-def taken(jobs: dict[RunKey, Path | None], console: Console) -> dict[RunKey, Outcome] | None:
-    """Each key's kept outcome, if every key was kept and every one verifies; else None
-    (they run again). A kept run that does not verify gets a one-line note."""
+def taken(jobs: dict[RunKey, Path | None], console: Console, whole: bool = True, metrics: bool = True) -> dict[RunKey, Outcome] | None:
+    """Each key's kept outcome, if every key was kept and every one verifies (a `whole`
+    run's, finished, must hold its loss curve, and with `metrics` its metrics; a
+    re-anchored run holds segments instead); else None (they run again). A kept run that
+    does not verify gets a one-line note."""
     if not all(job is not None and job.is_file() for job in jobs.values()):
         return None
     outcomes = {}
     for key, job in jobs.items():
         try:
-            outcomes[key] = load(job, key)
+            outcomes[key] = load(job, key, whole, metrics)
         except Unusable as exc:
             _note(console, f"  work folder: {job} not used ({exc}); it runs again")
             return None
