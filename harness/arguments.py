@@ -202,7 +202,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=REFERENCE_DIR,
         help=f"records folder (default: {REFERENCE_DIR}, the committed reference records; {RUNS_DIR} for your own)",
     )
-    rep.add_argument("--out", type=Path, help="the report file (default: RESULTS/REPORT.md; figures/ beside it)")
+    rep.add_argument("--out", type=Path, help="a folder for REPORT.md and figures/, or a .md file (figures/ beside it); default: RESULTS/REPORT.md")
     rep.add_argument("--profile", help="profile of the main tables (default: full, or the one profile the records hold)")
 
     schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")

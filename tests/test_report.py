@@ -271,6 +271,26 @@ def test_a_report_removes_only_the_figures_it_wrote(tmp_path):
     assert not (figures / "gone_figure.png").exists() and (figures / "my_plot.png").read_bytes() == b"mine"
 
 
+def test_report_out_is_a_folder_or_a_markdown_file(tmp_path, capsys):
+    """--out DIR (there or not) gets DIR/REPORT.md and DIR/figures/; --out X.md is the file,
+    figures/ beside it; --out naming a file that is not Markdown is one line, exit 2."""
+    results = tmp_path / "results"
+    fake(results, "peaks_mlp", "torch")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for folder in (existing, tmp_path / "new" / "folder"):
+        assert cli.main(["report", "--results", str(results), "--out", str(folder)]) == 0
+        assert (folder / "REPORT.md").is_file() and (folder / "figures" / report.WRITTEN).is_file()
+    named = tmp_path / "elsewhere" / "mine.md"
+    named.parent.mkdir()
+    assert cli.main(["report", "--results", str(results), "--out", str(named)]) == 0
+    assert named.is_file() and (named.parent / "figures").is_dir()
+    other = tmp_path / "notes.txt"
+    other.write_text("mine")
+    assert cli.main(["report", "--results", str(results), "--out", str(other)]) == 2
+    assert "neither a Markdown file (.md) nor a folder" in capsys.readouterr().err and other.read_text() == "mine"
+
+
 def test_report_picks_the_one_profile_the_records_hold_or_says_which(tmp_path, capsys):
     """`report --results runs` after a quick run reports the quick profile and says so; a
     profile the records do not hold is one line and exit 2, naming what they hold."""

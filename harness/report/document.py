@@ -392,8 +392,22 @@ def write(doc: Document, out: Path) -> None:
     atomic_write(out, ("\n".join(doc.lines).rstrip() + "\n").encode())
 
 
+def report_path(results_dir: Path, out: Path | None) -> Path:
+    """Where the report goes: `out` itself where it names a Markdown file (`.md`); else `out`
+    is a folder (made if missing) that gets REPORT.md and figures/; by default the results
+    folder is."""
+    if out is None:
+        return results_dir / REPORT_NAME
+    if out.suffix.lower() == ".md" and not out.is_dir():
+        return out
+    if out.exists() and (out.is_symlink() or not out.is_dir()):
+        raise HarnessError(f"--out {out}: neither a Markdown file (.md) nor a folder; refusing to write the report there")
+    out.mkdir(parents=True, exist_ok=True)
+    return out / REPORT_NAME
+
+
 def report(results_dir: Path, out: Path | None = None, profile: str | None = None) -> tuple[Path, Document]:
-    out = out or results_dir / REPORT_NAME
+    out = report_path(results_dir, out)
     writable(out)  # before the figures are drawn, not after
     doc = build(results_dir, profile)
     write(doc, out)
