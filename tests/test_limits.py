@@ -38,7 +38,7 @@ from harness.execute import workdir
 from harness.inputs import data, resources
 from harness.inputs import problem as inputs
 from harness.records import store
-from harness.spec import model
+from harness.spec import fields as model
 from harness.spec.load import load_spec, spec_paths, sweep_overrides
 from tests.conftest import ROOT
 from tests.helpers import a_sample_outcome, harness, one_line_error, tiny_moons, write_spec
