@@ -235,6 +235,13 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
     if section.kind == "image_patterns":
         x, y = data.image_patterns(section)
         return x, y, None, None, (), None
+    if section.kind == "text":
+        try:
+            split = data.load_text(section, data_dir or data.default_data_dir())
+        except DataError as exc:
+            message = str(exc)
+            raise DataError(f"{loaded.path}: {message}" if message.startswith("data.") else message) from None
+        return split.x_train, split.y_train, split.x_val, split.y_val, split.files, None
     source = source or section.source
     max_bytes = int(limits.memory_gb * resources.GIB)  # the images' features, before they are made
 

@@ -1,0 +1,336 @@
+"""Transformers in the spec language (issue 41): the issue's syntax, the text inputs, the
+new layers' oracle (a residual's nesting, attention's mask and softmax, RoPE's layouts)
+checked in float64 against central differences through a whole network, each check shown
+failing on a wrong backward, and a small transformer trained in the oracle and NumPy."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from pydantic import TypeAdapter
+
+from harness.core.errors import DataError, SpecError
+from harness.core.registry import ORACLE_KEY, RunKey
+from harness.inputs import problem as inputs
+from harness.layers import LayerSection, attention, place, residual
+from harness.layers.base import Context
+from harness.reference import network
+from harness.run import runner
+from harness.spec.load import load_spec, validate_document
+
+SPEC = Path(__file__).with_name("text_spec.yaml")
+TEXT = Path("/usr/share/common-licenses/GPL-3")  # Debian's base-files ships it
+GPL3_SHA256 = "3972dc9744f6499f0f9b2dbf76696f2ae7ad8af9b23dde66d6af86c9dfb36986"
+STEP = 1e-6
+
+
+def _doc() -> dict:
+    return yaml.safe_load(SPEC.read_text())
+
+
+@pytest.fixture
+def text_dir(tmp_path) -> Path:
+    if not TEXT.is_file():
+        pytest.skip(f"{TEXT} is not here (Debian's base-files ships it)")
+    shutil.copy(TEXT, tmp_path / "GPL-3")
+    return tmp_path
+
+
+# --- the spec language ---------------------------------------------------------------------
+
+
+def test_the_issues_syntax_validates_and_places_the_residuals_flat():
+    spec = load_spec(SPEC).spec
+    placed = spec.model.placed
+    assert [p.name for p in placed] == ["embed1", "pos1", "ln1", "attn1", "res1", "ln2", "dense1", "dropout1", "dense2", "res2", "ln3", "dense3"]
+    assert spec.model.tokens.context == 32 and spec.model.tokens.vocabulary == 256
+    assert placed[0].out_shape == (32, 32) and placed[0].section.vocabulary == 256
+    assert placed[6].out_shape == (32, 64) and placed[-1].out_shape == (32, 256)
+    assert (placed[4].start, placed[9].start) == (2, 5)  # each residual names where its body starts
+    assert placed[3].section.causal and placed[3].section.rope is None and placed[3].section.bias
+    assert spec.data.sha256 == GPL3_SHA256
+
+
+def test_attention_takes_rope_causal_and_bias():
+    doc = _doc()
+    doc["model"]["layers"][2]["layers"][1] = {
+        "kind": "attention",
+        "heads": 2,
+        "causal": False,
+        "bias": False,
+        "rope": {"layout": "interleaved", "base": 500},
+    }
+    section = validate_document(SPEC, doc)[0].model.placed[3].section
+    assert (section.heads, section.causal, section.bias, section.rope.layout, section.rope.base) == (2, False, False, "interleaved", 500)
+    assert validate_document(SPEC, doc)[0].model.placed[3].local_names == ("q_weight", "k_weight", "v_weight", "out_weight")
+
+
+NESTED = "model.layers.2.layers.1"
+BAD = {
+    "input_width": ({"model__input_width": 32}, "model: a text's input is its token ids"),
+    "heads": ({f"{NESTED}__heads": 5}, f"{NESTED}: a width of 32 does not split into 5 heads"),
+    "odd_rope": ({f"{NESTED}__heads": 32, f"{NESTED}__rope": {"layout": "half"}}, "head width of 1 is odd"),
+    "layout": ({f"{NESTED}__rope": {"layout": "spiral"}}, f"{NESTED}.rope.layout: Input should be 'half' or 'interleaved'"),
+    "residual_shape": (
+        {"model.layers.3.layers.3__width": 16},
+        "model.layers.3: a residual's layers must give back its input's shape [32, 32], not [32, 16]",
+    ),
+    "empty_residual": ({"model.layers.2__layers": []}, "model.layers.2.layers: List should have at least 1 item"),
+    "max_len": ({"model.layers.1__max_len": 16}, "model.layers.1: max_len 16 is shorter than the 32 positions"),
+    "no_embedding": ({"model.layers.0": {"kind": "dense", "width": 32}}, "a text's token ids go into an embedding"),
+    "outputs": ({"model.layers.5__width": 255}, "loss.kind: a text's targets are its next tokens: use cross_entropy and 256 outputs"),
+    "tokens": ({"data__tokens": "words"}, "data.tokens: Input should be 'bytes'"),
+    "sha256": ({"data__sha256": "abc"}, "data.sha256: String should match pattern"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_text_spec_is_refused_in_one_line_naming_its_key(case):
+    changes, message = BAD[case]
+    doc = _doc()
+    for dotted, value in changes.items():
+        *parents, last = [int(k) if k.isdigit() else k for k in dotted.replace(".", "__").split("__")]
+        section = doc
+        for key in parents:
+            section = section[key]
+        section[last] = value
+    with pytest.raises(SpecError) as err:
+        validate_document(SPEC, doc)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and message in lines[0], str(err.value)
+
+
+def test_a_model_of_token_ids_needs_text_data():
+    doc = yaml.safe_load(Path("specs/moons_net.yaml").read_text())
+    doc["model"] = {"tokens": {"context": 4, "vocabulary": 2}, "layers": [{"kind": "embedding", "width": 2}, {"width": 2}]}
+    with pytest.raises(SpecError, match="model.tokens: a model of token ids takes text data, not moons"):
+        validate_document(Path("x.yaml"), doc)
+
+
+# --- the text inputs -----------------------------------------------------------------------
+
+
+def test_the_text_becomes_examples_whose_targets_are_the_next_bytes(text_dir):
+    """Example i is the bytes [32 i, 32 i + 32), its targets one byte further on; the
+    validation examples are split_seed's first 128 of a permutation."""
+    problem = inputs.build_problem(load_spec(SPEC), text_dir)
+    raw = np.frombuffer(TEXT.read_bytes(), dtype=np.uint8).astype(np.int64)
+    n = (len(raw) - 1) // 32
+    x, y = raw[: n * 32].reshape(n, 32), raw[1 : n * 32 + 1].reshape(n, 32)
+    order = np.random.default_rng(5).permutation(n)
+    assert np.array_equal(problem.x_val, x[order[:128]]) and np.array_equal(problem.y_val, y[order[:128]])
+    assert np.array_equal(problem.x_train, x[order[128:]]) and np.array_equal(problem.y_train, y[order[128:]])
+    assert (problem.y_train[:, :-1] == problem.x_train[:, 1:]).all()  # every position's target: the next byte
+    assert problem.data_files[0].sha256 == GPL3_SHA256
+    again = inputs.build_problem(validate_and_load(text_dir, {"split_seed": 6}), text_dir)
+    assert not np.array_equal(again.x_val, problem.x_val)  # the split is split_seed's
+
+
+def validate_and_load(text_dir: Path, data_changes: dict):
+    doc = _doc()
+    doc["data"].update(data_changes)
+    path = text_dir / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_spec(path)
+
+
+def test_a_text_that_is_not_the_specs_is_refused(text_dir):
+    (text_dir / "GPL-3").write_bytes(TEXT.read_bytes() + b"\n")
+    with pytest.raises(DataError, match="checksum mismatch"):
+        inputs.build_problem(load_spec(SPEC), text_dir)
+    with pytest.raises(DataError, match="GPL-3: missing"):
+        inputs.build_problem(load_spec(SPEC), text_dir / "elsewhere")
+
+
+def test_a_validation_that_leaves_nothing_to_train_is_refused(text_dir):
+    with pytest.raises(DataError, match="data.validation: 1098 leaves no training examples of the 1098 examples"):
+        inputs.build_problem(validate_and_load(text_dir, {"validation": 1098}), text_dir)
+
+
+# --- the oracle: a whole network's gradient ---------------------------------------------
+
+
+def tiny_network(rope: str | None, causal: bool = True):
+    """A transformer small enough for central differences of every tensor: 7 token ids,
+    3 positions, width 4, two heads, and a residual nested in another, starting where its
+    parent starts."""
+    attend = {"kind": "attention", "heads": 2, "causal": causal, **({"rope": {"layout": rope}} if rope else {})}
+    layers = [
+        {"kind": "embedding", "width": 4},
+        {"kind": "positional", "max_len": 5},
+        {"kind": "residual", "layers": [{"kind": "layer_norm"}, attend]},
+        {
+            "kind": "residual",
+            "layers": [
+                {
+                    "kind": "residual",
+                    "layers": [{"kind": "layer_norm"}, {"kind": "dense", "width": 6, "activation": "gelu"}, {"kind": "dense", "width": 4}],
+                },
+                {"kind": "dropout", "rate": 0.25},
+                {"kind": "dense", "width": 4},
+            ],
+        },
+        {"kind": "layer_norm"},
+        {"kind": "dense", "width": 7},
+    ]
+    placed = place(TypeAdapter(list[LayerSection]).validate_python(layers), (3,), vocabulary=7)
+    rng = np.random.default_rng(0)
+    params = {name: a.astype(np.float64) + rng.normal(scale=0.3, size=a.shape) for name, a in _tensors(placed).items()}
+    x = rng.integers(0, 7, size=(2, 3)).astype(np.float64)
+    y = rng.integers(0, 7, size=(2, 3))
+    masks = {p.name: (rng.random((2, *p.in_shape)) >= 0.25) / 0.75 for p in placed if p.module.KIND == "dropout"}
+    return placed, params, x, y, masks
+
+
+def _tensors(placed):
+    from harness.layers import initial_tensors
+
+    class Init:
+        weights, biases, seed = "glorot_uniform", "torch_linear_default", 0
+
+    return initial_tensors(placed, Init)
+
+
+class Loss:
+    kind, reduction, l2, label_smoothing = "cross_entropy", "mean", None, 0.0
+
+
+def _loss(placed, params, x, y, masks) -> float:
+    outputs, _ = network.forward(np, placed, params, x, Context(masks=masks))
+    return float(network.data_loss(np, outputs, y, Loss)[0])
+
+
+def gradients_agree(placed, params, x, y, masks) -> bool:
+    _, grads, _ = network.loss_and_grads(np, placed, params, x, y, Loss, len(x), Context(masks=masks))
+    for name, g in grads.items():
+        want = np.zeros_like(g)
+        a = params[name]
+        for i in np.ndindex(a.shape):
+            keep = a[i]
+            a[i] = keep + STEP
+            up = _loss(placed, params, x, y, masks)
+            a[i] = keep - STEP
+            down = _loss(placed, params, x, y, masks)
+            a[i] = keep
+            want[i] = (up - down) / (2 * STEP)
+        if not np.allclose(g, want, atol=1e-7, rtol=1e-5):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("rope", [None, "half", "interleaved"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_transformers_gradients_match_central_differences(rope, causal):
+    """Every tensor of a network with nested residuals, dropout, causal or full attention,
+    RoPE in each layout, and the loss over every position."""
+    placed, params, x, y, masks = tiny_network(rope, causal)
+    assert [(p.name, placed[p.start].name) for p in placed if p.start is not None] == [("res1", "ln1"), ("res3", "ln2"), ("res2", "ln2")]
+    assert gradients_agree(placed, params, x, y, masks)
+
+
+def test_the_network_check_fails_on_a_residual_that_drops_its_skip_gradient(monkeypatch):
+    placed, params, x, y, masks = tiny_network("half")
+
+    def wrong(xp, section, p, cache, d_y, ctx, need_dx):
+        ctx.skip_grads[ctx.layer] = d_y * 0.999
+        return d_y, {}
+
+    assert gradients_agree(placed, params, x, y, masks)
+    monkeypatch.setattr(residual, "backward", wrong)
+    assert not gradients_agree(placed, params, x, y, masks)
+
+
+def _slip(name: str):
+    """attention's backward with one of the porting slips a hand-written one makes."""
+    real = attention.backward
+
+    def backward(xp, section, p, cache, d_y, ctx, need_dx):
+        rows, q, k, v, probs, joined, turns = cache
+        if name == "rope_turned_forward" and turns is not None:  # the inverse rotation forgotten
+            cos, sin = turns
+            turns = (cos, -sin)
+        if name == "no_mask_in_backward":  # the masked probabilities taken as uniform
+            probs = np.where(probs == 0, probs.max(), probs)
+        return real(xp, section, p, (rows, q, k, v, probs, joined, turns), d_y, ctx, need_dx)
+
+    return backward
+
+
+@pytest.mark.parametrize("slip", ["rope_turned_forward", "no_mask_in_backward"])
+def test_the_network_check_fails_on_a_wrong_attention_backward(slip, monkeypatch):
+    placed, params, x, y, masks = tiny_network("interleaved")
+    monkeypatch.setattr(attention, "backward", _slip(slip))
+    assert not gradients_agree(placed, params, x, y, masks)
+
+
+# --- the oracle: the forward's properties -------------------------------------------------
+
+
+def test_rope_turns_by_relative_position_and_its_layouts_differ():
+    """q.k after RoPE depends on the positions' difference only; the rotation keeps norms;
+    with -sin it turns back; and the two layouts give different values (a port that swaps
+    them is caught)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=8), rng.normal(size=8)
+    for layout in ("half", "interleaved"):
+        rope = attention.Rope(layout=layout)
+        cos, sin = attention.angles(np, rope, 12, 8, np.float64)
+        rows = np.stack([a] * 12), np.stack([b] * 12)
+        qa, kb = (attention.rotate(np, r, rope, cos, sin) for r in rows)
+        assert np.isclose(qa[7] @ kb[3], qa[10] @ kb[6]) and not np.isclose(qa[7] @ kb[3], qa[7] @ kb[6])
+        assert np.allclose(np.linalg.norm(qa, axis=1), np.linalg.norm(a))
+        assert np.allclose(attention.rotate(np, qa, rope, cos, -sin), rows[0])
+    cos, sin = attention.angles(np, attention.Rope(layout="half"), 12, 8, np.float64)
+    half = attention.rotate(np, np.stack([a] * 12), attention.Rope(layout="half"), cos, sin)
+    interleaved = attention.rotate(np, np.stack([a] * 12), attention.Rope(layout="interleaved"), cos, sin)
+    assert not np.allclose(half[1:], interleaved[1:])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_causal_position_sees_no_later_token(causal):
+    placed, params, x, y, masks = tiny_network("half", causal)
+    later = x.copy()
+    later[:, -1] = (later[:, -1] + 1) % 7
+    before, _ = network.forward(np, placed, params, x, Context(train=False))
+    after, _ = network.forward(np, placed, params, later, Context(train=False))
+    assert np.array_equal(before[:, :-1], after[:, :-1]) == causal
+
+
+def test_the_softmax_is_stable_on_large_scores():
+    scores = np.array([[1e4, 1e4 - 1, -np.inf], [-1e4, -1e4 - 2, -1e4 - 3]])
+    probs = attention.softmax(np, scores, network.plain)
+    assert np.isfinite(probs).all() and np.allclose(probs.sum(axis=-1), 1) and probs[0, 2] == 0
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def test_the_issues_transformer_trains_in_the_oracle_and_numpy(text_dir):
+    """20 steps of the issue's spec: the float32 NumPy run stays within float32 rounding of
+    the float64 oracle, and the loss falls from about ln 256."""
+    problem = inputs.truncated(inputs.build_problem(load_spec(SPEC, "quick"), text_dir), 20)
+    oracle = runner.run(problem, ORACLE_KEY)
+    numpy = runner.run(problem, RunKey("numpy", "cpu"))
+    assert oracle.status == numpy.status == "ok"
+    assert abs(oracle.losses[0] - np.log(256)) < 0.5 and oracle.losses[-1] < oracle.losses[0] - 1
+    np.testing.assert_allclose(numpy.losses, oracle.losses, rtol=1e-5)
+    for name, a in oracle.final_params.items():
+        if name != "attn1.k_bias":
+            np.testing.assert_allclose(numpy.final_params[name], a, rtol=1e-3, atol=1e-5, err_msg=name)
+    # The key's bias adds q.b_k to every score of a query alike, which the softmax cancels:
+    # its gradient is 0 in exact arithmetic, the oracle's 1e-13 of rounding, float32's some
+    # 1e-8, which Adam (eps 1e-8) turns into steps of about lr. The outputs change by
+    # rounding only: the float32 run's k_bias wanders, the oracle's stays put.
+    assert np.abs(oracle.final_params["attn1.k_bias"]).max() < 1e-6 < np.abs(numpy.final_params["attn1.k_bias"]).max()
+    assert numpy.final_outputs.shape == (16, 32, 256)
+
+
+def test_the_example_text_is_the_one_the_spec_names():
+    if not TEXT.is_file():
+        pytest.skip(f"{TEXT} is not here")
+    assert hashlib.sha256(TEXT.read_bytes()).hexdigest() == GPL3_SHA256 == _doc()["data"]["sha256"]
