@@ -39,8 +39,8 @@ def _padding_swapped():
 
 
 def _with(change):
-    def core(nn, p):
-        modules, holder = torch_layers._core(nn, p)
+    def core(torch, p):
+        modules, holder = torch_layers._core(torch, p)
         if holder is not None:
             change(holder, p)
         return modules, holder

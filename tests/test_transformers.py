@@ -334,3 +334,64 @@ def test_the_example_text_is_the_one_the_spec_names():
     if not TEXT.is_file():
         pytest.skip(f"{TEXT} is not here")
     assert hashlib.sha256(TEXT.read_bytes()).hexdigest() == GPL3_SHA256 == _doc()["data"]["sha256"]
+
+
+# --- the frameworks' translations ---------------------------------------------------------
+
+
+def text_problem(attend: dict, optimizer: dict | None = None):
+    """A small transformer on random token ids (no file read): 12 examples of 6 tokens of
+    a 256-byte vocabulary, width 8, two heads, a nested residual and dropout."""
+    doc = _doc()
+    doc["data"]["context"] = 6
+    doc["model"]["layers"] = [
+        {"kind": "embedding", "width": 8},
+        {"kind": "positional", "max_len": 6},
+        {"kind": "residual", "layers": [{"kind": "layer_norm", "eps": 1e-5}, {"kind": "attention", "heads": 2, **attend}]},
+        {
+            "kind": "residual",
+            "layers": [
+                {"kind": "residual", "layers": [{"kind": "layer_norm", "eps": 1e-5}, {"kind": "dense", "width": 12, "activation": "gelu"}]},
+                {"kind": "dropout", "rate": 0.25},
+                {"kind": "dense", "width": 8},
+            ],
+        },
+        {"kind": "layer_norm", "eps": 1e-5},
+        {"kind": "dense", "width": 256},
+    ]
+    doc["model"]["layers"][3]["layers"][0]["layers"].append({"kind": "dense", "width": 8})
+    doc["optimizer"] = optimizer or {"kind": "sgd", "lr": 0.5}
+    doc["training"]["batch_size"] = 4
+    doc["profiles"] = {}
+    spec = validate_document(SPEC, doc)[0]
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, size=(12, 6))
+    return inputs.in_memory(spec, x, rng.integers(0, 256, size=(12, 6)))
+
+
+ATTENTION = {
+    "causal": {"causal": True},
+    "full_half": {"causal": False, "rope": {"layout": "half"}},
+    "causal_interleaved_no_bias": {"causal": True, "bias": False, "rope": {"layout": "interleaved", "base": 100.0}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION))
+@pytest.mark.parametrize("framework", ["torch"])
+def test_each_translation_computes_the_oracles_transformer_in_float64(case, framework):
+    """Three SGD steps in float64 (SGD: the key's bias has a gradient of exactly 0, whose
+    rounding noise Adam would scale up; its values stay near 1e-17, compared absolutely):
+    the tensors, the losses and the outputs at every position agree with the oracle's to
+    float64 rounding."""
+    pytest.importorskip(framework)
+    from tests.test_layers_frameworks import run
+
+    problem = text_problem(ATTENTION[case])
+    reference, ref_out = run("numpy", problem)
+    state, out = run(framework, problem)
+    assert list(state.params) == list(reference.params)
+    np.testing.assert_allclose(state.losses, reference.losses, rtol=1e-12)
+    for name, want in reference.params.items():
+        np.testing.assert_allclose(state.params[name], want, rtol=1e-9, atol=1e-13, err_msg=name)
+    assert out.shape == (12, 6, 256)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-9, atol=1e-12)

@@ -136,9 +136,11 @@ class Problem:
         return stop - start
 
     def host_arrays(self, dtype: str, index_dtype: type = np.int64) -> dict[str, np.ndarray]:
-        """What an adapter puts on its device: "x" in the run's dtype; "y", targets in that
+        """What an adapter puts on its device: "x" in the run's dtype (token ids as
+        `index_dtype`); "y", targets in that
         dtype (mse) or class labels as `index_dtype`; "order", the batch order, if any."""
-        arrays = {"x": self.x_train.astype(dtype)}
+        # a text's token ids stay integers (an embedding's input); other inputs take the dtype
+        arrays = {"x": self.x_train.astype(index_dtype if self.spec.model.tokens is not None else dtype)}
         arrays["y"] = self.y_train.astype(dtype if self.spec.loss.kind == "mse" else index_dtype)
         if self.batch_order is not None:
             arrays["order"] = self.batch_order.astype(index_dtype)
