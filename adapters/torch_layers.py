@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.layers import windows
+from harness.layers import residual_tree, windows
 
 # torch's name for each of the spec's tensor names, per kind
 TORCH_NAMES = {"scale": "weight", "bias": "bias", "weight": "weight", "running_mean": "running_mean", "running_var": "running_var"}
@@ -133,21 +133,6 @@ def transformer_modules(torch):
     return {"positional": Positional, "attention": SelfAttention}
 
 
-def nested(placed, lo: int = 0, hi: int | None = None) -> list:
-    """placed[lo:hi] as a tree: a layer's name, or (a residual's name, its body's tree)."""
-    hi = len(placed) if hi is None else hi
-    items, i = [], lo
-    while i < hi:
-        outer = max((p for p in placed[i:hi] if p.start == i), key=lambda p: p.index, default=None)
-        if outer is None:
-            items.append(placed[i].name)
-            i += 1
-        else:
-            items.append((outer.name, nested(placed, i, outer.index)))
-            i = outer.index + 1
-    return items
-
-
 def apply_mask(x, mask):
     """A dropout layer's output: the harness's mask (0 or 1 / (1 - rate)) multiplied in."""
     return x * mask
@@ -166,7 +151,7 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
             placed = spec.model.placed
             first = placed[0].in_shape
             self.unflatten = nn.Unflatten(1, tuple(first)) if len(first) == 3 else nn.Identity()
-            self.tree = nested(placed)
+            self.tree = residual_tree(placed)
             self.blocks = nn.ModuleDict()
             self.holders = {}
             self.dropouts = [p.name for p in placed if p.module.KIND == "dropout"]

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from harness.core.errors import DataError, SpecError
 from harness.core.registry import ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
-from harness.layers import LayerSection, attention, place, residual
+from harness.layers import LayerSection, attention, place, residual, residual_tree
 from harness.layers.base import Context
 from harness.reference import network
 from harness.run import runner
@@ -52,6 +52,7 @@ def test_the_issues_syntax_validates_and_places_the_residuals_flat():
     assert placed[0].out_shape == (32, 32) and placed[0].section.vocabulary == 256
     assert placed[6].out_shape == (32, 64) and placed[-1].out_shape == (32, 256)
     assert (placed[4].start, placed[9].start) == (2, 5)  # each residual names where its body starts
+    assert residual_tree(placed) == ["embed1", "pos1", ("res1", ["ln1", "attn1"]), ("res2", ["ln2", "dense1", "dropout1", "dense2"]), "ln3", "dense3"]
     assert placed[3].section.causal and placed[3].section.rope is None and placed[3].section.bias
     assert spec.data.sha256 == GPL3_SHA256
 
@@ -230,6 +231,7 @@ def test_a_transformers_gradients_match_central_differences(rope, causal):
     RoPE in each layout, and the loss over every position."""
     placed, params, x, y, masks = tiny_network(rope, causal)
     assert [(p.name, placed[p.start].name) for p in placed if p.start is not None] == [("res1", "ln1"), ("res3", "ln2"), ("res2", "ln2")]
+    assert residual_tree(placed)[3] == ("res2", [("res3", ["ln2", "dense1", "dense2"]), "dropout1", "dense3"])
     assert gradients_agree(placed, params, x, y, masks)
 
 
@@ -377,13 +379,13 @@ ATTENTION = {
 
 
 @pytest.mark.parametrize("case", sorted(ATTENTION))
-@pytest.mark.parametrize("framework", ["torch"])
+@pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_each_translation_computes_the_oracles_transformer_in_float64(case, framework):
     """Three SGD steps in float64 (SGD: the key's bias has a gradient of exactly 0, whose
     rounding noise Adam would scale up; its values stay near 1e-17, compared absolutely):
     the tensors, the losses and the outputs at every position agree with the oracle's to
     float64 rounding."""
-    pytest.importorskip(framework)
+    pytest.importorskip({"torch": "torch", "jax": "flax"}[framework])
     from tests.test_layers_frameworks import run
 
     problem = text_problem(ATTENTION[case])

@@ -130,6 +130,22 @@ def residual_starts(placed: list[Placed]) -> dict[int, list[str]]:
     return found
 
 
+def residual_tree(placed: list[Placed], lo: int = 0, hi: int | None = None) -> list:
+    """placed[lo:hi] as the spec nests it: each item a layer's name, or a residual's name and
+    its body's items (how a framework's module writes x + body(x))."""
+    hi = len(placed) if hi is None else hi
+    items, i = [], lo
+    while i < hi:
+        outer = max((p for p in placed[i:hi] if p.start == i), key=lambda p: p.index, default=None)
+        if outer is None:
+            items.append(placed[i].name)
+            i += 1
+        else:
+            items.append((outer.name, residual_tree(placed, i, outer.index)))
+            i = outer.index + 1
+    return items
+
+
 def costs(placed: list[Placed]):
     """Each layer's share of a training step (base.Cost): the floor's terms and the memory
     estimate's values; only the first layer skips the input gradient."""
