@@ -397,3 +397,66 @@ def test_each_translation_computes_the_oracles_transformer_in_float64(case, fram
         np.testing.assert_allclose(state.params[name], want, rtol=1e-9, atol=1e-13, err_msg=name)
     assert out.shape == (12, 6, 256)
     np.testing.assert_allclose(out, ref_out, rtol=1e-9, atol=1e-12)
+
+
+# --- what the libraries do (read in their code, shown here) --------------------------------
+
+
+def test_torch_on_the_cpu_runs_attention_in_its_flash_kernel_in_float32_and_float64():
+    """F.scaled_dot_product_attention picks its CPU flash kernel (blockwise, an online
+    softmax) for float32 and float64, causal or not: its float32 bits are not the textbook
+    (math) kernel's, a rounding the calibration members must span."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    f = torch.nn.functional
+    for dtype in (torch.float32, torch.float64):
+        q = torch.randn(2, 4, 32, 8, dtype=dtype, generator=torch.Generator().manual_seed(0))
+        for causal in (True, False):
+            assert torch._fused_sdp_choice(q, q, q, None, 0.0, causal) == SDPBackend.FLASH_ATTENTION.value
+    q = torch.randn(2, 4, 32, 8, generator=torch.Generator().manual_seed(0))
+    flash = f.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        math = f.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert not torch.equal(flash, math) and torch.allclose(flash, math, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fully_masked_row_is_zero_in_torch_and_the_mean_of_v_in_flax_and_causal_never_makes_one():
+    """flax fills masked scores with finfo(dtype).min, not -inf: a query that sees no key
+    gets uniform weights (the mean of v), where torch gives 0. A causal mask always shows a
+    query itself, so the spec's attention never meets the difference: there the two agree
+    to float64 rounding."""
+    torch = pytest.importorskip("torch")
+    nn = pytest.importorskip("flax.linen")
+    import jax
+
+    before = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        q = np.random.default_rng(0).normal(size=(1, 5, 2, 4))  # (batch, positions, heads, head width): flax's layout
+        blind = np.tril(np.ones((5, 5), dtype=bool))
+        blind[0] = False
+        as_torch = torch.from_numpy(q.transpose(0, 2, 1, 3))
+        f = torch.nn.functional
+        torch_out = f.scaled_dot_product_attention(as_torch, as_torch, as_torch, attn_mask=torch.from_numpy(blind)).numpy().transpose(0, 2, 1, 3)
+        flax_out = np.asarray(nn.dot_product_attention(q, q, q, mask=blind[None, None]))
+        assert (torch_out[0, 0] == 0).all() and np.allclose(flax_out[0, 0], q[0].mean(axis=0))
+        causal = np.asarray(nn.dot_product_attention(q, q, q, mask=nn.make_causal_mask(np.ones((1, 5)))))
+        torch_causal = f.scaled_dot_product_attention(as_torch, as_torch, as_torch, is_causal=True).numpy().transpose(0, 2, 1, 3)
+        np.testing.assert_allclose(causal, torch_causal, rtol=1e-13, atol=1e-15)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def test_flax_embed_takes_integer_ids_only_and_gives_nan_past_its_vocabulary():
+    """Why a text's ids reach the adapters as integers; and why an id past the vocabulary
+    cannot go unnoticed in flax (torch's nn.Embedding raises): bytes are always below 256."""
+    nn = pytest.importorskip("flax.linen")
+    import jax
+    import jax.numpy as jnp
+
+    table = nn.Embed(4, 3)
+    variables = table.init(jax.random.key(0), jnp.zeros((2,), jnp.int32))
+    with pytest.raises(ValueError, match="integer"):
+        table.apply(variables, jnp.zeros((2,), jnp.float32))
+    assert np.isnan(np.asarray(table.apply(variables, jnp.array([9])))).all()
