@@ -305,7 +305,7 @@ def test_a_causal_position_sees_no_later_token(causal):
 
 def test_the_softmax_is_stable_on_large_scores():
     scores = np.array([[1e4, 1e4 - 1, -np.inf], [-1e4, -1e4 - 2, -1e4 - 3]])
-    probs = attention.softmax(np, scores, network.plain)
+    probs = attention.softmax(np, scores, Context())
     assert np.isfinite(probs).all() and np.allclose(probs.sum(axis=-1), 1) and probs[0, 2] == 0
 
 

@@ -125,12 +125,14 @@ def causal_mask(xp, positions: int):
     return xp.tril(xp.ones((positions, positions), dtype=bool))
 
 
-def softmax(xp, scores, jitter):
+def softmax(xp, scores, ctx: Context):
     """The softmax over the last axis, the row's maximum subtracted first (masked scores
-    are -inf: exp gives 0)."""
+    are -inf: exp gives 0); a calibration member sums each row's exponentials in its own
+    order (torch's CPU kernel sums them block by block, online)."""
+    jitter = ctx.jitter
     top = scores.max(axis=-1, keepdims=True)
     e = jitter(xp.exp(scores - top))
-    return jitter(e / jitter(e.sum(axis=-1, keepdims=True)))
+    return jitter(e / jitter(ctx.total(xp, e, e.ndim - 1)[..., None]))
 
 
 def forward(xp, section: Section, p: dict, x, ctx: Context):
@@ -147,7 +149,7 @@ def forward(xp, section: Section, p: dict, x, ctx: Context):
     scores = jitter(jitter(q @ k.swapaxes(-1, -2)) * scale)
     if section.causal:
         scores = xp.where(causal_mask(xp, t), scores, -xp.inf)
-    probs = softmax(xp, scores, jitter)
+    probs = softmax(xp, scores, ctx)
     joined = _join(jitter(probs @ v))
     out = _project(joined, p, "out")
     return out.reshape(batch, t, width), (rows, q, k, v, probs, joined, turns)
@@ -165,7 +167,7 @@ def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: b
     d_v = jitter(probs.swapaxes(-1, -2) @ d_o)
     d_p = jitter(d_o @ v.swapaxes(-1, -2))
     scale = 1 / math.sqrt(width // section.heads)
-    d_s = jitter(probs * (d_p - jitter((d_p * probs).sum(axis=-1, keepdims=True)))) * scale
+    d_s = jitter(probs * (d_p - jitter(ctx.total(xp, d_p * probs, d_p.ndim - 1)[..., None]))) * scale
     d_q, d_k = jitter(d_s @ k), jitter(d_s.swapaxes(-1, -2) @ q)
     if turns is not None:
         cos, sin = turns
