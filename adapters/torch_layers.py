@@ -103,6 +103,17 @@ def rotary(torch, a, rope):
     return torch.view_as_real(pairs * turns).flatten(-2)
 
 
+def attend(f, q, k, v, causal: bool):
+    """The heads' attention: torch's own, its scale 1/sqrt(head width) by default (a named
+    function, as apply_mask, that the injected bugs of tests/layer_bugs.py replace)."""
+    return f.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def positions(torch, t: int, device):
+    """The positions of an example's tokens, 0 .. t - 1."""
+    return torch.arange(t, device=device)
+
+
 def transformer_modules(torch):
     """The text layers' modules: each takes the placed layer."""
     nn, f = torch.nn, torch.nn.functional
@@ -113,7 +124,7 @@ def transformer_modules(torch):
             self.table = nn.Embedding(p.section.max_len, p.in_shape[1])
 
         def forward(self, x):
-            return x + self.table(torch.arange(x.shape[1], device=x.device))
+            return x + self.table(positions(torch, x.shape[1], x.device))
 
     class SelfAttention(nn.Module):
         def __init__(self, p):
@@ -127,7 +138,7 @@ def transformer_modules(torch):
             q, k, v = (lin(x).view(b, t, self.heads, -1).transpose(1, 2) for lin in (self.q, self.k, self.v))
             if self.rope is not None:
                 q, k = rotary(torch, q, self.rope), rotary(torch, k, self.rope)
-            o = f.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            o = attend(f, q, k, v, self.causal)
             return self.out(o.transpose(1, 2).reshape(b, t, width))
 
     return {"positional": Positional, "attention": SelfAttention}

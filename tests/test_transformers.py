@@ -341,14 +341,14 @@ def test_the_example_text_is_the_one_the_spec_names():
 # --- the frameworks' translations ---------------------------------------------------------
 
 
-def text_problem(attend: dict, optimizer: dict | None = None):
+def text_problem(attend: dict, optimizer: dict | None = None, max_len: int = 6):
     """A small transformer on random token ids (no file read): 12 examples of 6 tokens of
     a 256-byte vocabulary, width 8, two heads, a nested residual and dropout."""
     doc = _doc()
     doc["data"]["context"] = 6
     doc["model"]["layers"] = [
         {"kind": "embedding", "width": 8},
-        {"kind": "positional", "max_len": 6},
+        {"kind": "positional", "max_len": max_len},
         {"kind": "residual", "layers": [{"kind": "layer_norm", "eps": 1e-5}, {"kind": "attention", "heads": 2, **attend}]},
         {
             "kind": "residual",
@@ -397,6 +397,53 @@ def test_each_translation_computes_the_oracles_transformer_in_float64(case, fram
         np.testing.assert_allclose(state.params[name], want, rtol=1e-9, atol=1e-13, err_msg=name)
     assert out.shape == (12, 6, 256)
     np.testing.assert_allclose(out, ref_out, rtol=1e-9, atol=1e-12)
+
+
+def first_differing_layer(torch_module, problem) -> str | None:
+    """The first layer (in the network's order) whose float64 output on step 0's batch,
+    dropout masks given, differs from the oracle's by more than rounding: where the
+    diagnosis looks for a twin's first difference."""
+    import torch
+
+    host = problem.host_arrays("float64")
+    x, _ = problem.batch(host, 0)
+    masks = problem.step_masks(host, 0)
+    params = {k: v.astype(np.float64) for k, v in problem.initial_params.items()}
+    oracle: dict = {}
+    network.forward(np, problem.spec.model.placed, params, x.astype(np.float64), Context(masks=masks), outputs=oracle)
+    model = torch_module.network(torch, problem.spec, params, "cpu", torch.float64)
+    with torch.no_grad():
+        found = torch_module.layer_outputs(model, torch.from_numpy(x), {k: torch.from_numpy(m) for k, m in masks.items()})
+    for p in problem.spec.model.placed:
+        if not np.allclose(found[p.name], oracle[p.name], rtol=1e-10, atol=1e-12):
+            return p.name
+    return None
+
+
+PORTING_BUGS = ["torch_attention_scale", "torch_causal_mask_off_by_one", "torch_rope_layouts_swapped", "torch_positions_from_one"]
+
+
+@pytest.mark.parametrize("bug", ["honest", *PORTING_BUGS, "torch_norm_eps", "torch_other_gelu"])
+def test_each_transformer_porting_bug_is_found_in_its_layer(bug):
+    """torch's honest translation agrees with the oracle at every layer; each injected
+    porting bug (tests/layer_bugs.py TEXT_BUGS, and layer norm's eps and GELU's form of
+    LAYER_BUGS) first differs at its own layer."""
+    pytest.importorskip("torch")
+    from adapters import torch_layers
+    from tests.layer_bugs import LAYER_BUGS, TEXT_BUGS
+
+    problem = text_problem({"causal": True, "rope": {"layout": "half"}}, max_len=8)  # room for positions 1 .. 6
+    if bug == "honest":
+        assert first_differing_layer(torch_layers, problem) is None
+        return
+    bugs = {
+        **TEXT_BUGS,
+        "torch_norm_eps": (LAYER_BUGS["torch_norm_eps"][0], "layer_norm"),
+        "torch_other_gelu": (LAYER_BUGS["torch_other_gelu"][0], "dense"),
+    }
+    module, kind = bugs[bug]
+    first = first_differing_layer(module, problem)
+    assert first is not None and problem.spec.model.placed[[p.name for p in problem.spec.model.placed].index(first)].module.KIND == kind, first
 
 
 # --- what the libraries do (read in their code, shown here) --------------------------------
