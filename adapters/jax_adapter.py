@@ -410,13 +410,18 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     jax = _jax()
     dev = jax.devices(_platform(trainer.device))[0]
     net = jax_layers.module(trainer.problem.spec)
-    inputs = jax.device_put(x.astype(trainer.dtype), dev)
+    inputs = jax.device_put(_inputs(trainer, x), dev)
     masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
     _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])
     return {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}
 
 
+def _inputs(trainer: Trainer, x: np.ndarray) -> np.ndarray:
+    """x in the run's dtype, or a text's token ids as int32 (nn.Embed refuses floats)."""
+    return x.astype(np.int32 if trainer.problem.spec.model.tokens is not None else trainer.dtype)
+
+
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     jax = _jax()
-    inputs = jax.device_put(x.astype(trainer.dtype), jax.devices(_platform(trainer.device))[0])
+    inputs = jax.device_put(_inputs(trainer, x), jax.devices(_platform(trainer.device))[0])
     return np.asarray(trainer.predict_fn(trainer.params, inputs), dtype=np.float64)

@@ -20,6 +20,17 @@ compiled call. Both hold the same layers (nnx.Conv, nnx.BatchNorm wrap the same 
   use_fast_variance=False.
 - gelu: nn.gelu(approximate=False); gelu_tanh: nn.gelu (its default, the tanh form).
 - dropout: the harness's mask, multiplied in (nn.Dropout draws its own from an RNG).
+- embedding: nn.Embed (its table (vocabulary, width), the spec's layout), fed int32 ids.
+- positional: an nn.Embed of the positions 0 .. context - 1, added.
+- attention: four nn.Dense (q, k, v, out; kernels (in, out), the spec's layout), heads
+  split as (batch, positions, heads, head width), flax's layout, nn.dot_product_attention
+  with nn.make_causal_mask when causal (flax fills masked scores with the dtype's finfo.min,
+  not -inf, and scales q by 1/sqrt(head width) before the product); RoPE as JAX ports
+  write it: `half` with rotate_half, `interleaved` as complex numbers (EasyLM's Llama); the
+  angles in float64, rounded once.
+- residual: the body's layers, then x + body(x).
+- dense and layer_norm on a text's (positions, width) act on the last axis (flax's own);
+  the loss is per position, then the mean over all (jax_adapter's loss takes any shape).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.layers import ACTIVATED
+from harness.layers import ACTIVATED, residual_tree
 
 
 def _padding(p):
@@ -47,12 +58,53 @@ def _activation(nn, jnp, name: str | None):
     }.get(name or "identity", lambda z: z)
 
 
+def rotary(jnp, a, rope):
+    """RoPE on (batch, positions, heads, head width) as JAX ports write it, once per
+    layout; the angles t * base^(-2i/d) in float64 (NumPy), cos and sin rounded to a's dtype."""
+    t, d = a.shape[1], a.shape[-1]
+    theta = np.outer(np.arange(t, dtype=np.float64), rope.base ** (-np.arange(0, d, 2, dtype=np.float64) / d))[:, None, :]
+    if rope.layout == "half":  # rotate_half
+        cos, sin = (jnp.asarray(np.concatenate([c, c], axis=-1).astype(a.dtype)) for c in (np.cos(theta), np.sin(theta)))
+        first, second = a[..., : d // 2], a[..., d // 2 :]
+        return a * cos + jnp.concatenate([-second, first], axis=-1) * sin
+    # each pair a complex number, turned by e^(i theta) (EasyLM's apply_rotary_emb)
+    import jax
+
+    turns = jax.lax.complex(jnp.asarray(np.cos(theta).astype(a.dtype)), jnp.asarray(np.sin(theta).astype(a.dtype)))
+    pairs = a.reshape(*a.shape[:-1], d // 2, 2)
+    turned = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * turns
+    return jnp.stack([jnp.real(turned), jnp.imag(turned)], axis=-1).reshape(a.shape)
+
+
+def _attention_module(nn, jnp):
+    class SelfAttention(nn.Module):
+        heads: int
+        causal: bool
+        rope: Any
+        bias: bool
+
+        @nn.compact
+        def __call__(self, x):
+            b, t, width = x.shape
+            q, k, v = (nn.Dense(width, use_bias=self.bias, name=w)(x).reshape(b, t, self.heads, -1) for w in ("q", "k", "v"))
+            if self.rope is not None:
+                q, k = rotary(jnp, q, self.rope), rotary(jnp, k, self.rope)
+            mask = nn.make_causal_mask(jnp.ones((b, t))) if self.causal else None
+            o = nn.dot_product_attention(q, k, v, mask=mask)
+            return nn.Dense(width, use_bias=self.bias, name="out")(o.reshape(b, t, width))
+
+    return SelfAttention
+
+
 def module(spec):
     """The spec's network as a flax.linen Module: __call__(x, masks, train)."""
     import flax.linen as nn
     import jax.numpy as jnp
 
     placed = spec.model.placed
+    tree = residual_tree(placed)
+    by_name = {p.name: p for p in placed}
+    attention = _attention_module(nn, jnp)
 
     class Network(nn.Module):
         @nn.compact
@@ -60,33 +112,53 @@ def module(spec):
             first = placed[0].in_shape
             if len(first) == 3:
                 x = x.reshape((x.shape[0], *first)).transpose(0, 2, 3, 1)
-            for p in placed:
-                kind, s = p.module.KIND, p.section
-                if kind == "dense":
-                    x = nn.Dense(s.width, name=p.name)(x)
-                elif kind == "conv2d":
-                    x = nn.Conv(s.filters, (s.kernel, s.kernel), strides=(s.stride, s.stride), padding=_padding(p), name=p.name)(x)
-                elif kind == "max_pool":
-                    x = nn.max_pool(x, (s.window, s.window), strides=(s.step, s.step), padding="VALID")
-                elif kind == "avg_pool":
-                    x = nn.avg_pool(x, (s.window, s.window), strides=(s.step, s.step), padding="VALID")
-                elif kind == "flatten":
-                    x = x.transpose(0, 3, 1, 2).reshape((x.shape[0], -1)) if x.ndim == 4 else x
-                elif kind == "batch_norm":
-                    norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, name=p.name)
-                    x = norm(x, use_running_average=not train)
-                elif kind == "layer_norm":
-                    x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, name=p.name)(x)
-                elif kind == "dropout":
-                    if train:
-                        mask = masks[p.name]
-                        x = x * (mask.transpose(0, 2, 3, 1) if mask.ndim == 4 else mask)
-                else:
-                    raise ValueError(f"jax adapter: no translation of layer kind {kind!r}")
-                x = _activation(nn, jnp, p.activation)(x)
-                # Each layer's output in the spec's layout, kept only where "intermediates"
-                # is asked for (layer_outputs): a no-op in training.
-                self.sow("intermediates", f"out_{p.name}", x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
+
+            def run(items, x):
+                """The layers of `items` (a residual: its name and its body's items)."""
+                for item in items:
+                    if isinstance(item, tuple):  # a residual
+                        name, body = item
+                        x = x + run(body, x)
+                        self.sow("intermediates", f"out_{name}", x)
+                    else:
+                        x = self.layer(by_name[item], x, masks, train)
+                return x
+
+            return run(tree, x)
+
+        def layer(self, p, x, masks, train: bool):
+            kind, s = p.module.KIND, p.section
+            if kind == "embedding":
+                x = nn.Embed(s.vocabulary, s.width, name=p.name)(x)
+            elif kind == "positional":
+                x = x + nn.Embed(s.max_len, p.in_shape[1], name=p.name)(jnp.arange(x.shape[1]))
+            elif kind == "attention":
+                x = attention(s.heads, s.causal, s.rope, s.bias, name=p.name)(x)
+            elif kind == "dense":
+                x = nn.Dense(s.width, name=p.name)(x)
+            elif kind == "conv2d":
+                x = nn.Conv(s.filters, (s.kernel, s.kernel), strides=(s.stride, s.stride), padding=_padding(p), name=p.name)(x)
+            elif kind == "max_pool":
+                x = nn.max_pool(x, (s.window, s.window), strides=(s.step, s.step), padding="VALID")
+            elif kind == "avg_pool":
+                x = nn.avg_pool(x, (s.window, s.window), strides=(s.step, s.step), padding="VALID")
+            elif kind == "flatten":
+                x = x.transpose(0, 3, 1, 2).reshape((x.shape[0], -1)) if x.ndim == 4 else x
+            elif kind == "batch_norm":
+                norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, name=p.name)
+                x = norm(x, use_running_average=not train)
+            elif kind == "layer_norm":
+                x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, name=p.name)(x)
+            elif kind == "dropout":
+                if train:
+                    mask = masks[p.name]
+                    x = x * (mask.transpose(0, 2, 3, 1) if mask.ndim == 4 else mask)
+            else:
+                raise ValueError(f"jax adapter: no translation of layer kind {kind!r}")
+            x = _activation(nn, jnp, p.activation)(x)
+            # Each layer's output in the spec's layout, kept only where "intermediates"
+            # is asked for (layer_outputs): a no-op in training.
+            self.sow("intermediates", f"out_{p.name}", x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
             return x
 
     return Network()
@@ -110,6 +182,14 @@ SLOTS: dict[tuple[str, str], tuple[str, str, Any]] = {
     ("batch_norm", "running_var"): ("batch_stats", "var", _SAME),
     ("layer_norm", "scale"): ("params", "scale", _SAME),
     ("layer_norm", "bias"): ("params", "bias", _SAME),
+    ("embedding", "weight"): ("params", "embedding", _SAME),
+    ("positional", "weight"): ("params", "embedding", _SAME),
+    # attention's q_weight is its Dense "q"'s kernel: ("params", "q/kernel")
+    **{
+        ("attention", f"{w}_{own}"): ("params", f"{w}/{'kernel' if own == 'weight' else 'bias'}", _SAME)
+        for w in ("q", "k", "v", "out")
+        for own in ("weight", "bias")
+    },
 }
 
 
@@ -118,8 +198,12 @@ def variables(spec, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any
     found: dict[str, dict] = {"params": {}}
     for p in spec.model.placed:
         for local in p.local_names:
-            collection, name, (into, _) = SLOTS[p.module.KIND, local]
-            found.setdefault(collection, {}).setdefault(p.name, {})[name] = np.ascontiguousarray(into(tensors[f"{p.name}.{local}"])).astype(dtype)
+            collection, path, (into, _) = SLOTS[p.module.KIND, local]
+            *parents, name = path.split("/")
+            holder = found.setdefault(collection, {}).setdefault(p.name, {})
+            for parent in parents:
+                holder = holder.setdefault(parent, {})
+            holder[name] = np.ascontiguousarray(into(tensors[f"{p.name}.{local}"])).astype(dtype)
     return found
 
 
@@ -128,8 +212,11 @@ def tensors(spec, found: dict[str, Any]) -> dict[str, np.ndarray]:
     out = {}
     for p in spec.model.placed:
         for local in p.local_names:
-            collection, name, (_, back) = SLOTS[p.module.KIND, local]
-            out[f"{p.name}.{local}"] = np.array(back(np.asarray(found[collection][p.name][name])))
+            collection, path, (_, back) = SLOTS[p.module.KIND, local]
+            value = found[collection][p.name]
+            for key in path.split("/"):
+                value = value[key]
+            out[f"{p.name}.{local}"] = np.array(back(np.asarray(value)))
     return out
 
 

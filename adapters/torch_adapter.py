@@ -323,10 +323,16 @@ def state(trainer: Trainer, upto: int) -> State:
     return State(trainer.loss_log[:upto].cpu().double().numpy(), params)
 
 
+def _inputs(torch, trainer: Trainer, x: np.ndarray):
+    """x on the device: in the run's dtype, or a text's token ids as int64 (nn.Embedding's)."""
+    tokens = trainer.problem.spec.model.tokens is not None
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device=_device(trainer.device), dtype=torch.int64 if tokens else trainer.dtype)
+
+
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     """The outputs in evaluation mode (running statistics, no dropout), then back to training."""
     torch = _torch()
-    inputs = torch.from_numpy(np.ascontiguousarray(x)).to(device=_device(trainer.device), dtype=trainer.dtype)
+    inputs = _inputs(torch, trainer, x)
     trainer.model.eval()
     try:
         with torch.no_grad():
@@ -344,7 +350,7 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     to = {"device": dev, "dtype": trainer.dtype}
     masks = {name: torch.from_numpy(np.ascontiguousarray(m)).to(**to) for name, m in masks.items()}
     with torch.no_grad():
-        return torch_layers.layer_outputs(model, torch.from_numpy(np.ascontiguousarray(x)).to(**to), masks)
+        return torch_layers.layer_outputs(model, _inputs(torch, trainer, x), masks)
 
 
 def rates(device: str, precision: str) -> dict[str, float]:

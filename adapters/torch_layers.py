@@ -12,6 +12,17 @@ layouts.
 - layer_norm: nn.LayerNorm over the features.
 - dropout: the harness's mask, multiplied in (no framework draws another's masks).
 - activations: nn.ReLU, nn.Tanh, nn.GELU() (exact), nn.GELU(approximate="tanh").
+- embedding: nn.Embedding (its weight (vocabulary, width), the spec's layout), fed the
+  token ids as int64.
+- positional: an nn.Embedding of the positions 0 .. context - 1, added (GPT-2's wpe).
+- attention: four nn.Linear (q, k, v, out), the heads split as (batch, heads, positions,
+  head width), F.scaled_dot_product_attention(is_causal=...) with its default scale
+  1/sqrt(head width); RoPE as porting users write it: `half` as GPT-NeoX and Hugging Face's
+  Llama (rotate_half: a * cos + cat(-second, first) * sin), `interleaved` as Meta's Llama
+  (pairs as complex numbers times e^(i theta)); the angles in float64, rounded once.
+- residual: the body's blocks, then x + body(x), as a porter writes a pre-norm block.
+- dense and layer_norm on a text's (positions, width) act on the last axis, as nn.Linear
+  and nn.LayerNorm do; the loss flattens (batch, positions, classes) to rows.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.layers import windows
+from harness.layers import residual_tree, windows
 
 # torch's name for each of the spec's tensor names, per kind
 TORCH_NAMES = {"scale": "weight", "bias": "bias", "weight": "weight", "running_mean": "running_mean", "running_var": "running_var"}
@@ -45,11 +56,11 @@ def _conv(nn, p):
     return [nn.ZeroPad2d((left, right, top, bottom)), conv], conv
 
 
-def _core(nn, p) -> tuple[list[Any], Any]:
+def _core(torch, p) -> tuple[list[Any], Any]:
     """The modules of one layer, and the one that holds its tensors (or None)."""
-    kind, s = p.module.KIND, p.section
+    nn, kind, s = torch.nn, p.module.KIND, p.section
     if kind == "dense":
-        linear = nn.Linear(p.in_shape[0], s.width)
+        linear = nn.Linear(p.in_shape[-1], s.width)
         return [linear], linear
     if kind == "conv2d":
         return _conv(nn, p)
@@ -63,11 +74,74 @@ def _core(nn, p) -> tuple[list[Any], Any]:
         norm = (nn.BatchNorm2d if len(p.in_shape) == 3 else nn.BatchNorm1d)(p.in_shape[0], eps=s.eps, momentum=s.momentum)
         return [norm], norm
     if kind == "layer_norm":
-        norm = nn.LayerNorm(p.in_shape[0], eps=s.eps)
+        norm = nn.LayerNorm(p.in_shape[-1], eps=s.eps)
         return [norm], norm
-    if kind == "dropout":
+    if kind in ("dropout", "residual"):
         return [], None
+    if kind == "embedding":
+        table = nn.Embedding(s.vocabulary, s.width)
+        return [table], table
+    if kind in ("positional", "attention"):
+        found = transformer_modules(torch)[kind](p)
+        return [found], found
     raise ValueError(f"torch adapter: no translation of layer kind {kind!r}")
+
+
+def rotary(torch, a, rope):
+    """RoPE on a (batch, heads, positions, head width) as porting users write it, once per
+    layout; the angles t * base^(-2i/d) in float64, their cos and sin rounded to a's dtype."""
+    t, d = a.shape[-2], a.shape[-1]
+    inverse = rope.base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=a.device) / d)
+    theta = torch.outer(torch.arange(t, dtype=torch.float64, device=a.device), inverse)
+    if rope.layout == "half":  # GPT-NeoX, Hugging Face's Llama: rotate_half
+        cos, sin = (torch.cat([c, c], dim=-1).to(a.dtype) for c in (theta.cos(), theta.sin()))
+        first, second = a[..., : d // 2], a[..., d // 2 :]
+        return a * cos + torch.cat([-second, first], dim=-1) * sin
+    # Meta's Llama: each pair a complex number, turned by e^(i theta)
+    turns = torch.polar(torch.ones_like(theta), theta).to(torch.complex64 if a.dtype == torch.float32 else torch.complex128)
+    pairs = torch.view_as_complex(a.reshape(*a.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * turns).flatten(-2)
+
+
+def attend(f, q, k, v, causal: bool):
+    """The heads' attention: torch's own, its scale 1/sqrt(head width) by default (a named
+    function, as apply_mask, that the injected bugs of tests/layer_bugs.py replace)."""
+    return f.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def positions(torch, t: int, device):
+    """The positions of an example's tokens, 0 .. t - 1."""
+    return torch.arange(t, device=device)
+
+
+def transformer_modules(torch):
+    """The text layers' modules: each takes the placed layer."""
+    nn, f = torch.nn, torch.nn.functional
+
+    class Positional(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.table = nn.Embedding(p.section.max_len, p.in_shape[1])
+
+        def forward(self, x):
+            return x + self.table(positions(torch, x.shape[1], x.device))
+
+    class SelfAttention(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            s, width = p.section, p.in_shape[1]
+            self.q, self.k, self.v, self.out = (nn.Linear(width, width, bias=s.bias) for _ in range(4))
+            self.heads, self.causal, self.rope = s.heads, s.causal, s.rope
+
+        def forward(self, x):
+            b, t, width = x.shape
+            q, k, v = (lin(x).view(b, t, self.heads, -1).transpose(1, 2) for lin in (self.q, self.k, self.v))
+            if self.rope is not None:
+                q, k = rotary(torch, q, self.rope), rotary(torch, k, self.rope)
+            o = attend(f, q, k, v, self.causal)
+            return self.out(o.transpose(1, 2).reshape(b, t, width))
+
+    return {"positional": Positional, "attention": SelfAttention}
 
 
 def apply_mask(x, mask):
@@ -88,11 +162,12 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
             placed = spec.model.placed
             first = placed[0].in_shape
             self.unflatten = nn.Unflatten(1, tuple(first)) if len(first) == 3 else nn.Identity()
+            self.tree = residual_tree(placed)
             self.blocks = nn.ModuleDict()
             self.holders = {}
             self.dropouts = [p.name for p in placed if p.module.KIND == "dropout"]
             for p in placed:
-                modules, holder = _core(nn, p)
+                modules, holder = _core(torch, p)
                 act = _activation(nn, p.activation) if p.activation else None
                 if act is not None:
                     modules.append(act())
@@ -101,11 +176,18 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
 
         def forward(self, x, masks, outputs=None):
             """`outputs`, when given, receives each layer's output by name."""
-            x = self.unflatten(x)
-            for name, block in self.blocks.items():
-                x = block(x)
-                if name in masks and self.training:
-                    x = apply_mask(x, masks[name])
+            return self.run(self.tree, self.unflatten(x), masks, outputs)
+
+        def run(self, tree, x, masks, outputs):
+            for item in tree:
+                if isinstance(item, tuple):  # a residual
+                    name, body = item
+                    x = x + self.run(body, x, masks, outputs)
+                else:
+                    name = item
+                    x = self.blocks[name](x)
+                    if name in masks and self.training:
+                        x = apply_mask(x, masks[name])
                 if outputs is not None:
                     outputs[name] = x
             return x
@@ -115,7 +197,7 @@ def network(torch, spec, params: dict[str, np.ndarray], device: str, dtype):
         for name, holder, local, transposed in _tensor_slots(model, spec):
             value = params[f"{name}.{local}"]
             value = value.T if transposed else value
-            getattr(holder, TORCH_NAMES[local]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
+            holder.copy_(torch.from_numpy(np.ascontiguousarray(value)))
     return model
 
 
@@ -128,18 +210,25 @@ def layer_outputs(model, x, masks) -> dict[str, np.ndarray]:
 
 
 def _tensor_slots(model, spec):
-    """Each tensor's layer name, holding module and own name, and whether torch stores it
-    transposed (nn.Linear's weight is (out, in))."""
+    """Each tensor's layer name, the torch tensor that holds it, its own name, and whether
+    torch stores it transposed (nn.Linear's weight is (out, in))."""
     for p in spec.model.placed:
+        holder, kind = model.holders[p.name], p.module.KIND
         for local in p.local_names:
-            yield p.name, model.holders[p.name], local, p.module.KIND == "dense" and local == "weight"
+            if kind == "attention":  # q_weight: holder.q.weight
+                projection, own = local.split("_")
+                yield p.name, getattr(getattr(holder, projection), own), local, own == "weight"
+            elif kind == "positional":
+                yield p.name, holder.table.weight, local, False
+            else:
+                yield p.name, getattr(holder, TORCH_NAMES[local]), local, kind == "dense" and local == "weight"
 
 
 def tensors(model, spec) -> dict[str, np.ndarray]:
     """Every tensor by the spec's name, in the spec's layout, as NumPy."""
     found = {}
     for name, holder, local, transposed in _tensor_slots(model, spec):
-        value = getattr(holder, TORCH_NAMES[local]).detach().cpu().numpy()
+        value = holder.detach().cpu().numpy()
         found[f"{name}.{local}"] = (value.T if transposed else value).copy()
     return found
 
@@ -148,6 +237,8 @@ def objective(torch, kind: str, reduction: str, scale: float | None, model, outp
     """The spec's loss of `outputs` (torch.nn.functional's mse_loss or cross_entropy, with
     label smoothing), plus `scale` times the sum of the Linear and Conv2d weights' squares."""
     f = torch.nn.functional
+    if outputs.ndim == 3:  # a text's (batch, positions, classes): every position a row
+        outputs, targets = outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
     if kind == "mse":
         value = f.mse_loss(outputs, targets, reduction=reduction)
     else:

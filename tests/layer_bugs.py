@@ -2,6 +2,9 @@
 each a copy of adapters/torch_layers.py with one function replaced (tests/test_injected_bugs.py
 registers the copies as adapters): padding split the other way, a norm's eps changed, batch
 norm's momentum convention flipped, the other GELU, and a dropout mask without its scale.
+TEXT_BUGS are a transformer port's (issue 41): attention's scale, the causal mask off by one,
+RoPE's layouts swapped, the positions off by one; tests/test_transformers.py shows each
+found in its layer (not yet in the generated family).
 Each names the layer kind whose tensors it should be found in. JAX_LAYER_BUGS are the same
 for adapters/jax_layers.py: flax's batch norm given the spec's (torch's) momentum as is,
 where flax's convention takes 1 - momentum."""
@@ -39,8 +42,8 @@ def _padding_swapped():
 
 
 def _with(change):
-    def core(nn, p):
-        modules, holder = torch_layers._core(nn, p)
+    def core(torch, p):
+        modules, holder = torch_layers._core(torch, p)
         if holder is not None:
             change(holder, p)
         return modules, holder
@@ -97,6 +100,39 @@ LAYER_BUGS = {
     "torch_bn_biased_var": (_with(_stores_biased_var), ("batch_norm",)),
     "torch_other_gelu": (_copy(_activation=_other_gelu), ("gelu", "gelu_tanh")),
     "torch_dropout_unscaled": (_copy(apply_mask=_unscaled), ("dropout",)),
+}
+
+
+def _unscaled_attention(f, q, k, v, causal):
+    """1/d for 1/sqrt(d): the scale taken as the head width's inverse."""
+    return f.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1 / q.shape[-1])
+
+
+def _mask_off_by_one(f, q, k, v, causal):
+    """Each query sees the next token too: the triangle's diagonal one too high."""
+    import torch
+
+    t = q.shape[-2]
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(diagonal=1) if causal else None
+    return f.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _layouts_swapped(torch, a, rope):
+    """The other layout's rotation: interleaved pairs for half ones, and back."""
+    other = type(rope)(layout="half" if rope.layout == "interleaved" else "interleaved", base=rope.base)
+    return torch_layers.rotary(torch, a, other)
+
+
+def _positions_from_one(torch, t, device):
+    return torch.arange(1, t + 1, device=device)
+
+
+# name -> (the torch_layers copy, the kind of the layer whose output it changes first)
+TEXT_BUGS = {
+    "torch_attention_scale": (_copy(attend=_unscaled_attention), "attention"),
+    "torch_causal_mask_off_by_one": (_copy(attend=_mask_off_by_one), "attention"),
+    "torch_rope_layouts_swapped": (_copy(rotary=_layouts_swapped), "attention"),
+    "torch_positions_from_one": (_copy(positions=_positions_from_one), "positional"),
 }
 
 

@@ -101,14 +101,15 @@ def step_cost(problem: Problem) -> StepCost:
     per_example = 0.0
     for cost in costs:
         per_example += cost.flops
-    per_example += n_out * (5 if spec.loss.kind == "mse" else 7)  # loss and its gradient (softmax for cross-entropy)
+    positions = spec.model.tokens.context if spec.model.tokens is not None else 1  # a text's: a loss term at each
+    per_example += positions * n_out * (5 if spec.loss.kind == "mse" else 7)  # loss and its gradient (softmax for cross-entropy)
 
     weights = sum(c.weights for c in costs)
     params = sum(c.params for c in costs)
     ops, states = optimizer_ops(spec.optimizer)
     per_step = params * ops + (5 * weights if spec.loss.l2 else 0)
 
-    target_width = n_out if spec.loss.kind == "mse" else 1
+    target_width = n_out if spec.loss.kind == "mse" else positions
     shuffled = problem.batch_order is not None
     batch_bytes = batch * (spec.model.in_features + target_width + (1 if shuffled else 0)) * BYTES
     state_bytes = 2 * params * (1 + states) * BYTES

@@ -20,8 +20,8 @@ from typing import BinaryIO
 import numpy as np
 
 from harness.core.errors import DataError
-from harness.core.files import DEFLATE_MAX_RATIO, open_regular
-from harness.spec.model import IdxData, IdxFile, PeaksData
+from harness.core.files import DEFLATE_MAX_RATIO, open_regular, read_regular
+from harness.spec.model import IdxData, IdxFile, PeaksData, TextData
 
 DATA_DIR_ENV = "HARNESS_DATA_DIR"
 # Fixed in code, never taken from a spec: a spec names files, not addresses.
@@ -38,6 +38,9 @@ IDX_CHUNK = 1 << 20
 # --max-memory-gb says otherwise): a 2 GiB file of bytes made 8 GiB of features, and more.
 FEATURE_COPIES = 2
 DEFAULT_FEATURES_MAX_BYTES = 8 * 2**30
+# The largest text file read (its examples are int64 token ids, 16 bytes a byte of text,
+# inputs and targets): GPL-3 is 35 kB.
+TEXT_MAX_BYTES = 64 * 2**20
 
 
 # --- peaks ------------------------------------------------------------------------------
@@ -308,3 +311,32 @@ def load_idx(
     val, train = order[: chosen.validation], order[chosen.validation :]
     targets = labels.astype(np.int64)
     return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used))
+
+
+# --- text -------------------------------------------------------------------------------
+
+
+def load_text(section: TextData, data_dir: Path) -> IdxSplit:
+    """A text file of the data folder, checked against the spec's sha256, as examples of
+    `context` byte tokens: example i is the bytes [i * context, (i + 1) * context), its
+    targets the bytes one further on (each position's next byte), the examples not
+    overlapping, the text's last bytes that fill no example left out. `validation`
+    examples are held out, drawn with split_seed. int64 token ids and targets, (n, context)."""
+    path = data_dir / section.file
+    if not path.is_file():
+        raise DataError(f"{path}: missing. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
+    raw = read_regular(path, TEXT_MAX_BYTES, "data file", error=DataError)
+    got = hashlib.sha256(raw).hexdigest()
+    if got != section.sha256:
+        raise DataError(f"{path}: checksum mismatch: sha256 is {got}, the spec says {section.sha256}")
+    tokens = np.frombuffer(raw, dtype=np.uint8)
+    n = max(len(tokens) - 1, 0) // section.context
+    if section.validation >= n:
+        raise DataError(
+            f"data.validation: {section.validation} leaves no training examples of the {n} examples of {section.context} tokens in {path}"
+        )
+    windows = tokens[np.arange(n)[:, None] * section.context + np.arange(section.context + 1)].astype(np.int64)
+    x, y = windows[:, :-1], windows[:, 1:]
+    order = np.random.default_rng(section.split_seed).permutation(n)
+    val, train = order[: section.validation], order[section.validation :]
+    return IdxSplit(x[train], y[train], x[val], y[val], (UsedFile(name=section.file, path=str(path), sha256=got),))

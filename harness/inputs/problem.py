@@ -136,9 +136,11 @@ class Problem:
         return stop - start
 
     def host_arrays(self, dtype: str, index_dtype: type = np.int64) -> dict[str, np.ndarray]:
-        """What an adapter puts on its device: "x" in the run's dtype; "y", targets in that
+        """What an adapter puts on its device: "x" in the run's dtype (token ids as
+        `index_dtype`); "y", targets in that
         dtype (mse) or class labels as `index_dtype`; "order", the batch order, if any."""
-        arrays = {"x": self.x_train.astype(dtype)}
+        # a text's token ids stay integers (an embedding's input); other inputs take the dtype
+        arrays = {"x": self.x_train.astype(index_dtype if self.spec.model.tokens is not None else dtype)}
         arrays["y"] = self.y_train.astype(dtype if self.spec.loss.kind == "mse" else index_dtype)
         if self.batch_order is not None:
             arrays["order"] = self.batch_order.astype(index_dtype)
@@ -235,6 +237,13 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
     if section.kind == "image_patterns":
         x, y = data.image_patterns(section)
         return x, y, None, None, (), None
+    if section.kind == "text":
+        try:
+            split = data.load_text(section, data_dir or data.default_data_dir())
+        except DataError as exc:
+            message = str(exc)
+            raise DataError(f"{loaded.path}: {message}" if message.startswith("data.") else message) from None
+        return split.x_train, split.y_train, split.x_val, split.y_val, split.files, None
     source = source or section.source
     max_bytes = int(limits.memory_gb * resources.GIB)  # the images' features, before they are made
 

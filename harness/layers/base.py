@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 Array = Any
-Shape = tuple[int, ...]  # one example's shape: (features,) or (channels, height, width)
+Shape = tuple[int, ...]  # one example's shape: (features,), (channels, height, width) or (positions, width)
 
 
 def plain(a: Array, ulps: float = 1.0) -> Array:
@@ -37,6 +37,10 @@ class Context:
     # The logged loss summed one example after another (a library's few partial sums,
     # harness/known_differences.yaml `loss_sum`); its gradient is unchanged.
     sequential_loss: bool = False
+    # A residual's input, kept where its body starts until the residual adds it (by the
+    # residual's name); going back, the residual's gradient until the body's start adds it.
+    skips: dict[str, Array] = field(default_factory=dict)
+    skip_grads: dict[str, Array] = field(default_factory=dict)
 
     def total(self, xp, a: Array, axis: int) -> Array:
         """a summed over `axis`. Everyone but a calibration member sums pairwise: the terms
@@ -96,3 +100,18 @@ def draw_bias(rng: np.random.RandomState, scheme: str, size: int, fan_in: int) -
 
 def features(shape: Shape) -> int:
     return int(np.prod(shape))
+
+
+# The parts of a layer that keeps its input's shape and has no tensors (dropout, residual):
+# its out_shape, its init and its cost, one operation a value each way.
+def same_shape(section, shape: Shape) -> Shape:
+    return shape
+
+
+def no_tensors(section, shape, rng, scheme) -> dict[str, np.ndarray]:
+    return {}
+
+
+def elementwise_cost(section, shape: Shape, first: bool) -> Cost:
+    values = features(shape)
+    return Cost(flops=2 * values, values=values)

@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import Field
 
 from harness.core.strict import Strict
-from harness.layers.base import Context, Cost, Shape, features
+from harness.layers.base import Context, Shape, elementwise_cost, no_tensors, same_shape
 
 KIND = "dropout"
 PREFIX = "dropout"
@@ -24,17 +24,9 @@ class Section(Strict):
     rate: Annotated[float, Field(ge=0, lt=1)]
 
 
-def out_shape(section: Section, shape: Shape) -> Shape:
-    return shape
-
-
-def init(section, shape, rng, scheme) -> dict[str, np.ndarray]:
-    return {}
-
-
-def cost(section: Section, shape: Shape, first: bool) -> Cost:
-    values = features(shape)
-    return Cost(flops=2 * values, values=values)
+out_shape = same_shape
+init = no_tensors
+cost = elementwise_cost
 
 
 def kept(section: Section, shape: Shape, steps: int, rows: int, seed: list[int]) -> np.ndarray:

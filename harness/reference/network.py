@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from harness import optimizers
-from harness.layers import ACTIVATED, Placed
+from harness.layers import ACTIVATED, Placed, residual_starts
 from harness.layers.activations import activate, activation_grad
 from harness.layers.base import Context, plain
 
@@ -63,7 +63,10 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
     jitter = ctx.jitter
     a = x.reshape((x.shape[0], *placed[0].in_shape)) if len(placed[0].in_shape) > 1 else x
     caches = []
+    starts = residual_starts(placed)
     for p in placed:
+        for name in starts.get(p.index, ()):  # a residual's input, kept until it adds it
+            ctx.skips[name] = a
         ctx.layer = p.name
         out, cache = p.module.forward(xp, p.section, _local(p, params), a, ctx)
         for local in [k for k in ctx.updates if "." not in k]:
@@ -113,7 +116,13 @@ def _summed(xp, terms: Array, sequential: bool) -> Array:
 
 def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain, sequential: bool = False) -> tuple[Array, Array]:
     """The data term of the loss and its gradient with respect to the outputs; with
-    `sequential`, the loss's terms summed one example after another (its gradient alike)."""
+    `sequential`, the loss's terms summed one example after another (its gradient alike).
+    Outputs (batch, positions, classes), a text's, are (batch * positions) rows, each
+    position's target its own: the mean is over every position of every example (torch's
+    cross_entropy of the flattened logits)."""
+    if outputs.ndim == 3:
+        loss, d_out = data_loss(xp, outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), loss_section, jitter, sequential)
+        return loss, d_out.reshape(outputs.shape)
     n = outputs.shape[0]
     if loss_section.kind == "mse":
         diff = outputs - targets
@@ -164,6 +173,7 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter, ctx.sequential_loss)
     d_a = jitter(d_a)
     found: dict[str, Array] = {}
+    starts = residual_starts(placed)
     for i in reversed(range(len(placed))):
         p = placed[i]
         cache, z, a_out = caches[i]
@@ -172,6 +182,9 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
             d_a = jitter(d_a * activation_grad(xp, z, a_out, p.activation, jitter))
         d_a, grads = p.module.backward(xp, p.section, _local(p, params), cache, d_a, ctx, i > 0)
         found.update({f"{p.name}.{k}": g for k, g in grads.items()})
+        for name in starts.get(i, ()):  # past a residual's body: its gradient of the input added
+            skipped = ctx.skip_grads.pop(name)
+            d_a = None if d_a is None else jitter(d_a + skipped)
     if ctx.l2_scale:
         loss = loss + ctx.l2_scale * sum((w * w).sum() for w in weights(placed, params))
     return loss, {name: found[name] for name in trained_names(placed)}, ctx.updates

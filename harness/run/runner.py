@@ -84,7 +84,7 @@ def final_metrics(problem: Problem, params: Params, train_out: np.ndarray, val_o
         target = y.astype(np.float64) if spec.loss.kind == "mse" else y
         metrics[f"{split}_loss"] = float(network.objective(np, spec.model.placed, params64, out, target, spec.loss, n))
         if spec.loss.kind == "cross_entropy":
-            metrics[f"{split}_accuracy"] = float((out.argmax(axis=1) == y).mean())
+            metrics[f"{split}_accuracy"] = float((out.argmax(axis=-1) == y).mean())  # a text's: over every position
     return metrics
 
 

@@ -31,7 +31,9 @@ UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none"
 
 
 # The tags of the discriminated unions: data kinds, optimizer kinds and layer kinds.
-DISCRIMINATED_TAGS = frozenset({"peaks_grid", "moons", "idx", "image_patterns", *OPTIMIZER_KINDS, "constant", "step", "warmup_cosine", *KINDS})
+DISCRIMINATED_TAGS = frozenset(
+    {"peaks_grid", "moons", "idx", "image_patterns", "text", *OPTIMIZER_KINDS, "constant", "step", "warmup_cosine", *KINDS}
+)
 
 
 # The fields whose value is a discriminated union (a layer's is an item of model.layers).

@@ -130,27 +130,75 @@ class ImagePatterns(Strict):
         return self.n_samples
 
 
-DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns, Field(discriminator="kind")]
+# The longest context a text example may have: its scores are context^2 per head.
+MAX_CONTEXT = 4096
+# The vocabulary of each kind of tokens.
+VOCABULARY = {"bytes": 256}
+
+
+class TextData(Strict):
+    """A text file by bare name (looked up in the data folder, checked against its sha256),
+    read as tokens (`bytes`: each byte a token, 256 of them), cut into examples of `context`
+    tokens whose targets are the next token at every position; `validation` examples held
+    out at random (split_seed); harness.inputs.data.load_text."""
+
+    kind: Literal["text"]
+    file: FileName
+    sha256: Sha256
+    tokens: Literal["bytes"]
+    context: Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
+    validation: PositiveInt
+    split_seed: Seed
+
+    @property
+    def vocabulary(self) -> int:
+        return VOCABULARY[self.tokens]
+
+    @property
+    def n_examples(self) -> int | None:
+        return None  # known once the file is read
+
+
+DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns | TextData, Field(discriminator="kind")]
 
 
 # --- model, init, loss, optimizer -----------------------------------------------------------
 
 
+class Tokens(Strict):
+    """A text's input: `context` token ids an example, each below `vocabulary`."""
+
+    context: Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
+    vocabulary: PositiveInt
+
+
 class ModelSection(Strict):
     """A network: its input (`input_width` features, or an image `input_shape` [channels,
-    height, width], the data's features in that order) and its layers, each of a kind in
-    the layer registry (harness/layers/; a layer without a kind is dense)."""
+    height, width], the data's features in that order; or a text's token ids, `tokens`,
+    which a text data section gives: a spec on text data writes neither) and its layers,
+    each of a kind in the layer registry (harness/layers/; a layer without a kind is dense)."""
 
     input_width: PositiveInt | None = None
     input_shape: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=3, max_length=3)] | None = None
+    # Derived from the data (a Spec fills it in), so left out of a spec's dump: the dumps
+    # and digests of the specs that have none stay as they were.
+    tokens: Annotated[Tokens | None, Field(exclude=True)] = None
     layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)]
 
     @model_validator(mode="after")
     def _fits(self) -> ModelSection:
-        if (self.input_width is None) == (self.input_shape is None):
+        given = [self.input_width, self.input_shape, self.tokens]
+        if sum(g is not None for g in given) != 1:
+            if self.tokens is not None:
+                raise ValueError("model: a text's input is its token ids: give no input_width or input_shape")
             raise ValueError("model: give input_width (a vector) or input_shape (an image), one of them")
+        if self.tokens is not None and (self.layers[0].kind != "embedding" or any(p.section.kind == "embedding" for p in self.placed[1:])):
+            raise ValueError("model.layers: a text's token ids go into an embedding, the first layer and the only one")
         placed = self.placed
-        if len(placed[-1].out_shape) != 1:
+        if self.tokens is not None:
+            if len(placed[-1].out_shape) != 2:
+                raise ValueError("model.layers: the last layer must give a value per position (put a dense layer last)")
+        elif len(placed[-1].out_shape) != 1:
             raise ValueError("model.layers: the last layer must give a vector (put a flatten and a dense layer last)")
         if placed[-1].activation not in (None, "identity"):
             raise ValueError("model.layers: the last layer must be 'identity' (the loss applies softmax)")
@@ -158,6 +206,8 @@ class ModelSection(Strict):
 
     @property
     def in_shape(self) -> tuple[int, ...]:
+        if self.tokens is not None:
+            return (self.tokens.context,)
         return (self.input_width,) if self.input_width is not None else tuple(self.input_shape)
 
     @property
@@ -166,11 +216,12 @@ class ModelSection(Strict):
 
     @cached_property
     def placed(self) -> list[Placed]:
-        return place(self.layers, self.in_shape)
+        return place(self.layers, self.in_shape, self.tokens.vocabulary if self.tokens is not None else None)
 
     @property
     def n_outputs(self) -> int:
-        return self.placed[-1].out_shape[0]
+        """The last layer's width (at every position, for a text)."""
+        return self.placed[-1].out_shape[-1]
 
     @property
     def is_mlp(self) -> bool:
@@ -361,8 +412,28 @@ class Spec(Strict):
         """Plain SGD or Adam on the loss without label smoothing: what the fast modes take."""
         return self.optimizer.plain and not self.loss.label_smoothing
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_input(cls, document: Any) -> Any:
+        """A text data section gives the model its input, the token ids (model.tokens): its
+        context and its vocabulary. A model that writes its own must agree."""
+        if not isinstance(document, dict):
+            return document
+        data, model = document.get("data"), document.get("model")
+        if not (isinstance(data, dict) and data.get("kind") == "text" and isinstance(model, dict)):
+            return document
+        if "tokens" in model:
+            return document
+        # Where the data section is itself wrong (its own error says so), a stand-in keeps
+        # the model's errors to the model's own.
+        context, vocabulary = data.get("context"), VOCABULARY.get(data.get("tokens"), VOCABULARY["bytes"])
+        if not (isinstance(context, int) and 0 < context <= MAX_CONTEXT):
+            context = 1
+        return {**document, "model": {**model, "tokens": {"context": context, "vocabulary": vocabulary}}}
+
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
+        self._text_consistent()
         n_out = self.model.n_outputs
         if self.loss.kind == "cross_entropy" and n_out < 2:
             raise ValueError("model.layers: cross_entropy needs an output width of at least 2")
@@ -390,6 +461,21 @@ class Spec(Strict):
         if self.profiles.get(FULL_PROFILE):
             raise ValueError(f"profiles.{FULL_PROFILE}: the full spec is the default, it takes no overrides")
         return self
+
+    def _text_consistent(self) -> None:
+        tokens, text = self.model.tokens, self.data.kind == "text"
+        if tokens is not None and not text:
+            raise ValueError(f"model.tokens: a model of token ids takes text data, not {self.data.kind}")
+        if text and tokens is None:
+            raise ValueError("model: text data's input is its token ids: give no input_width or input_shape")
+        if not text:
+            return
+        if (tokens.context, tokens.vocabulary) != (self.data.context, self.data.vocabulary):
+            raise ValueError(f"model.tokens: the text data gives context {self.data.context} and vocabulary {self.data.vocabulary}")
+        if self.loss.kind != "cross_entropy" or self.model.n_outputs != self.data.vocabulary:
+            raise ValueError(f"loss.kind: a text's targets are its next tokens: use cross_entropy and {self.data.vocabulary} outputs")
+        if self.loss.l2 is not None:
+            raise ValueError("loss.l2: not yet taken on a text model (which of its weights a penalty sums is not settled)")
 
 
 def check_batching(training: TrainingSection, n_examples: int) -> None:
