@@ -131,7 +131,9 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
 
 
 BAD_SPECS = {
-    "yaml_does_not_parse": ("a: [1, 2", "not valid YAML"),
+    "yaml_does_not_parse": ("a: [1, 2", "not valid YAML: line 1, column 9: expected ',' or ']'"),
+    "unknown_layer_kind": (lambda d: d["model"]["layers"][0].update(kind="dens"), "model.layers.0.kind: 'dens' is none of dense, conv2d"),
+    "unknown_optimizer_kind": (lambda d: d["optimizer"].update(kind="adamm"), "optimizer.kind: 'adamm' is none of adam, adamw, sgd, rmsprop"),
     "unknown_key": (lambda d: d.update(colour="blue"), "colour: unknown key"),
     "missing_key": (lambda d: d.pop("optimizer"), "optimizer: missing key"),
     "wrong_type": (lambda d: d["training"].update(epochs="many"), "training.epochs: Input should be a valid integer"),
@@ -158,6 +160,7 @@ def test_bad_spec_through_the_cli_exits_two_and_writes_nothing(tmp_path, case):
     done = harness("run", str(spec), "--results", str(tmp_path / "results"))
     assert done.returncode == 2, done.stdout + done.stderr
     assert str(spec) in done.stderr and message in done.stderr and "Traceback" not in done.stderr
+    assert "<unicode string>" not in done.stderr and "_kind()" not in done.stderr
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*.json"))
 
 

@@ -64,6 +64,10 @@ def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> s
             msg = "unknown key"
         elif e["type"] == "missing":
             msg = "missing key"
+        elif e["type"] == "union_tag_invalid":  # a kind no member has (the layer kinds, the optimizers, ...)
+            ctx = e.get("ctx", {})
+            key = f"{key}.kind" if key else "kind"
+            msg = f"{ctx.get('tag', '')!r} is none of {str(ctx.get('expected_tags', '')).replace(chr(39), '')}"
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
@@ -104,6 +108,10 @@ def parse_document(path: Path, text: str) -> dict[str, Any]:
         doc = load_yaml(text)
     except Refused as exc:
         raise SpecError(f"{path}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:  # where in the file, in the file's own terms
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise SpecError(f"{path}: not valid YAML: {where}{exc.problem or exc.context or 'not parsed'}") from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
         raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(doc, dict):
