@@ -89,7 +89,8 @@ def _also_runs(frameworks: list[str], keys: list, console: Console) -> None:
         "the calibration members (~orderN, shown in the table, not recorded)",
         "a float64 twin of each framework and device (+float64, its first steps, recorded)",
     ]
-    console.print(f"besides {', '.join(frameworks)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
+    running = [f for f in frameworks if any(k.framework == f for k in keys)]  # not cupy on a CPU-only run
+    console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
 
 
 def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:

@@ -259,3 +259,19 @@ def test_a_log_gets_a_progress_line_by_steps_and_at_least_every_ten_seconds(monk
         "  moons_net torch@cpu step 75/500 step loss 0.7",
         "  moons_net torch@cpu step 500/500 step loss 0.1",
     ]
+
+
+def test_the_first_line_names_only_the_frameworks_that_run_here():
+    """The default frameworks on --devices cpu: cupy runs on the GPU only, and is not named."""
+    import io
+
+    from rich.console import Console
+
+    from harness import cli
+    from harness.core.registry import ADAPTERS
+    from harness.execute import plan
+
+    out = io.StringIO()
+    cli._also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400))
+    said = out.getvalue()
+    assert said.startswith("besides torch, jax, numpy, this runs") and "cupy" not in said
