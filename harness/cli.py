@@ -276,6 +276,8 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
     out, doc = report.report(args.results, args.out, args.profile)
     console.print(f"wrote {out} (profile {doc.profile}) and {len(doc.figures)} figure(s) in {out.parent / report.FIGURES_DIR}", highlight=False)
+    for profile, count in sorted(doc.others.items()):
+        console.print(f"  not in its main tables: {count} record(s) of profile {profile} (--profile {profile} reports them)", highlight=False)
     return 0
 
 

@@ -303,6 +303,10 @@ def test_report_picks_the_one_profile_the_records_hold_or_says_which(tmp_path, c
     assert cli.main(["report", "--results", str(results), "--profile", "full"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the records hold profiles quick" in err
+    fake(results, "peaks_mlp", "torch", profile="full")  # one full record: the main tables are full's, the quick ones said
+    assert cli.main(["report", "--results", str(results)]) == 0
+    said = capsys.readouterr().out
+    assert "(profile full)" in said and "not in its main tables: 2 record(s) of profile quick (--profile quick reports them)" in said
 
 
 def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):
