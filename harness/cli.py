@@ -113,6 +113,18 @@ def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
     return rates
 
 
+def skipped_runs(results: list) -> dict[str, tuple[list[str], str]]:
+    """Each run asked for that did not run (a framework not installed, no GPU), with the specs
+    it skipped and why: said in the summary, not only in a table row."""
+    found: dict[str, tuple[list[str], str]] = {}
+    for result in results:
+        for key, outcome in result.outcomes.items():
+            if outcome.status == "skipped":
+                specs, _ = found.setdefault(key.label, ([], outcome.reason or "skipped"))
+                specs.append(result.loaded.name)
+    return found
+
+
 def _finish_run(args: argparse.Namespace, console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
     from harness.report import table
 
@@ -124,6 +136,8 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     if workers:
         console.print(workers, highlight=False)
     table.print_failures(console, results)
+    for label, (specs, reason) in skipped_runs(results).items():
+        console.print(f"SKIPPED {label} on {', '.join(specs)}: {reason}", style="yellow", highlight=False, soft_wrap=True)
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])
         if speeds is not None:

@@ -275,3 +275,22 @@ def test_the_first_line_names_only_the_frameworks_that_run_here():
     cli._also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400))
     said = out.getvalue()
     assert said.startswith("besides torch, jax, numpy, this runs") and "cupy" not in said
+
+
+def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypatch):
+    """A framework missing from the environment (pip install '.[ray]' alone): its skip is a
+    line of the run's summary, with the reason, not only a table row."""
+    from types import SimpleNamespace
+
+    from harness import cli
+    from harness.core.registry import RunKey
+    from harness.run.runner import Outcome
+
+    def result(name):
+        skipped = Outcome(RunKey("torch", "cpu"), "skipped", "torch is not installed")
+        return SimpleNamespace(
+            loaded=SimpleNamespace(name=name), outcomes={skipped.key: skipped, RunKey("numpy", "cpu"): Outcome(RunKey("numpy", "cpu"), "ok")}
+        )
+
+    found = cli.skipped_runs([result("peaks_mlp"), result("moons_net")])
+    assert found == {"torch@cpu": (["peaks_mlp", "moons_net"], "torch is not installed")}

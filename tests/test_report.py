@@ -370,3 +370,20 @@ def test_the_divergence_figure_draws_the_envelope_that_judges_every_pair(tmp_pat
         assert any("loss_curve.rtol" in label for label in lines)  # peaks states a horizon rule too
     text, out = build(tmp_path)
     assert "the envelope that judges every pair" in text
+
+
+def test_report_without_matplotlib_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    """In an environment without matplotlib (the README's `pip install '.[ray]'`, say), report
+    says what is missing and how to get it: exit 2, no traceback."""
+    import sys
+
+    fake(tmp_path, "peaks_mlp", "torch")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.delitem(sys.modules, "harness.report.figures", raising=False)
+    import harness.report
+
+    monkeypatch.delattr(harness.report, "figures", raising=False)  # else `from harness.report import figures` finds it
+    assert cli.main(["report", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "pip install '.[report]'" in err and "matplotlib" in err
+    assert not (tmp_path / "REPORT.md").exists()

@@ -118,7 +118,10 @@ def main_profile(records: list[Record], asked: str | None) -> str:
 
 def build(results_dir: Path, profile: str | None = None) -> Document:
     """The whole report, in memory."""
-    from harness.report import figures
+    try:
+        from harness.report import figures
+    except ImportError as exc:
+        raise HarnessError(f"report: its figures need matplotlib, which this Python lacks ({exc.name}): pip install '.[report]'") from None
 
     sources, every = Sources.scan(results_dir)
     latest = newest_per_cell(every)
