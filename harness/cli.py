@@ -16,7 +16,7 @@ from rich.console import Console
 
 from harness import arguments
 from harness.core.atomic import atomic_write, ensure_replaceable
-from harness.core.errors import HarnessError
+from harness.core.errors import DataError, HarnessError
 from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, SPECS_DIR
 from harness.core.registry import ADAPTERS, CALIBRATION_KEY, DEVICES, ONLY_ON, ORACLE_KEY, STRICT, runs_on
 from harness.inputs import resources
@@ -143,7 +143,13 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
         if speeds is not None:
             console.print(speeds)
         console.print(f"{sum(len(r.paths) for r in results)} records written under {results_dir} (run {run_id})")
-    return EXIT_FAILED if table.failed(results) else 0
+    unread = getattr(args, "unread", [])
+    if unread:
+        names = ", ".join(u.split(":")[0] for u in unread)
+        console.print(f"{len(unread)} spec(s) not run for want of their data: {names} (above: which file, and how to get it)", highlight=False)
+    if table.failed(results):
+        return EXIT_FAILED
+    return EXIT_BAD_INPUT if unread else 0
 
 
 def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str]:
@@ -153,7 +159,18 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args, [spec.name for spec in loaded])
     _also_runs(args.frameworks, keys, console)
-    problems = [inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)) for spec in loaded]
+    problems, ready = [], []
+    for spec in loaded:
+        try:
+            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
+            ready.append(spec)
+        except DataError as exc:
+            if len(loaded) == 1:
+                raise
+            # one spec's data missing (offline, say) keeps the others from nothing: they run
+            args.unread = [*getattr(args, "unread", []), f"{spec.name}: {exc}"]
+            console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
+    loaded = ready
     rates = _rates(args, keys, console)
     run_id = write.new_id()
     executor = _executor(args, console)

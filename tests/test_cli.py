@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -294,3 +295,39 @@ def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypat
 
     found = cli.skipped_runs([result("peaks_mlp"), result("moons_net")])
     assert found == {"torch@cpu": (["peaks_mlp", "moons_net"], "torch is not installed")}
+
+
+def test_offline_without_a_specs_data_the_other_specs_run(tmp_path):
+    """Two specs, one whose data files are not in the data folder (offline, no download):
+    that one is a SKIPPED line naming its spec and file and how to get it; the other runs;
+    the summary counts the spec not run, and the exit code is 2 (bad input), not 0."""
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_DATA_DIR"}
+    env["HOME"] = str(tmp_path)  # no ~/.cache/repro-harness/data
+    empty = tmp_path / "data"
+    empty.mkdir()
+    mnist = tmp_path / "mnist_tiny.yaml"
+    mnist.write_text((SPECS_DIR / "mnist_mlp.yaml").read_text())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            str(mnist),
+            str(tiny_moons(tmp_path)),
+            "--frameworks",
+            "numpy",
+            "--no-records",
+            "--data-dir",
+            str(empty),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env=env,
+    )
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "SKIPPED mnist_mlp, its data is not here:" in said and "train-images-idx3-ubyte.gz: missing" in said and "--download" in said
+    assert "moons_net numpy@cpu" in said and "1 spec(s) not run for want of their data: mnist_mlp" in said
