@@ -12,7 +12,7 @@ from harness.core.errors import DataError
 from harness.core.paths import SPECS_DIR
 from harness.inputs import data
 from harness.spec.load import load_spec
-from harness.spec.model import PeaksData
+from harness.spec.data import PeaksData
 
 
 def test_peaks_grid_matches_the_article():

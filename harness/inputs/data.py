@@ -21,7 +21,7 @@ import numpy as np
 
 from harness.core.errors import DataError
 from harness.core.files import DEFLATE_MAX_RATIO, open_regular, read_regular
-from harness.spec.model import IdxData, IdxFile, PeaksData, TextData
+from harness.spec.data import IdxData, IdxFile, PeaksData, TextData
 
 DATA_DIR_ENV = "HARNESS_DATA_DIR"
 # Fixed in code, never taken from a spec: a spec names files, not addresses.

@@ -20,12 +20,11 @@ rounding (a tolerance's floor; the hardware floor of a step is harness/hardware/
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from harness.calibrate.spread import TINY, Calibration, Segments, Spread, relative_curve_distance, tensors
+from harness.calibrate.spread import TINY, Spread, relative_curve_distance, tensors
 from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
@@ -220,7 +219,7 @@ def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: 
     )
 
 
-def _skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> list[Check]:
+def skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> list[Check]:
     return [Check(n, a, b, Verdict.SKIPPED, rule, reason=reason) for n in names]
 
 
@@ -237,9 +236,9 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
     rule = spec.checks.long_run
     names = ["loss_curve_envelope", "final_outputs", *(f"final_{m}" for m in sorted(b.metrics))]
     if cal is None:
-        return _skipped(names, a.key, b.key, "envelope rule", NO_CALIBRATION)
+        return skipped(names, a.key, b.key, "envelope rule", NO_CALIBRATION)
     if {a.key, b.key} == {CALIBRATION_KEY, ORACLE_KEY}:
-        return _skipped(names, a.key, b.key, "envelope rule", "this pair is the calibration that defines the envelope")
+        return skipped(names, a.key, b.key, "envelope rule", "this pair is the calibration that defines the envelope")
     checks = [
         curve_check(
             "loss_curve_envelope",
@@ -340,182 +339,3 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
             loss = bool(prefix) and name == "initial_loss"
             checks.append(tensor_check(prefix + name, a.key, b.key, va, vb, spread_of(cal), factor, cal, labels, step, at_least_one=loss))
     return checks
-
-
-# How far apart two float64 layer outputs may be, relative to the oracle's largest value,
-# and still count as the same math where the diagnosis looks for the first layer to differ:
-# 1e-10 is about 5e5 float64 ulps, far above the twins' rounding (1e-16 to 1e-14 measured on
-# every layer kind, tests/test_layers_frameworks.py) and far below the smallest porting bug
-# (an eps moved from 1e-5 to 1e-4: about 1e-6). It names a layer; it judges nothing.
-LAYERS_APART = 1e-10
-
-
-def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]) -> str | None:
-    """The first layer, in the network's order, whose output differs from the oracle's."""
-    for name, want in oracle.items():
-        got = twin.get(name)
-        if got is None or got.shape != want.shape:
-            return name
-        if np.abs(got - want).max(initial=0) > LAYERS_APART * max(np.abs(want).max(initial=0), np.finfo(np.float64).tiny):
-            return name
-    return None
-
-
-def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
-    """A float64 twin against the oracle over the twins' first steps, calibrated on the
-    oracle's own reordered members: a failure here is different math."""
-    reference, spread = cal.reference_of(twin.key), cal.spread_of(twin.key)
-    names = [f"{MATH}{n}" for n in ("initial_outputs", "initial_loss", "loss_curve", "final_outputs")]
-    if reference is None or reference.status != "ok" or spread is None:
-        reason = "no float64 calibration: needs ok runs of the oracle's first steps and its reordered members"
-        return _skipped(names, twin.key, ORACLE_KEY, "math parity", reason)
-    factor = spec.checks.long_run.factor
-    eps = EPS[FLOAT64]
-    checks = [dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
-    checks.append(
-        curve_check(
-            f"{MATH}loss_curve",
-            twin.key,
-            ORACLE_KEY,
-            twin.losses,
-            reference.losses,
-            factor,
-            spread,
-            loss_floor(reference.losses),
-            f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = the largest "
-            f"distance of {spread.runs} float64 runs summing in other orders from the oracle "
-            f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
-        )
-    )
-    checks.append(
-        tensor_check(
-            f"{MATH}final_outputs",
-            twin.key,
-            ORACLE_KEY,
-            [twin.final_outputs],
-            [reference.final_outputs],
-            [spread.final_outputs],
-            factor,
-            spread,
-        )
-    )
-    layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs) if reference.layer_outputs else None
-    return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
-
-
-def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
-    """The twin re-anchored along the run (harness/run/anchored.py): over each segment,
-    started from the oracle's state, against the oracle's own steps from it, calibrated on
-    the float64 members started from the same state. The first segment to fail is where
-    the difference starts."""
-    name = f"{MATH}anchored_loss_curve"
-    run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments_of(twin.key)
-    if run is None and segments is None:
-        return []  # a run too short for a segment after the first steps
-    rule = "math parity re-anchored at the oracle's state"
-    if run is not None and run.status != "ok":
-        return [Check(name, twin.key, ORACLE_KEY, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
-    if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
-        return _skipped([name], twin.key, ORACLE_KEY, rule, "no calibrated segments: needs the oracle's states and its members' re-anchored runs")
-    factor = spec.checks.long_run.factor
-    references = segments.reference
-    library = cal.library.get((twin.key.framework, twin.key.device))
-    if library is not None:  # the oracle computing the library's formula, from the same states
-        if library[1] is None or library[1].status != "ok" or sorted(library[1].segments) != sorted(references):
-            return _skipped([name], twin.key, ORACLE_KEY, rule, "the oracle computing the library's formula did not run every segment")
-        references = library[1].segments
-    found = []
-    for start, reference in sorted(references.items()):
-        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)  # the segment's own spread
-        check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
-        step = None if check.first_failure_step is None else start + check.first_failure_step
-        found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
-    chosen = _first_failing_or_worst(found)
-    starts = ", ".join(str(a) for a in sorted(segments.reference))
-    tolerance = (
-        f"over each segment of {spec.checks.math_parity.steps} steps from the oracle's state at steps {starts}: relative loss "
-        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = the largest distance of "
-        f"{segments.runs} float64 runs summing in other orders, started from the same state"
-    )
-    curve = dataclasses.replace(
-        chosen,
-        tolerance=tolerance,
-        ratio=max(c.ratio or 0.0 for c in found),
-        max_abs_error=max(c.max_abs_error for c in found),
-        max_rel_error=max(c.max_rel_error for c in found),
-    )
-    return [curve, *segment_end_checks(spec, twin, run, segments, cal)]
-
-
-def _first_failing_or_worst(found: list[Check]) -> Check:
-    """Of one check over several segments: the first that fails (where the difference
-    starts), or the one closest to failing."""
-    failing = [c for c in found if c.verdict == Verdict.FAIL]
-    return failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
-
-
-def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segments, cal: Calibration) -> list[Check]:
-    """At each re-anchored segment's end: every tensor the run carries (parameters,
-    batch-norm statistics, the optimizer's moments), and the probe's outputs in evaluation mode (through those
-    statistics), against the reference's own at that step (the oracle's, or the oracle
-    computing the library's formula), calibrated per tensor on the members started from the
-    same state. A difference that changes no training loss (a running variance stored
-    otherwise, a momentum slip in a buffer) shows here. The first segment to fail is where
-    it starts; none where the reference kept no segment ends."""
-    starts = [a for a in sorted(segments.end_reference) if a in run.segment_ends and a in run.segment_outputs]
-    if not starts or cal.float64 is None:
-        return []
-    factor, steps = spec.checks.long_run.factor, spec.checks.math_parity.steps
-    spread = dataclasses.replace(cal.float64, runs=segments.runs)
-    states, outputs = [], []
-    for a in starts:
-        reference, mine = segments.end_reference[a], run.segment_ends[a]
-        missing = [n for n in reference if "/" not in n and n not in mine]
-        if missing:
-            reason = f"it carries no {', '.join(missing)}"
-            states.append(Check(f"{MATH}anchored_state", twin.key, ORACLE_KEY, Verdict.FAIL, "every tensor", reason=reason, segment=a))
-        else:
-            # every tensor the reference and its members kept, and the optimizer moments the
-            # run carries too (an adapter without training_state carries none)
-            names = [n for n in reference if n in segments.end_params[a] and n in mine]
-            check = tensor_check(
-                f"{MATH}anchored_state",
-                twin.key,
-                ORACLE_KEY,
-                [mine[n] for n in names],
-                [reference[n] for n in names],
-                [segments.end_params[a][n] for n in names],
-                factor,
-                spread,
-                names,
-                a + steps,
-            )
-            states.append(dataclasses.replace(check, segment=a))
-        check = tensor_check(
-            f"{MATH}anchored_outputs",
-            twin.key,
-            ORACLE_KEY,
-            [run.segment_outputs[a]],
-            [segments.output_reference[a]],
-            [segments.end_outputs[a]],
-            factor,
-            spread,
-            None,
-            a + steps,
-        )
-        outputs.append(dataclasses.replace(check, segment=a))
-    where = ", ".join(str(a + steps) for a in starts)
-    found = []
-    for group, what in (
-        (states, "every tensor (batch-norm statistics and optimizer moments too)"),
-        (outputs, "the probe's outputs in evaluation mode"),
-    ):
-        chosen = _first_failing_or_worst(group)
-        found.append(
-            dataclasses.replace(
-                chosen,
-                tolerance=f"{what} at the end of each re-anchored segment (steps {where}): {chosen.tolerance}",
-                ratio=max(c.ratio or 0.0 for c in group),
-            )
-        )
-    return found

@@ -24,15 +24,8 @@ from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
-from harness.verdict.checks import (
-    MATH,
-    Check,
-    anchored_parity_check,
-    envelope_checks,
-    horizon_check,
-    math_parity_checks,
-    short_horizon_checks,
-)
+from harness.verdict.checks import MATH, Check, envelope_checks, horizon_check, short_horizon_checks
+from harness.verdict.parity import anchored_parity_check, math_parity_checks
 
 FLOAT32_PAIRS = "float32 pairs"
 TWINS = "twins"
