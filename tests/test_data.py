@@ -11,8 +11,8 @@ import pytest
 from harness.core.errors import DataError
 from harness.core.paths import SPECS_DIR
 from harness.inputs import data
-from harness.spec.load import load_spec
 from harness.spec.data import PeaksData
+from harness.spec.load import load_spec
 
 
 def test_peaks_grid_matches_the_article():
