@@ -125,7 +125,7 @@ def skipped_runs(results: list) -> dict[str, tuple[list[str], str]]:
     return found
 
 
-def _finish_run(args: argparse.Namespace, console: Console, results: list, results_dir: Path | None, run_id: str) -> int:
+def _finish_run(args: argparse.Namespace, console: Console, results: list, results_dir: Path | None, run_id: str, unread: list[str] = ()) -> int:
     from harness.report import table
 
     console.print(table.verdict_table(results, members=getattr(args, "members", False)))
@@ -143,23 +143,22 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
         if speeds is not None:
             console.print(speeds)
         console.print(f"{sum(len(r.paths) for r in results)} records written under {results_dir} (run {run_id})")
-    unread = getattr(args, "unread", [])
     if unread:
-        names = ", ".join(u.split(":")[0] for u in unread)
+        names = ", ".join(unread)
         console.print(f"{len(unread)} spec(s) not run for want of their data: {names} (above: which file, and how to get it)", highlight=False)
     if table.failed(results):
         return EXIT_FAILED
     return EXIT_BAD_INPUT if unread else 0
 
 
-def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str]:
+def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, list[str]]:
     from harness import matrix
     from harness.inputs import problem as inputs
 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args, [spec.name for spec in loaded])
     _also_runs(args.frameworks, keys, console)
-    problems, ready = [], []
+    problems, ready, unread = [], [], []
     for spec in loaded:
         try:
             problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
@@ -168,7 +167,7 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
             if len(loaded) == 1:
                 raise
             # one spec's data missing (offline, say) keeps the others from nothing: they run
-            args.unread = [*getattr(args, "unread", []), f"{spec.name}: {exc}"]
+            unread.append(spec.name)
             console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
     loaded = ready
     rates = _rates(args, keys, console)
@@ -181,19 +180,19 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
         ]
     finally:
         executor.shutdown()
-    return results, results_dir, run_id
+    return results, results_dir, run_id, unread
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    results, results_dir, run_id = _run_matrix(args, console)
-    return _finish_run(args, console, results, results_dir, run_id)
+    results, results_dir, run_id, unread = _run_matrix(args, console)
+    return _finish_run(args, console, results, results_dir, run_id, unread)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.report import table
 
-    results, results_dir, run_id = _run_matrix(args, console)
-    code = _finish_run(args, console, results, results_dir, run_id)
+    results, results_dir, run_id, unread = _run_matrix(args, console)
+    code = _finish_run(args, console, results, results_dir, run_id, unread)
     console.print(table.bench_table([record for r in results for record in r.records]))
     return code
 

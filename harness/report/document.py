@@ -100,14 +100,20 @@ def sweep_records(records: list[Record]) -> dict[str, list[Record]]:
     return found
 
 
+def table_profiles(records: list[Record]) -> list[str]:
+    """The profiles the records hold that the main tables can show: all but a sweep's and
+    the bench's, which have sections of their own."""
+    swept = {r.spec.profile for mine in sweep_records(records).values() for r in mine}
+    return sorted({r.spec.profile for r in records} - swept - {spec_mod.BENCH_PROFILE})
+
+
 def main_profile(records: list[Record], asked: str | None) -> str:
     """The profile of the report's main tables: the one asked for, else full, else the one
     profile the records hold (a sweep's and the bench's own profiles aside, which have
     sections of their own); a HarnessError naming what the records hold where the main
     tables would be empty for want of a profile they do hold."""
     held = sorted({r.spec.profile for r in records})
-    swept = {r.spec.profile for mine in sweep_records(records).values() for r in mine}
-    main = [p for p in held if p != spec_mod.BENCH_PROFILE and p not in swept]
+    main = table_profiles(records)
     if asked is None and len(main) == 1 and spec_mod.FULL_PROFILE not in held:
         return main[0]
     chosen = asked or spec_mod.FULL_PROFILE
@@ -128,8 +134,9 @@ def build(results_dir: Path, profile: str | None = None) -> Document:
     profile = main_profile(latest, profile)
     main = [r for r in latest if r.spec.profile == profile]
     doc = Document(profile=profile)
-    for r in latest:  # the main tables' other profiles, said where the report is written
-        if r.spec.profile != profile and r.spec.profile != spec_mod.BENCH_PROFILE:
+    left_out = set(table_profiles(latest)) - {profile}  # said where the report is written
+    for r in latest:
+        if r.spec.profile in left_out:
             doc.others[r.spec.profile] = doc.others.get(r.spec.profile, 0) + 1
     doc.add("# Reproducibility report", "")
     doc.add(
