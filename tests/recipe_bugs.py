@@ -94,12 +94,9 @@ def _no_nesterov(torch, spec, model, **impl):
 
 def _rmsprop_centered(torch, spec, model, **impl):
     """torch.optim.RMSprop with centered=True (the gradient's running mean taken out of v)
-    where the spec says the uncentered form."""
-    opt = spec.optimizer
-    if opt.kind == "rmsprop":
-        decay = {"weight_decay": opt.weight_decay} if opt.weight_decay else {}
-        return torch.optim.RMSprop(model.parameters(), lr=opt.lr, alpha=opt.alpha, eps=opt.eps, momentum=opt.momentum, centered=True, **decay, **impl)
-    return torch_adapter._optimizer(torch, spec, model, **impl)
+    where the spec says the uncentered form; the adapter's own translation otherwise."""
+    centered = {"centered": True} if spec.optimizer.kind == "rmsprop" else {}
+    return torch_adapter._optimizer(torch, spec, model, **impl, **centered)
 
 
 def _has(doc: dict, section: str, key: str) -> bool:
@@ -160,17 +157,12 @@ def _jax_decay_at_peak(opt):
     return optax.chain(adam, optax.stateless(decay))
 
 
-def _jax_rmsprop_alias(opt):
-    """optax.rmsprop with the spec's decay, eps and momentum, and its other defaults: eps
-    inside the square root, the rate before the momentum trace."""
-    import optax
-
-    if opt.kind != "rmsprop":
-        return jax_adapter.transformation(opt)
-    lr = jax_adapter._rate(optax, opt)
-    before = [optax.clip_by_global_norm(opt.clip_global_norm)] if opt.clip_global_norm is not None else []
-    before += [optax.add_decayed_weights(opt.weight_decay)] if opt.weight_decay else []
-    return optax.chain(*before, optax.rmsprop(lr, decay=opt.alpha, eps=opt.eps, momentum=opt.momentum or None))
+def rmsprop_alias(optax, lr, opt, **options):
+    """optax.rmsprop with the spec's decay, eps and momentum, and its other defaults (eps
+    inside the square root, the rate before the momentum trace) unless `options` set them:
+    RMSprop as a port that takes optax's alias writes it, in jax_adapter.OPTIMIZERS's place
+    (the recipe around it, clipping and a coupled decay, stays the adapter's)."""
+    return optax.rmsprop(lr, decay=opt.alpha, eps=opt.eps, momentum=opt.momentum or None, **options)
 
 
 def _scheduled(doc: dict) -> bool:
@@ -185,5 +177,5 @@ JAX_RECIPE_BUGS = {
         {"transformation": _jax_decay_at_peak},
         lambda doc: doc["optimizer"]["kind"] == "adamw" and _has(doc, "optimizer", "weight_decay") and _scheduled(doc),
     ),
-    "jax_rmsprop_alias": ({"transformation": _jax_rmsprop_alias}, lambda doc: doc["optimizer"]["kind"] == "rmsprop"),
+    "jax_rmsprop_alias": ({"OPTIMIZERS": {**jax_adapter.OPTIMIZERS, "rmsprop": rmsprop_alias}}, lambda doc: doc["optimizer"]["kind"] == "rmsprop"),
 }

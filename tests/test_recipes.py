@@ -6,6 +6,8 @@ as specified does not."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -149,12 +151,10 @@ def test_optax_rmsprop_alias_is_not_torchs_rmsprop_its_parts_are(recipe, alias, 
     them, are the spec's math (test_each_recipe_is_the_specs_math_or_a_catalogued_difference)."""
     pytest.importorskip("optax")
     from adapters import jax_adapter
-
-    def alias_rule(optax, lr, o):
-        return optax.rmsprop(lr, decay=o.alpha, eps=o.eps, momentum=o.momentum or None, **alias)
+    from tests.recipe_bugs import rmsprop_alias
 
     problem = problem_of(recipe)
-    monkeypatch.setitem(jax_adapter.OPTIMIZERS, "rmsprop", alias_rule)
+    monkeypatch.setitem(jax_adapter.OPTIMIZERS, "rmsprop", functools.partial(rmsprop_alias, **alias))
     as_alias = trained("jax", problem)
     if recipe == "rmsprop_momentum_schedule":  # optax's float32 rates aside (optax-schedule-float32)
         formula = roles.resolved(catalogued_formula("optax-schedule-float32"), problem)
