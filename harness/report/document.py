@@ -408,15 +408,14 @@ def write(doc: Document, out: Path) -> None:
 
 def report_path(results_dir: Path, out: Path | None) -> Path:
     """Where the report goes: `out` itself where it names a Markdown file (`.md`); else `out`
-    is a folder (made if missing) that gets REPORT.md and figures/; by default the results
-    folder is."""
+    is a folder that gets REPORT.md and figures/ (made when they are written, as their files
+    are: a report that fails leaves no empty folder); by default the results folder is."""
     if out is None:
         return results_dir / REPORT_NAME
     if out.suffix.lower() == ".md" and not out.is_dir():
         return out
     if out.exists() and (out.is_symlink() or not out.is_dir()):
         raise HarnessError(f"--out {out}: neither a Markdown file (.md) nor a folder; refusing to write the report there")
-    out.mkdir(parents=True, exist_ok=True)
     return out / REPORT_NAME
 
 
