@@ -14,14 +14,16 @@ from pydantic import Field
 
 from harness.core.provenance import Frozen, Git, Host
 from harness.core.registry import Verdict
+from harness.spec.fields import Name
 from harness.verdict.bound import Bound
 
 SCHEMA_VERSION = 1
 
 # What a record says that becomes part of a path (its own file's, a report's figures'): a
-# spec's, a profile's and a framework's name as a spec names them, an id of 12 hex digits, a
-# UTC time. A record that says otherwise ("../" in a name) is not a harness record.
-PathName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+# spec's, a profile's and a framework's name as a spec names them (harness/spec/fields.py
+# Name), an id of 12 hex digits, a UTC time. A record that says otherwise ("../" in a name)
+# is not a harness record.
+PathName = Name
 RecordId = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
 Created = Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?\+00:00$")]
 
