@@ -76,6 +76,18 @@ def rotary(jnp, a, rope):
     return jnp.stack([jnp.real(turned), jnp.imag(turned)], axis=-1).reshape(a.shape)
 
 
+def attend(nn, jnp, q, k, v, causal: bool):
+    """Softmax attention of (batch, positions, heads, head width): flax's own, its causal
+    mask made by flax (its scale 1/sqrt(head width) applied to q inside)."""
+    mask = nn.make_causal_mask(jnp.ones(q.shape[:2])) if causal else None
+    return nn.dot_product_attention(q, k, v, mask=mask)
+
+
+def positions(jnp, t: int):
+    """The positions a learned positional table is looked up at: 0 .. t - 1."""
+    return jnp.arange(t)
+
+
 def _attention_module(nn, jnp):
     class SelfAttention(nn.Module):
         heads: int
@@ -89,8 +101,7 @@ def _attention_module(nn, jnp):
             q, k, v = (nn.Dense(width, use_bias=self.bias, name=w)(x).reshape(b, t, self.heads, -1) for w in ("q", "k", "v"))
             if self.rope is not None:
                 q, k = rotary(jnp, q, self.rope), rotary(jnp, k, self.rope)
-            mask = nn.make_causal_mask(jnp.ones((b, t))) if self.causal else None
-            o = nn.dot_product_attention(q, k, v, mask=mask)
+            o = attend(nn, jnp, q, k, v, self.causal)
             return nn.Dense(width, use_bias=self.bias, name="out")(o.reshape(b, t, width))
 
     return SelfAttention
@@ -131,7 +142,7 @@ def module(spec):
             if kind == "embedding":
                 x = nn.Embed(s.vocabulary, s.width, name=p.name)(x)
             elif kind == "positional":
-                x = x + nn.Embed(s.max_len, p.in_shape[1], name=p.name)(jnp.arange(x.shape[1]))
+                x = x + nn.Embed(s.max_len, p.in_shape[1], name=p.name)(positions(jnp, x.shape[1]))
             elif kind == "attention":
                 x = attention(s.heads, s.causal, s.rope, s.bias, name=p.name)(x)
             elif kind == "dense":

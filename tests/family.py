@@ -10,6 +10,7 @@ rule, not in the example), and every injected bug must be diagnosed `implementat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -143,13 +144,131 @@ def schedule(draw, total: int) -> dict:
     return {"kind": "constant"}
 
 
+# The texts a text workload trains on: small licences Debian's base-files ships, so that an
+# epoch is a few dozen steps.
+TEXT_DIR = Path("/usr/share/common-licenses")
+TEXTS = ("BSD", "Artistic", "CC0-1.0")
+KINDS = ("mlp", "image", "recipe")  # the kinds spec_documents draws by default; and "text"
+
+
+@functools.cache
+def _sha256(name: str) -> str:
+    return hashlib.sha256((TEXT_DIR / name).read_bytes()).hexdigest()
+
+
 @st.composite
-def spec_documents(draw) -> dict:
+def _whole(draw, data: dict, model: dict, loss: dict, optimizer: dict, training: dict, per_epoch: int, steps: int, recipe: bool) -> dict:
+    """The spec of a drawn workload: epochs for `steps` updates (whole epochs of
+    `per_epoch`), a recipe's schedule over them and its re-anchored segments, and the
+    initial weights drawn."""
+    training["epochs"] = max(1, -(-steps // per_epoch))
+    if recipe and "schedule" in optimizer:
+        optimizer["schedule"] = draw(schedule(training["epochs"] * per_epoch))
+    checks = {"params_after_steps": {"step": min(10, training["epochs"] * per_epoch)}}
+    if recipe:
+        checks["math_parity"] = {"steps": RECIPE_SEGMENT, "every": RECIPE_SEGMENT}
+    return {
+        "name": "generated",
+        "title": "a generated workload",
+        "article": "tests/family.py",
+        "data": data,
+        "model": model,
+        "init": {
+            "weights": draw(st.sampled_from(["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"])),
+            "biases": draw(st.sampled_from(["zeros", "torch_linear_default"])),
+            "seed": draw(st.integers(0, 999)),
+        },
+        "loss": loss,
+        "optimizer": optimizer,
+        "training": training,
+        "logging": {"loss_every": 1, "print_every": 1000},
+        "checks": checks,
+        "timing": {"repeats": 1},
+    }
+
+
+@st.composite
+def text_block(draw, width: int, heads: int, causal: bool, rope: dict | None, bias: bool) -> list[dict]:
+    """One transformer block: attention and a feed-forward, each maybe inside a residual,
+    each maybe after a layer norm (pre-norm), the feed-forward maybe with dropout."""
+    attention = {"kind": "attention", "heads": heads, "causal": causal, "bias": bias, **({"rope": rope} if rope else {})}
+    hidden = width * draw(st.integers(1, 4))
+    feed = [{"kind": "dense", "width": hidden, "activation": draw(st.sampled_from(["gelu", "gelu_tanh", "relu", "tanh"]))}]
+    if draw(st.booleans()):
+        feed.append({"kind": "dropout", "rate": draw(st.sampled_from([0.1, 0.25]))})
+    feed.append({"kind": "dense", "width": width})
+    found = []
+    for body in ([attention], feed):
+        if draw(st.integers(0, 3)):  # mostly pre-norm
+            body = [{"kind": "layer_norm", "eps": draw(st.sampled_from([1e-6, 1e-5, 1e-3]))}, *body]
+        found.extend([{"kind": "residual", "layers": body}] if draw(st.integers(0, 4)) else body)
+    return found
+
+
+@st.composite
+def text_documents(draw) -> dict:
+    """A small transformer on a real text's bytes (harness/layers/attention.py): 1-2 blocks
+    of 1-3 heads of width 2-8, causal or not, learned positions or RoPE in either layout (or
+    neither), biases or none, layer norms, GELU in both forms, dropout; a final layer norm
+    maybe; SGD, Adam or a recipe (AdamW, RMSprop, momentum, schedules, clipping); batches
+    of 2 to 32 examples, at least 20 to 60 steps, or 60 to 90 re-anchored along the run
+    (a text's epoch may be longer: every example of it is seen once)."""
+    file = draw(st.sampled_from(TEXTS))
+    context = draw(st.integers(3, 12))
+    examples = ((TEXT_DIR / file).stat().st_size - 1) // context
+    validation = draw(st.integers(8, 32))
+    heads, head_width = draw(st.integers(1, 3)), draw(st.sampled_from([2, 4, 6, 8]))
+    width = heads * head_width
+    where = draw(st.sampled_from(["positional", "half", "interleaved", "none"]))
+    rope = {"layout": where, "base": draw(st.sampled_from([100, 10000]))} if where in ("half", "interleaved") else None
+    causal, bias = draw(st.booleans()), draw(st.integers(0, 3)) > 0
+    layers: list[dict] = [{"kind": "embedding", "width": width}]
+    if where == "positional":
+        layers.append({"kind": "positional", "max_len": context + draw(st.sampled_from([0, 0, 4]))})
+    for _ in range(draw(st.integers(1, 2))):
+        layers.extend(draw(text_block(width, heads, causal, rope, bias)))
+    if draw(st.booleans()):
+        layers.append({"kind": "layer_norm", "eps": 1e-5})
+    layers.append({"kind": "dense", "width": 256})
+    recipe = draw(st.integers(0, 3)) == 0
+    reduction = draw(st.sampled_from(["mean", "mean", "sum"]))
+    loss = {"kind": "cross_entropy", "reduction": reduction}
+    if draw(st.integers(0, 3)) == 0:
+        loss["label_smoothing"] = draw(st.sampled_from([0.05, 0.1]))
+    steps = draw(st.integers(60, 90) if recipe else st.integers(20, 60))
+    batch = max(draw(st.integers(2, 32)), -(-(examples - validation) // (90 if recipe else 60)))  # an epoch of 90 steps at most
+    per_position = 1.0 if reduction == "mean" else 1.0 / (batch * context)
+    if draw(st.booleans()):
+        optimizer = {
+            "kind": "adam",
+            "lr": draw(st.sampled_from([1e-3, 3e-3, 1e-2])),
+            "beta1": 0.9,
+            "beta2": draw(st.sampled_from([0.99, 0.999])),
+            "eps": draw(st.sampled_from([1e-8, 1e-7])),
+        }
+    else:
+        optimizer = {"kind": "sgd", "lr": draw(st.sampled_from([0.1, 0.3, 1.0])) * per_position}
+    if recipe:
+        optimizer = draw(recipe_optimizer(optimizer))
+    training = {"epochs": 1, "batch_size": batch, "shuffle": draw(st.booleans()), "shuffle_seed": draw(st.integers(0, 99)), "last_batch": "drop"}
+    from harness.spec.model import TrainingSection
+
+    per_epoch = total_steps(TrainingSection.model_validate(training), examples - validation)
+    data = {"kind": "text", "file": file, "sha256": _sha256(file), "tokens": "bytes", "context": context, "validation": validation}
+    data["split_seed"] = draw(st.integers(0, 99))
+    return draw(_whole(data, {"layers": layers}, loss, optimizer, training, per_epoch, steps, recipe))
+
+
+@st.composite
+def spec_documents(draw, kinds: tuple[str, ...] = KINDS) -> dict:
     """A whole valid spec: half of them MLPs (depth 1 to 3, any widths, relu or tanh, mse
     (peaks) or cross-entropy (moons)), half small-image networks (1-3 channels, 6-12
     pixels, image_layers); mean or sum, L2 on or off, SGD or Adam with sane settings, full
-    or mini batches with shuffling and both last-batch rules, 20 to 60 steps."""
-    kind = draw(st.sampled_from(["mlp", "image", "recipe"]))
+    or mini batches with shuffling and both last-batch rules, 20 to 60 steps. With "text"
+    among `kinds`, small transformers on real text too (text_documents)."""
+    kind = draw(st.sampled_from(kinds))
+    if kind == "text":
+        return draw(text_documents())
     images, recipe = kind == "image", kind == "recipe"
     if images:
         shape = (draw(st.integers(1, 3)), draw(st.integers(6, 12)), draw(st.integers(6, 12)))
@@ -216,38 +335,17 @@ def spec_documents(draw) -> dict:
     # A recipe runs long enough for its schedule and clipping to act, and for segments of
     # re-anchored math parity after the first steps'.
     steps = draw(st.integers(90, 150) if recipe else st.integers(20, 60))
-    training["epochs"] = max(1, -(-steps // per_epoch))
-    if recipe and "schedule" in optimizer:
-        optimizer["schedule"] = draw(schedule(training["epochs"] * per_epoch))
-    checks = {"params_after_steps": {"step": min(10, training["epochs"] * per_epoch)}}
-    if recipe:
-        checks["math_parity"] = {"steps": RECIPE_SEGMENT, "every": RECIPE_SEGMENT}
-    return {
-        "name": "generated",
-        "title": "a generated workload",
-        "article": "tests/family.py",
-        "data": data,
-        "model": model,
-        "init": {
-            "weights": draw(st.sampled_from(["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"])),
-            "biases": draw(st.sampled_from(["zeros", "torch_linear_default"])),
-            "seed": draw(st.integers(0, 999)),
-        },
-        "loss": loss,
-        "optimizer": optimizer,
-        "training": training,
-        "logging": {"loss_every": 1, "print_every": 1000},
-        "checks": checks,
-        "timing": {"repeats": 1},
-    }
+    return draw(_whole(data, model, loss, optimizer, training, per_epoch, steps, recipe))
 
 
 def bugs_for(doc: dict) -> list[str]:
     """The injected bugs that change this spec's math: for a network with other layers than
     dense, the porting bugs of its layer kinds and activations (tests/layer_bugs.py)."""
-    from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
+    from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS, TEXT_BUG_APPLIES
     from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
 
+    if doc["data"]["kind"] == "text":  # a transformer's porting bugs, torch's and JAX's
+        return [name for name, applies in TEXT_BUG_APPLIES.items() if applies(doc)]
     present = {layer.get("kind", "dense") for layer in doc["model"]["layers"]} | {layer.get("activation") for layer in doc["model"]["layers"]}
     if present - {"dense", None, "relu", "tanh", "identity"}:
         return [name for name, (_, kinds) in {**LAYER_BUGS, **JAX_LAYER_BUGS}.items() if present & set(kinds)]
@@ -272,7 +370,8 @@ def run_example(doc: dict, bug: str) -> SpecResult:
     """Every real adapter and one buggy copy, float32 and float64, in this process."""
     from tests.test_injected_bugs import run_with_copies
 
-    return run_with_copies(loaded(doc), [bug], problem=inputs.build_problem(loaded(doc)))
+    data_dir = TEXT_DIR if doc["data"]["kind"] == "text" else None
+    return run_with_copies(loaded(doc), [bug], problem=inputs.build_problem(loaded(doc), data_dir))
 
 
 @dataclass
@@ -300,9 +399,9 @@ class Verdict:
 
 def bug_layers(result: SpecResult, bug: str) -> list[str]:
     """The layers a porting bug lives in: those of its kinds, or with its activation."""
-    from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
+    from tests.layer_bugs import JAX_LAYER_BUGS, JAX_TEXT_BUGS, LAYER_BUGS, TEXT_BUGS
 
-    every = {**LAYER_BUGS, **JAX_LAYER_BUGS}
+    every = {**LAYER_BUGS, **JAX_LAYER_BUGS, **{name: (copy, (kind,)) for name, (copy, kind) in {**TEXT_BUGS, **JAX_TEXT_BUGS}.items()}}
     kinds = every[bug][1] if bug in every else ()
     return [p.name for p in result.loaded.spec.model.placed if p.module.KIND in kinds or p.activation in kinds]
 
@@ -368,7 +467,7 @@ def clipped_updates(doc: dict) -> int:
     spec = loaded(doc).spec
     if spec.optimizer.clip_global_norm is None:
         return 0
-    problem = inputs.build_problem(loaded(doc))
+    problem = inputs.build_problem(loaded(doc), TEXT_DIR if doc["data"]["kind"] == "text" else None)
     adapter = registry.load("numpy")
     trainer = adapter.build(problem, adapter.put(problem, ORACLE_KEY), ORACLE_KEY)
     fired = 0
@@ -414,6 +513,7 @@ def summarize(path: Path) -> dict:
         "layer_bugs_caught": sum(r["verdict"].get("bug_layer_named") is not None for r in caught),
         "layer_bugs_with_the_layer_named": sum(bool(r["verdict"].get("bug_layer_named")) for r in caught),
         "image_workloads": sum("input_shape" in r["spec"]["model"] for r in rows),
+        "text_workloads": sum(r["spec"]["data"]["kind"] == "text" for r in rows),
         "recipe_workloads": sum("math_parity" in r["spec"]["checks"] for r in rows),
         "recipe_bugs_caught_in_a_later_segment": sum(r["verdict"].get("bug_segment") is not None for r in caught),
         "workloads_that_clip": sum(bool(r.get("clipped_updates")) for r in rows),

@@ -12,20 +12,28 @@ where flax's convention takes 1 - momentum."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import types
+
+import numpy as np
 
 from adapters import jax_layers, torch_layers
 from harness.layers import windows
 
+_COPIES: dict[str, types.ModuleType] = {}
 
-def _copy(**overrides) -> types.ModuleType:
-    """A fresh module executed from torch_layers' source, `overrides` replacing its globals
-    (its network looks them up in the copy)."""
-    origin = importlib.util.find_spec(torch_layers.__name__).origin
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("layer_bug_torch_layers", origin))
+
+def _copy(_of: types.ModuleType = torch_layers, **overrides) -> types.ModuleType:
+    """A fresh module executed from torch_layers' source (or `_of`'s), `overrides`
+    replacing its globals (its network looks them up in the copy)."""
+    origin = importlib.util.find_spec(_of.__name__).origin
+    name = f"layer_bug_{_of.__name__.rsplit('.', 1)[-1]}_{len(_COPIES)}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, origin))
+    # flax's modules (dataclasses) look their module up by name when they are made
+    _COPIES[name] = sys.modules[name] = module
     module.__spec__.loader.exec_module(module)
     for name, value in overrides.items():
-        assert hasattr(module, name), f"torch_layers has no {name} to replace"
+        assert hasattr(module, name), f"{_of.__name__} has no {name} to replace"
         setattr(module, name, value)
     return module
 
@@ -149,4 +157,99 @@ def _momentum_unflipped_module(spec):
 # name -> (the jax_layers stand-in, the layer kinds whose presence makes it a math difference)
 JAX_LAYER_BUGS = {
     "jax_bn_momentum_unflipped": (types.SimpleNamespace(**{**vars(jax_layers), "module": _momentum_unflipped_module}), ("batch_norm",)),
+}
+
+
+# --- a transformer's port to JAX (adapters/jax_layers.py copies) ----------------------------
+
+
+def _jax_scaled_twice(nn, jnp, q, k, v, causal):
+    """q scaled by 1/sqrt(d) by hand, as torch code written out does, then given to
+    nn.dot_product_attention, which scales it again."""
+    return jax_layers.attend(nn, jnp, q / np.sqrt(q.shape[-1]), k, v, causal)
+
+
+def _jax_mask_off_by_one(nn, jnp, q, k, v, causal):
+    """Each query sees the next token too."""
+    t = q.shape[1]
+    mask = jnp.tril(jnp.ones((t, t), dtype=bool), k=1)[None, None] if causal else None
+    return nn.dot_product_attention(q, k, v, mask=mask)
+
+
+def _jax_layouts_swapped(jnp, a, rope):
+    other = type(rope)(layout="half" if rope.layout == "interleaved" else "interleaved", base=rope.base)
+    return jax_layers.rotary(jnp, a, other)
+
+
+def _jax_positions_from_one(jnp, t):
+    return jnp.arange(1, t + 1)
+
+
+def _flax_gelu_default(nn, jnp, name):
+    """nn.gelu as flax users write it: its default is the tanh form (approximate=True)."""
+    return nn.gelu if name == "gelu" else jax_layers._activation(nn, jnp, name)
+
+
+def _respelled(spec, change) -> object:
+    """The spec with `change(layer)` applied to each layer (a residual's body too)."""
+    doc = spec.model_dump()
+
+    def walk(layers):
+        for layer in layers:
+            change(layer)
+            walk(layer.get("layers") or [])
+
+    walk(doc["model"]["layers"])
+    return type(spec).model_validate(doc)
+
+
+def _flax_layer_norm_default(layer):
+    if layer.get("kind") == "layer_norm":
+        layer["eps"] = 1e-6  # nn.LayerNorm() as written without its epsilon: flax's default
+
+
+_JAX_TEXT = _copy(jax_layers)
+_JAX_NORM_DEFAULT = types.SimpleNamespace(**{**vars(_JAX_TEXT), "module": lambda spec: _JAX_TEXT.module(_respelled(spec, _flax_layer_norm_default))})
+
+# name -> (the jax_layers copy, the kind of the layer whose output it changes first)
+JAX_TEXT_BUGS = {
+    "jax_attention_scaled_twice": (_copy(jax_layers, attend=_jax_scaled_twice), "attention"),
+    "jax_causal_mask_off_by_one": (_copy(jax_layers, attend=_jax_mask_off_by_one), "attention"),
+    "jax_rope_layouts_swapped": (_copy(jax_layers, rotary=_jax_layouts_swapped), "attention"),
+    "jax_positions_from_one": (_copy(jax_layers, positions=_jax_positions_from_one), "positional"),
+    "jax_gelu_default": (_copy(jax_layers, _activation=_flax_gelu_default), "gelu"),
+    "jax_layer_norm_eps_default": (_JAX_NORM_DEFAULT, "layer_norm"),
+}
+
+
+def _layers(doc: dict) -> list[dict]:
+    found = []
+    for layer in doc["model"]["layers"]:
+        found.extend([layer, *_layers({"model": layer})] if "layers" in layer else [layer])
+    return found
+
+
+def _attention(doc: dict, want) -> bool:
+    return any(layer.get("kind") == "attention" and want(layer) for layer in _layers(doc))
+
+
+def _positions_past_context(doc: dict) -> bool:
+    return any(layer.get("kind") == "positional" and layer["max_len"] > doc["data"]["context"] for layer in _layers(doc))
+
+
+# name -> whether the bug changes a text spec's math (its document): each transformer
+# porting bug, torch's and JAX's, where its layer is there to carry it
+TEXT_BUG_APPLIES = {
+    "torch_attention_scale": lambda doc: _attention(doc, lambda a: True),
+    "jax_attention_scaled_twice": lambda doc: _attention(doc, lambda a: True),
+    "torch_causal_mask_off_by_one": lambda doc: _attention(doc, lambda a: a.get("causal", True)),
+    "jax_causal_mask_off_by_one": lambda doc: _attention(doc, lambda a: a.get("causal", True)),
+    "torch_rope_layouts_swapped": lambda doc: _attention(doc, lambda a: a.get("rope") is not None),
+    "jax_rope_layouts_swapped": lambda doc: _attention(doc, lambda a: a.get("rope") is not None),
+    "torch_positions_from_one": _positions_past_context,
+    "jax_positions_from_one": _positions_past_context,
+    "torch_norm_eps": lambda doc: any(layer.get("kind") == "layer_norm" for layer in _layers(doc)),
+    "jax_layer_norm_eps_default": lambda doc: any(layer.get("kind") == "layer_norm" and layer["eps"] != 1e-6 for layer in _layers(doc)),
+    "torch_other_gelu": lambda doc: any(layer.get("activation") in ("gelu", "gelu_tanh") for layer in _layers(doc)),
+    "jax_gelu_default": lambda doc: any(layer.get("activation") == "gelu" for layer in _layers(doc)),
 }

@@ -32,6 +32,8 @@ JOBS = int(os.environ["HARNESS_FAMILY_JOBS"]) if os.environ.get("HARNESS_FAMILY_
 # Only these injected bugs (comma-separated names), each on workloads whose math it changes:
 # a family aimed at some bugs (the JAX side's, batch-norm statistics), the rest drawn as ever.
 BUGS = tuple(b for b in os.environ.get("HARNESS_FAMILY_BUGS", "").split(",") if b)
+# The kinds of workload drawn (comma-separated, of mlp, image, recipe, text; default the first three).
+KINDS = tuple(k for k in os.environ.get("HARNESS_FAMILY_KINDS", "").split(",") if k) or family.KINDS
 
 pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -53,7 +55,7 @@ def draw_examples(count: int) -> list[tuple[dict, str]]:
     @given(st.data())
     def draw(data):
         for _ in range(200):  # with BUGS, workloads until one that one of them changes
-            doc = data.draw(family.spec_documents(), label="spec")
+            doc = data.draw(family.spec_documents(KINDS), label="spec")
             bugs = [b for b in family.bugs_for(doc) if not BUGS or b in BUGS]
             if bugs:
                 found.append((doc, data.draw(st.sampled_from(bugs), label="bug")))

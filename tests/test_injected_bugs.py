@@ -39,7 +39,7 @@ from harness.reference import network
 from harness.spec import catalogue
 from harness.spec.load import LoadedSpec, load_spec, parse_document, validate_document
 from harness.verdict.checks import Check
-from tests.layer_bugs import JAX_LAYER_BUGS, LAYER_BUGS
+from tests.layer_bugs import JAX_LAYER_BUGS, JAX_TEXT_BUGS, LAYER_BUGS, TEXT_BUGS
 from tests.recipe_bugs import JAX_RECIPE_BUGS, RECIPE_BUGS
 
 # Both matrices snapshot the parameters after step 10 (peaks quick, and MOONS_SHORT below).
@@ -121,6 +121,8 @@ BUGGY = {
     **MLP_BUGS,
     **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in LAYER_BUGS.items()},
     **{name: ("jax", {"jax_layers": copy}) for name, (copy, _) in JAX_LAYER_BUGS.items()},
+    **{name: ("torch", {"torch_layers": copy}) for name, (copy, _) in TEXT_BUGS.items()},
+    **{name: ("jax", {"jax_layers": copy}) for name, (copy, _) in JAX_TEXT_BUGS.items()},
     # and the recipe bugs (tests/recipe_bugs.py)
     **{name: ("torch", overrides) for name, (overrides, _) in RECIPE_BUGS.items()},
     **{name: ("jax", overrides) for name, (overrides, _) in JAX_RECIPE_BUGS.items()},

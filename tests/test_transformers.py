@@ -144,8 +144,22 @@ def test_a_text_that_is_not_the_specs_is_refused(text_dir):
     (text_dir / "GPL-3").write_bytes(TEXT.read_bytes() + b"\n")
     with pytest.raises(DataError, match="checksum mismatch"):
         inputs.build_problem(load_spec(SPEC), text_dir)
-    with pytest.raises(DataError, match="GPL-3: missing"):
-        inputs.build_problem(load_spec(SPEC), text_dir / "elsewhere")
+    with pytest.raises(DataError, match="my_text: missing"):
+        inputs.build_problem(validate_and_load(text_dir, {"file": "my_text"}), text_dir / "elsewhere")
+
+
+def test_a_text_the_system_ships_is_found_there_and_checked_all_the_same(tmp_path):
+    """A data folder without the file: Debian's licences folder is looked in next, the
+    spec's sha256 checked there too (a spec naming the file with another sha256 is refused)."""
+    if not TEXT.is_file():
+        pytest.skip(f"{TEXT} is not here (Debian's base-files ships it)")
+    problem = inputs.build_problem(load_spec(SPEC), tmp_path)
+    assert problem.data_files[0].path == str(TEXT)
+    doc = _doc()
+    doc["data"]["sha256"] = "0" * 64
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(DataError, match="checksum mismatch"):
+        inputs.build_problem(load_spec(tmp_path / "spec.yaml"), tmp_path)
 
 
 def test_a_validation_that_leaves_nothing_to_train_is_refused(text_dir):

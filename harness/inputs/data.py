@@ -316,15 +316,23 @@ def load_idx(
 # --- text -------------------------------------------------------------------------------
 
 
+# Where a text not in the data folder is looked for next: the licences Debian's base-files
+# ships on every Debian and Ubuntu host (real English prose, GPL-3 the longest).
+SYSTEM_TEXTS = Path("/usr/share/common-licenses")
+
+
 def load_text(section: TextData, data_dir: Path) -> IdxSplit:
-    """A text file of the data folder, checked against the spec's sha256, as examples of
+    """A text file of the data folder (or of SYSTEM_TEXTS), checked against the spec's sha256, as examples of
     `context` byte tokens: example i is the bytes [i * context, (i + 1) * context), its
     targets the bytes one further on (each position's next byte), the examples not
     overlapping, the text's last bytes that fill no example left out. `validation`
     examples are held out, drawn with split_seed. int64 token ids and targets, (n, context)."""
     path = data_dir / section.file
+    if not path.is_file() and (SYSTEM_TEXTS / section.file).is_file():
+        path = SYSTEM_TEXTS / section.file  # a text the system ships; its sha256 is checked all the same
     if not path.is_file():
-        raise DataError(f"{path}: missing. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
+        where = f"{data_dir / section.file}: missing (and not in {SYSTEM_TEXTS})"
+        raise DataError(f"{where}. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
     raw = read_regular(path, TEXT_MAX_BYTES, "data file", error=DataError)
     got = hashlib.sha256(raw).hexdigest()
     if got != section.sha256:

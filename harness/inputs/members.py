@@ -38,7 +38,9 @@ def unit_moves(placed: list[Placed]) -> list[tuple[int, tuple[tuple[str, int], .
             j += 1
         if j < len(placed) and placed[j].module.KIND == kind:
             moves.append((f"{placed[j].name}.weight", IN_AXIS[kind]))
-            found.append((p.out_shape[0], tuple(moves)))
+            # a conv's channels lead its output; a dense layer's units end it (a text's
+            # dense acts on the last axis of (positions, width))
+            found.append((p.out_shape[0] if kind == "conv2d" else p.out_shape[-1], tuple(moves)))
     return found
 
 
