@@ -117,7 +117,7 @@ def test_help_names_every_framework_and_device_and_what_else_runs(command):
 
 def test_validate_and_schema_check():
     done = harness("validate")
-    assert done.returncode == 0 and done.stdout.count(": ok") == 6
+    assert done.returncode == 0 and done.stdout.count(": ok") == 7
     assert harness("schema", "--check").returncode == 0
 
 

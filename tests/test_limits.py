@@ -181,7 +181,7 @@ def test_a_sweep_of_too_many_points_is_refused(tmp_path, capsys):
 
 def test_the_shipped_specs_every_profile_and_sweep_point_are_within_the_limits(capsys):
     code, out, _ = harness(capsys, "validate")
-    assert code == 0 and out.count(": ok (") == len(spec_paths()) == 6
+    assert code == 0 and out.count(": ok (") == len(spec_paths()) == 7
     for path in spec_paths().values():
         loaded = load_spec(path)
         for profile in loaded.spec.profiles:

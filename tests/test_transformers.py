@@ -419,15 +419,26 @@ def first_differing_layer(torch_module, problem) -> str | None:
     diagnosis looks for a twin's first difference."""
     import torch
 
+    x, masks, params, oracle = step_zero(problem)
+    model = torch_module.network(torch, problem.spec, params, "cpu", torch.float64)
+    with torch.no_grad():
+        found = torch_module.layer_outputs(model, torch.from_numpy(x), {k: torch.from_numpy(m) for k, m in masks.items()})
+    return first_apart(problem, found, oracle)
+
+
+def step_zero(problem):
+    """Step 0's batch, its dropout masks, the float64 initial weights and the oracle's
+    output of every layer on that batch."""
     host = problem.host_arrays("float64")
     x, _ = problem.batch(host, 0)
     masks = problem.step_masks(host, 0)
     params = {k: v.astype(np.float64) for k, v in problem.initial_params.items()}
     oracle: dict = {}
     network.forward(np, problem.spec.model.placed, params, x.astype(np.float64), Context(masks=masks), outputs=oracle)
-    model = torch_module.network(torch, problem.spec, params, "cpu", torch.float64)
-    with torch.no_grad():
-        found = torch_module.layer_outputs(model, torch.from_numpy(x), {k: torch.from_numpy(m) for k, m in masks.items()})
+    return x, masks, params, oracle
+
+
+def first_apart(problem, found: dict, oracle: dict) -> str | None:
     for p in problem.spec.model.placed:
         if not np.allclose(found[p.name], oracle[p.name], rtol=1e-10, atol=1e-12):
             return p.name
@@ -458,6 +469,55 @@ def test_each_transformer_porting_bug_is_found_in_its_layer(bug):
     module, kind = bugs[bug]
     first = first_differing_layer(module, problem)
     assert first is not None and problem.spec.model.placed[[p.name for p in problem.spec.model.placed].index(first)].module.KIND == kind, first
+
+
+def first_differing_flax_layer(jax_module, problem) -> str | None:
+    """first_differing_layer for a jax_layers module (float64, under x64): flax's captured
+    intermediates (each layer's sown output) against the oracle's layer outputs."""
+    import jax
+
+    x, masks, params, oracle = step_zero(problem)
+    before = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        net = jax_module.module(problem.spec)
+        variables = jax_module.variables(problem.spec, params, "float64")
+        _, found = net.apply(variables, x.astype(np.int32), masks, True, mutable=["batch_stats", "intermediates"])
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    outputs = {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}
+    return first_apart(problem, outputs, oracle)
+
+
+FLAX_BUGS = [
+    "jax_attention_scaled_twice",
+    "jax_causal_mask_off_by_one",
+    "jax_rope_layouts_swapped",
+    "jax_positions_from_one",
+    "jax_gelu_default",
+    "jax_layer_norm_eps_default",
+]
+
+
+@pytest.mark.parametrize("bug", ["honest", *FLAX_BUGS])
+def test_each_flax_porting_bug_is_found_in_its_layer(bug):
+    """flax's honest translation agrees with the oracle at every layer in float64; each
+    JAX porting bug (tests/layer_bugs.py JAX_TEXT_BUGS: q scaled by hand before
+    nn.dot_product_attention scales it again, the mask off by one, RoPE's layouts swapped,
+    positions from 1, nn.gelu's tanh default, nn.LayerNorm's eps default of 1e-6) first
+    differs at its own layer."""
+    pytest.importorskip("flax")
+    from adapters import jax_layers
+    from tests.layer_bugs import JAX_TEXT_BUGS
+
+    problem = text_problem({"causal": True, "rope": {"layout": "half"}}, max_len=8)
+    if bug == "honest":
+        assert first_differing_flax_layer(jax_layers, problem) is None
+        return
+    module, kind = JAX_TEXT_BUGS[bug]
+    first = first_differing_flax_layer(module, problem)
+    placed = {p.name: p for p in problem.spec.model.placed}
+    assert first is not None and kind in (placed[first].module.KIND, placed[first].activation), first
 
 
 # --- what the libraries do (read in their code, shown here) --------------------------------
