@@ -182,6 +182,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
     validate.add_argument("specs", nargs="*")
     limit_options(validate)
+    validate.add_argument(
+        "--data-dir",
+        type=Path,
+        help="check each image file found here against the model's input (default: $HARNESS_DATA_DIR, else a cache folder)",
+    )
     validate.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
     export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
@@ -205,8 +210,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, help="a folder for REPORT.md and figures/, or a .md file (figures/ beside it); default: RESULTS/REPORT.md")
     rep.add_argument("--profile", help="profile of the main tables (default: full, or the one profile the records hold)")
 
-    schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
-    schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
+    schema = sub.add_parser("schema", help="write specs/schema.json, results/schema.json and docs/spec-reference.md (every spec key, generated)")
+    schema.add_argument("--check", action="store_true", help="fail if the committed schema files or the spec reference are out of date")
 
     smoke = sub.add_parser(
         "smoke",

@@ -233,14 +233,18 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    from harness.inputs import problem as inputs
+
     for path in _spec_paths(args.specs, args.specs_dir):
         loaded = spec_load.load_spec(path)
+        checked = inputs.check_image_files(loaded, args.data_dir)  # the model's input against each image file here
         profiles = [spec_mod.FULL_PROFILE, *loaded.spec.profiles]
         for profile in profiles:  # and each point of its sweep: within the resource limits
             resources.check(spec_load.load_spec(path, profile), arguments.limits(args))
         for extra in spec_load.sweep_overrides(loaded.spec):
             resources.check(spec_load.load_spec(path, loaded.spec.sweep.profile, extra), arguments.limits(args))
-        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)})", highlight=False)
+        against = f"; input checked against {', '.join(checked)}" if checked else ""
+        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)}{against})", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -312,9 +316,13 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    from harness.spec import reference
+
+    spec_schema = spec_load.json_schema()
     targets = {
-        SPECS_DIR / "schema.json": spec_load.json_schema(),
+        SPECS_DIR / "schema.json": spec_schema,
         PROJECT_ROOT / REFERENCE_DIR / "schema.json": schema.json_schema(),
+        reference.REFERENCE_FILE: reference.markdown(spec_schema),
     }
     stale = []
     for path, text in targets.items():
@@ -327,7 +335,7 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     if args.check and stale:
         console.print(f"out of date: {', '.join(map(str, stale))} (run `python -m harness schema`)")
         return EXIT_FAILED
-    console.print("schemas up to date" if args.check else f"wrote {len(targets)} schema files")
+    console.print("schemas and the spec reference up to date" if args.check else f"wrote {len(targets)} files: the schemas and the spec reference")
     return 0
 
 

@@ -493,3 +493,40 @@ def test_a_kept_run_whose_digest_matches_but_does_not_decode_is_not_used(tmp_pat
     assert workdir.taken({outcome.key: cell}, console) is None
     (note,) = console.file.getvalue().splitlines()
     assert note.startswith(f"  work folder: {cell} not used (") and note.endswith("); it runs again")
+
+
+# --- 3b. the model's input against the images, before any training --------------------------
+
+
+@pytest.mark.parametrize(
+    "model, key",
+    [({"input_shape": [1, 14, 56]}, "model.input_shape: [1, 14, 56]"), ({"input_width": 785}, "model.input_width: 785")],
+    ids=["shape", "width"],
+)
+def test_validate_checks_the_input_against_the_image_files_header(tmp_path, capsys, model, key):
+    """Images of 28 x 28 against an input of the same pixel count in another shape, or of
+    another width: `validate` reads the file's header (not its data) and says so in one
+    line, naming the file and the key; `run` refuses the same before it trains."""
+    images = np.zeros((6, 28, 28), dtype=np.uint8)
+    spec = write_idx_source(tmp_path, images, np.arange(6, dtype=np.uint8), validation=2)
+    assert harness(capsys, "validate", spec, "--data-dir", tmp_path)[0] == 0
+    doc = yaml.safe_load(spec.read_text())
+    doc["model"].pop("input_width", None)
+    doc["model"].update(model)
+    if "input_shape" in model:  # a convolution first, so that the model itself places
+        doc["model"]["layers"] = [{"kind": "conv2d", "filters": 2, "kernel": 3}, {"kind": "flatten"}, {"width": 10}]
+    write_spec(spec, doc, {})
+    code, _, err = harness(capsys, "validate", spec, "--data-dir", tmp_path)
+    assert code == 2
+    one_line_error(err, str(tmp_path / "bad-images-idx-ubyte"), "images of", key, str(spec))
+    with pytest.raises(DataError, match=re.escape(key)):
+        inputs.build_problem(load_spec(spec), tmp_path)
+
+
+def test_an_idx_model_of_three_channels_is_refused_without_data(tmp_path, capsys):
+    """IDX images have one channel: a spec that says three fails `validate` with no data file at all."""
+    doc = yaml.safe_load((SPECS_DIR / "lenet_mnist.yaml").read_text())
+    spec = write_spec(tmp_path / "rgb.yaml", doc, {"model__input_shape": [3, 28, 28]})
+    code, _, err = harness(capsys, "validate", spec, "--data-dir", tmp_path)
+    assert code == 2
+    one_line_error(err, str(spec), "model.input_shape: [3, 28, 28] has 3 channels", "IDX images have one")

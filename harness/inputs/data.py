@@ -136,7 +136,8 @@ def _read_at_most(stream: BinaryIO, count: int) -> bytearray:
     return got
 
 
-def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, compressed: bool) -> np.ndarray:
+def _header(path: Path, stream: BinaryIO) -> tuple[np.dtype, tuple[int, ...]]:
+    """An IDX file's element type and dimensions, from its header."""
     magic = _read_at_most(stream, 4)
     if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES or magic[3] == 0:
         raise DataError(f"{path}: not an IDX file (wrong magic number {magic.hex() or 'none'})")
@@ -146,7 +147,12 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, com
     dims = _read_at_most(stream, 4 * ndim)
     if len(dims) < 4 * ndim:
         raise DataError(f"{path}: truncated IDX header")
-    shape = struct.unpack(f">{ndim}I", dims)
+    return dtype, struct.unpack(f">{ndim}I", dims)
+
+
+def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, compressed: bool) -> np.ndarray:
+    dtype, shape = _header(path, stream)
+    ndim = len(shape)
     # The data's size, from the header alone, checked before anything is allocated: against
     # the limit, and against what the file can hold (a raw file holds exactly its size less
     # the header; a gzip stream at most DEFLATE_MAX_RATIO times its compressed size).
@@ -172,6 +178,26 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, com
         found = f"more than {expected}" if got > expected else str(got)
         raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
     return body.view(dtype).reshape(shape)
+
+
+def idx_shape(path: Path) -> tuple[int, ...]:
+    """The dimensions an IDX file's header declares (gzip-compressed or raw), read without
+    its data: what `harness validate` checks a spec's input against."""
+    path = Path(path)
+    f, _ = open_regular(path, "data file", error=DataError)
+    try:
+        with f:
+            if f.read(2) != b"\x1f\x8b":
+                f.seek(0)
+                return _header(path, f)[1]
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as stream:
+                    return _header(path, stream)[1]
+            except (OSError, EOFError, zlib.error) as exc:
+                raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
@@ -262,6 +288,7 @@ class IdxSplit:
     x_val: np.ndarray
     y_val: np.ndarray
     files: tuple[UsedFile, ...]
+    example_shape: tuple[int, ...] = ()  # one image's (height, width), as its file gives it; () for a text
 
 
 def load_idx(
@@ -310,7 +337,7 @@ def load_idx(
     order = np.random.default_rng(section.split_seed).permutation(len(images))
     val, train = order[: chosen.validation], order[chosen.validation :]
     targets = labels.astype(np.int64)
-    return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used))
+    return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used), images.shape[1:])
 
 
 # --- text -------------------------------------------------------------------------------
