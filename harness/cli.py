@@ -295,7 +295,15 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
         console.print(table)
     else:
         for line in compare.summary(findings):
-            style = "red" if line.startswith("REGRESSION") else "green" if line.startswith("IMPROVED") else None
+            style = (
+                "red"
+                if line.startswith("REGRESSION")
+                else "green"
+                if line.startswith("IMPROVED")
+                else "yellow"
+                if line.startswith("WARNING")
+                else None
+            )
             console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
     regressions = sum(f.verdict == "regression" for f in findings)
     compared = sum(not f.verdict.startswith(compare.NOT_COMPARED) for f in findings)

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,9 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert [r.floor for r in written if r.precision_mode == "float64"] == [None]  # the floor is float32's
     floors = {r.framework: r.floor for r in written if r.precision_mode != "float64"}
     assert floors["oracle"] is None and floors["numpy"].measured_over_floor > 0  # `run` measures the floor too
+    if Path("/proc/stat").exists():  # how loaded the host was while each run was timed (compare reads it)
+        shares = [r.timings.others_cpu_share for r in written]  # None: too short a run to tell
+        assert all(share is None or 0 <= share <= 1 for share in shares)
 
 
 def test_a_failing_check_exits_one(tmp_path):
