@@ -36,6 +36,7 @@ from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
 from harness.report.rows import ms
+from harness.verdict.bound import times_tolerance
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
 # this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
@@ -215,7 +216,7 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
     for check in new.checks:
         old = base_checks.get((check.name, check.against))
         old_verdict = "-" if old is None else old.verdict
-        err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
+        err = "" if check.ratio is None else f" ({times_tolerance(check.ratio)})"
         if check.verdict == Verdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
         elif old is not None and old.verdict == Verdict.FAIL:
