@@ -189,7 +189,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     )
     validate.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
-    export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
+    export = sub.add_parser(
+        "export",
+        help="write a spec's inputs and the oracle's loss curve to an .npz (it trains the float64 oracle over every step of the profile: minutes for a full one)",
+    )
     export.add_argument("spec")
     export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
     limit_options(export)

@@ -258,7 +258,14 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
     problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, arguments.limits(args))
-    console.print(f"training the float64 oracle over {problem.total_steps:,} steps for the export's loss curve", highlight=False)
+    others = [p for p in loaded.spec.profiles if p != loaded.profile]
+    shorter = f"; a profile of fewer steps is shorter: --profile {' or '.join(others)}" if loaded.profile == spec_mod.FULL_PROFILE and others else ""
+    console.print(
+        f"training the float64 oracle over all {problem.total_steps:,} steps of the {loaded.profile} profile for the export's loss curve "
+        f"(minutes where the run is long: progress below{shorter})",
+        highlight=False,
+        soft_wrap=True,
+    )
     arrays = {
         "x_train": problem.x_train,
         "y_train": problem.y_train,

@@ -130,6 +130,7 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
     done = harness("export", "peaks_mlp", "--profile", "quick", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "peaks_mlp oracle@cpu step 100/100" in done.stdout  # the oracle's training shows progress
+    assert "training the float64 oracle over all 100 steps of the quick profile" in " ".join(done.stdout.split())
     with np.load(out) as arrays:
         assert arrays["x_train"].shape == (2500, 2) and arrays["dense1.weight"].shape == (2, 20)
         assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"
@@ -335,3 +336,18 @@ def test_offline_without_a_specs_data_the_other_specs_run(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "SKIPPED mnist_mlp, its data is not here:" in said and "train-images-idx3-ubyte.gz: missing" in said and "--download" in said
     assert "moons_net numpy@cpu" in said and "1 spec(s) not run for want of their data: mnist_mlp" in said
+
+
+def test_export_of_the_full_profile_says_it_trains_the_whole_run(tmp_path, capsys, monkeypatch):
+    """The default profile is the full run (minutes of the oracle): said before it starts,
+    with the spec's shorter profiles. The training itself is replaced here."""
+    from harness import matrix
+    from harness.spec.load import load_spec
+    from tests.helpers import harness as in_process
+
+    monkeypatch.setattr(matrix, "oracle_curve", lambda problem, out=None: np.zeros(problem.total_steps))
+    code, out, err = in_process(capsys, "export", "peaks_mlp", "--out", tmp_path / "full.npz")
+    assert code == 0, err
+    others = [p for p in load_spec(SPECS_DIR / "peaks_mlp.yaml").spec.profiles]
+    said = " ".join(out.split())
+    assert "steps of the full profile" in said and f"--profile {' or '.join(others)}" in said
