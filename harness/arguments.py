@@ -191,7 +191,8 @@ def parser(description: str) -> argparse.ArgumentParser:
 
     export = sub.add_parser(
         "export",
-        help="write a spec's inputs and the oracle's loss curve to an .npz (it trains the float64 oracle over every step of the profile: minutes for a full one)",
+        help="write a spec's inputs and the oracle's loss curve to an .npz "
+        "(it trains the float64 oracle over every step of the profile: minutes for a full one)",
     )
     export.add_argument("spec")
     export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
