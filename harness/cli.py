@@ -43,10 +43,10 @@ def _prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, l
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
     folder and each spec's folder in it (`names`), the GPU when it is required; then the
     matrix's keys."""
-    from harness.execute import plan, probe
+    from harness.execute import executors, plan, probe
 
-    if args.repeats is not None and args.repeats < 1:
-        raise HarnessError("--repeats: must be at least 1")
+    if args.executor == executors.LOCAL and not getattr(args, "in_process", False):
+        executors.local_slots(args.jobs, args.threads)  # jobs and threads within the cores, said before any work
     chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
     for framework in chosen:  # by name: of all (the default), each runs where it can
         if not any(runs_on(framework, device) for device in args.devices):

@@ -350,14 +350,25 @@ def load_text(section: TextData, data_dir: Path) -> IdxSplit:
     overlapping, the text's last bytes that fill no example left out. `validation`
     examples are held out, drawn with split_seed. int64 token ids and targets, (n, context)."""
     path = data_dir / section.file
-    if not path.is_file():
-        raise DataError(f"{path}: missing. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
-    raw = read_regular(path, TEXT_MAX_BYTES, "data file", error=DataError)
+    if not path.exists():
+        raise DataError(f"data.file: {path}: missing. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
+    try:  # a folder, a FIFO, a file past the limit: said by the reader, named by the key here
+        raw = read_regular(path, TEXT_MAX_BYTES, "text data file", error=DataError)
+    except DataError as exc:
+        raise DataError(f"data.file: {exc}") from None
     got = hashlib.sha256(raw).hexdigest()
     if got != section.sha256:
-        raise DataError(f"{path}: checksum mismatch: sha256 is {got}, the spec says {section.sha256}")
+        raise DataError(f"data.sha256: checksum mismatch: {path} has sha256 {got}, the spec says {section.sha256}")
+    nul = raw.find(b"\0")
+    if nul >= 0:  # git's test of a binary file: a text of bytes holds no NUL
+        raise DataError(f"data.file: {path} is not a text: its byte {nul:,} is NUL (a binary file?)")
     tokens = np.frombuffer(raw, dtype=np.uint8)
     n = max(len(tokens) - 1, 0) // section.context
+    if n == 0:
+        raise DataError(
+            f"data.context: {section.context} tokens an example, but {path} has {len(tokens):,} bytes: "
+            f"no example (one takes context + 1 bytes, its targets one further on)"
+        )
     if section.validation >= n:
         raise DataError(
             f"data.validation: {section.validation} leaves no training examples of the {n} examples of {section.context} tokens in {path}"
