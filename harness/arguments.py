@@ -5,12 +5,37 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 from harness.core.paths import REFERENCE_DIR, RUNS_DIR, SPECS_DIR
 from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES
+from harness.execute.capacity import LOCAL, RAY
 from harness.inputs import resources
 from harness.spec import model as spec_mod
+from harness.spec.fields import MAX_REPEATS, MAX_SWEEP_POINTS
+
+# The most of each count an option gives, far above any use and far below what would stall
+# a run: jobs and threads of a Ray cluster (a local run is bounded by its cores as well:
+# harness/execute/executors.py), a smoke's steps (a few: a training is `run`), the names
+# of --gpu-types and --places.
+MAX_JOBS = 1024
+MAX_THREADS = 1024
+MAX_SMOKE_STEPS = 1000
+MAX_PLACES = 64
+PLACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+# A Ray address: host:port or ray://host:port (a name, an IPv4 address or an [IPv6] one),
+# or Ray's own `auto` and `local`.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+RAY_ADDRESS = re.compile(rf"auto|local|(?:ray://)?(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{{1,5}})")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error is one line (not the usage, then the error): the
+    option and what is wrong with it, and where the options are listed."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the options)\n")
 
 
 def _csv(allowed: tuple[str, ...], what: str):
@@ -34,17 +59,63 @@ def _positive_ints(text: str) -> list[int]:
     return values
 
 
+def _sweep_values(text: str) -> list[int]:
+    values = _positive_ints(text)
+    if len(values) > MAX_SWEEP_POINTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SWEEP_POINTS} values (each is a set of runs): {len(values)} given")
+    return values
+
+
 def _positive(kind: type):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a {'whole number' if kind is int else 'number'}: {text!r}") from None
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive and finite: {text!r}")
         return value
 
     return parse
+
+
+def _count(most: int, why: str):
+    """A whole number from 1 to `most`; `why` says what a larger one would do."""
+    positive = _positive(int)
+
+    def parse(text: str) -> int:
+        value = positive(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"at most {most:,} ({why}): {text!r}")
+        return value
+
+    return parse
+
+
+def _executor(text: str) -> str:
+    """local, ray, or ray:ADDRESS with an address Ray could reach (RAY_ADDRESS)."""
+    if text in (LOCAL, RAY):
+        return text
+    kind, colon, address = text.partition(":")
+    if kind != RAY or not colon:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose local, ray or ray:ADDRESS")
+    found = RAY_ADDRESS.fullmatch(address)
+    if found is None or (found["port"] is not None and not 0 < int(found["port"]) < 65536):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: ADDRESS is host:port (a port from 1 to 65535), ray://host:port, auto or local, e.g. ray:10.0.0.5:6379"
+        )
+    return text
+
+
+def _places(text: str) -> list[str]:
+    """Comma-separated names of GPU models or Ray resources: letters, digits, _ . : -"""
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if not PLACE.fullmatch(n)]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"not a list of names (letters, digits, _ . : -, at most 64 each): {text!r}")
+    if len(names) > MAX_PLACES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PLACES} names (each runs every job once more): {len(names)} given")
+    return names
 
 
 def limit_options(p: argparse.ArgumentParser) -> None:
@@ -87,7 +158,7 @@ def speed_options(p: argparse.ArgumentParser, modes: list[str]) -> None:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harness", description=description)
+    parser = Parser(prog="harness", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def data_options(p: argparse.ArgumentParser) -> None:
@@ -117,25 +188,30 @@ def parser(description: str) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--executor",
+            type=_executor,
             default="local",
             help="where the jobs run: local (fresh processes of this machine), ray (a local Ray, or $RAY_ADDRESS), "
             "ray:ADDRESS (a Ray cluster; pip install '.[ray]') (default: local)",
         )
         p.add_argument(
             "--jobs",
-            type=_positive(int),
+            type=_count(MAX_JOBS, "a local run: this host's cores"),
             help="jobs at once (default: local, 1 with the frameworks' own threads; ray, as the cluster has room). "
             "With more than 1, each job's threads are capped at cores // jobs: bits may differ from uncapped runs",
         )
-        p.add_argument("--threads", type=_positive(int), help="each job's torch, BLAS and XLA threads (default: the frameworks' own)")
+        p.add_argument(
+            "--threads",
+            type=_count(MAX_THREADS, "a local run: this host's cores"),
+            help="each job's torch, BLAS and XLA threads (default: the frameworks' own)",
+        )
         p.add_argument(
             "--gpu-types",
-            type=lambda text: [t for t in text.split(",") if t],
+            type=_places,
             help="with --executor ray: run every GPU job once on each of these GPU models (Ray accelerator types, e.g. H100,H200)",
         )
         p.add_argument(
             "--places",
-            type=lambda text: [t for t in text.split(",") if t],
+            type=_places,
             help="with --executor ray: run every framework job once on a node with each of these custom Ray resources (hosts)",
         )
         p.add_argument(
@@ -150,7 +226,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     matrix_options(run)
     run.add_argument("--no-records", action="store_true", help="print the verdicts, write nothing")
     run.add_argument("--members", action="store_true", help="a row per calibration member in the table (folded into one by default)")
-    run.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
+    run.add_argument("--repeats", type=_count(MAX_REPEATS, "each repeat is a whole timed training run"), help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every job in this process (debugging; timings suffer)")
     speed_options(run, [EAGER])
     gpu_options(run)
@@ -161,7 +237,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     bench.add_argument("specs", nargs="*", help="spec names or paths (default: every spec in specs/)")
     matrix_options(bench)
     bench.add_argument("--no-records", action="store_true", help="print the tables, write nothing")
-    bench.add_argument("--repeats", type=int, default=5, help="timing repeats of each run (default: 5)")
+    bench.add_argument(
+        "--repeats", type=_count(MAX_REPEATS, "each repeat is a whole timed training run"), default=5, help="timing repeats of each run (default: 5)"
+    )
     speed_options(bench, [EAGER, FAST])
     gpu_options(bench)
     limit_options(bench)
@@ -171,8 +249,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run a spec's crossover sweep (e.g. peaks over 100..160,000 points); records as usual")
     sweep.add_argument("specs", nargs="*", help="spec names or paths (default: every spec that declares a sweep)")
     matrix_options(sweep)
-    sweep.add_argument("--repeats", type=int, help="timing repeats (default: the spec's)")
-    sweep.add_argument("--values", type=_positive_ints, help="the sweep's values to run (default: the spec's)")
+    sweep.add_argument(
+        "--repeats", type=_count(MAX_REPEATS, "each repeat is a whole timed training run"), help="timing repeats (default: the spec's)"
+    )
+    sweep.add_argument("--values", type=_sweep_values, help="the sweep's values to run (default: the spec's)")
     speed_options(sweep, [EAGER])
     gpu_options(sweep)
     limit_options(sweep)
@@ -182,9 +262,18 @@ def parser(description: str) -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate specs and every profile in them")
     validate.add_argument("specs", nargs="*")
     limit_options(validate)
+    validate.add_argument(
+        "--data-dir",
+        type=Path,
+        help="check each image file found here against the model's input (default: $HARNESS_DATA_DIR, else a cache folder)",
+    )
     validate.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 
-    export = sub.add_parser("export", help="write a spec's inputs and the oracle's loss curve to an .npz")
+    export = sub.add_parser(
+        "export",
+        help="write a spec's inputs and the oracle's loss curve to an .npz "
+        "(it trains the float64 oracle over every step of the profile: minutes for a full one)",
+    )
     export.add_argument("spec")
     export.add_argument("--out", type=Path, help="output file (default: exports/SPEC-PROFILE.npz)")
     limit_options(export)
@@ -205,8 +294,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, help="a folder for REPORT.md and figures/, or a .md file (figures/ beside it); default: RESULTS/REPORT.md")
     rep.add_argument("--profile", help="profile of the main tables (default: full, or the one profile the records hold)")
 
-    schema = sub.add_parser("schema", help="write specs/schema.json and results/schema.json")
-    schema.add_argument("--check", action="store_true", help="fail if the committed schema files are out of date")
+    schema = sub.add_parser("schema", help="write specs/schema.json, results/schema.json and docs/spec-reference.md (every spec key, generated)")
+    schema.add_argument("--check", action="store_true", help="fail if the committed schema files or the spec reference are out of date")
 
     smoke = sub.add_parser(
         "smoke",
@@ -228,7 +317,9 @@ def parser(description: str) -> argparse.ArgumentParser:
         metavar="LIST",
         help=f"comma-separated, of {', '.join(DEVICES)} (default: the CPU, and the GPU where a framework finds one)",
     )
-    smoke.add_argument("--steps", type=_positive(int), default=3, help="steps of each run (default: 3)")
+    smoke.add_argument(
+        "--steps", type=_count(MAX_SMOKE_STEPS, "a smoke is a few steps; a training is `run`"), default=3, help="steps of each run (default: 3)"
+    )
     smoke.add_argument("--out", type=Path, help="write the rows, the versions and what the specs cover to this JSON file")
     smoke.add_argument("--specs-dir", type=Path, default=SPECS_DIR, help=argparse.SUPPRESS)
 

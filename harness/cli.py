@@ -43,10 +43,10 @@ def _prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, l
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
     folder and each spec's folder in it (`names`), the GPU when it is required; then the
     matrix's keys."""
-    from harness.execute import plan, probe
+    from harness.execute import executors, plan, probe
 
-    if args.repeats is not None and args.repeats < 1:
-        raise HarnessError("--repeats: must be at least 1")
+    if args.executor == executors.LOCAL and not getattr(args, "in_process", False):
+        executors.local_slots(args.jobs, args.threads)  # jobs and threads within the cores, said before any work
     chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
     for framework in chosen:  # by name: of all (the default), each runs where it can
         if not any(runs_on(framework, device) for device in args.devices):
@@ -233,14 +233,18 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    from harness.inputs import problem as inputs
+
     for path in _spec_paths(args.specs, args.specs_dir):
         loaded = spec_load.load_spec(path)
+        checked = inputs.check_image_files(loaded, args.data_dir)  # the model's input against each image file here
         profiles = [spec_mod.FULL_PROFILE, *loaded.spec.profiles]
         for profile in profiles:  # and each point of its sweep: within the resource limits
             resources.check(spec_load.load_spec(path, profile), arguments.limits(args))
         for extra in spec_load.sweep_overrides(loaded.spec):
             resources.check(spec_load.load_spec(path, loaded.spec.sweep.profile, extra), arguments.limits(args))
-        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)})", highlight=False)
+        against = f"; input checked against {', '.join(checked)}" if checked else ""
+        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)}{against})", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -254,7 +258,14 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
     problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, arguments.limits(args))
-    console.print(f"training the float64 oracle over {problem.total_steps:,} steps for the export's loss curve", highlight=False)
+    others = [p for p in loaded.spec.profiles if p != loaded.profile]
+    shorter = f"; a profile of fewer steps is shorter: --profile {' or '.join(others)}" if loaded.profile == spec_mod.FULL_PROFILE and others else ""
+    console.print(
+        f"training the float64 oracle over all {problem.total_steps:,} steps of the {loaded.profile} profile for the export's loss curve "
+        f"(minutes where the run is long: progress below{shorter})",
+        highlight=False,
+        soft_wrap=True,
+    )
     arrays = {
         "x_train": problem.x_train,
         "y_train": problem.y_train,
@@ -291,7 +302,15 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
         console.print(table)
     else:
         for line in compare.summary(findings):
-            style = "red" if line.startswith("REGRESSION") else "green" if line.startswith("IMPROVED") else None
+            style = (
+                "red"
+                if line.startswith("REGRESSION")
+                else "green"
+                if line.startswith("IMPROVED")
+                else "yellow"
+                if line.startswith("WARNING")
+                else None
+            )
             console.print(line, style=style, highlight=False, soft_wrap=True, markup=False)
     regressions = sum(f.verdict == "regression" for f in findings)
     compared = sum(not f.verdict.startswith(compare.NOT_COMPARED) for f in findings)
@@ -312,9 +331,13 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    from harness.spec import reference
+
+    spec_schema = spec_load.json_schema()
     targets = {
-        SPECS_DIR / "schema.json": spec_load.json_schema(),
+        SPECS_DIR / "schema.json": spec_schema,
         PROJECT_ROOT / REFERENCE_DIR / "schema.json": schema.json_schema(),
+        reference.REFERENCE_FILE: reference.markdown(spec_schema),
     }
     stale = []
     for path, text in targets.items():
@@ -327,7 +350,7 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     if args.check and stale:
         console.print(f"out of date: {', '.join(map(str, stale))} (run `python -m harness schema`)")
         return EXIT_FAILED
-    console.print("schemas up to date" if args.check else f"wrote {len(targets)} schema files")
+    console.print("schemas and the spec reference up to date" if args.check else f"wrote {len(targets)} files: the schemas and the spec reference")
     return 0
 
 

@@ -209,3 +209,32 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     assert statuses["numpy@cpu"] == statuses["oracle@cpu"] == "ok"
     assert statuses["cupy@gpu"] in ("ok", "skipped")
     assert not any(c.involves(RunKey("absent", "cpu")) for c in result.checks)
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "said"),
+    [
+        (("pass", 0.0), "the parameters agree after step 1 (largest in dense2.weight: no difference)"),
+        (("pass", 0.25), "the parameters agree after step 1 (largest in dense2.weight: 0.25x its tolerance)"),
+        (("fail", 3.0), "largest in dense2.weight after step 1 (3x its tolerance)"),
+    ],
+)
+def test_where_a_curve_starts_to_fail_says_its_first_snapshot_meaningfully(snapshot, said):
+    """A curve that fails late, with the parameters after step 1 identical (a known
+    difference whose first step is bitwise the oracle's): not "largest in ... (0x its tolerance)"."""
+    verdict, ratio = snapshot
+    curve = checks.Check("loss_curve_envelope", TORCH, ORACLE_KEY, "fail", "rule", first_failure_step=31, ratio=2.0)
+    step = checks.Check("params_after_step_1", TORCH, ORACLE_KEY, verdict, "rule", ratio=ratio, tensor="dense2.weight")
+    found = diagnosis.diagnose(ADAM, [curve, step])
+    assert found[0].diagnosis.endswith(f"starts at step 31; {said}") and "0x" not in found[0].diagnosis
+
+
+def test_a_ratio_is_said_the_same_everywhere():
+    from harness.verdict.bound import times_tolerance
+
+    assert [times_tolerance(r) for r in (0.0, 2.5, 1e-5, float("inf"))] == [
+        "no difference",
+        "2.5x its tolerance",
+        "1e-05x its tolerance",
+        "its tolerance is zero",
+    ]

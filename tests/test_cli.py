@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,9 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert [r.floor for r in written if r.precision_mode == "float64"] == [None]  # the floor is float32's
     floors = {r.framework: r.floor for r in written if r.precision_mode != "float64"}
     assert floors["oracle"] is None and floors["numpy"].measured_over_floor > 0  # `run` measures the floor too
+    if Path("/proc/stat").exists():  # how loaded the host was while each run was timed (compare reads it)
+        shares = [r.timings.others_cpu_share for r in written]  # None: too short a run to tell
+        assert all(share is None or 0 <= share <= 1 for share in shares)
 
 
 def test_a_failing_check_exits_one(tmp_path):
@@ -126,6 +130,7 @@ def test_export_writes_inputs_and_oracle_curve(tmp_path):
     done = harness("export", "peaks_mlp", "--profile", "quick", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "peaks_mlp oracle@cpu step 100/100" in done.stdout  # the oracle's training shows progress
+    assert "training the float64 oracle over all 100 steps of the quick profile" in " ".join(done.stdout.split())
     with np.load(out) as arrays:
         assert arrays["x_train"].shape == (2500, 2) and arrays["dense1.weight"].shape == (2, 20)
         assert arrays["oracle_losses"].shape == (100,) and str(arrays["profile"]) == "quick"
@@ -331,3 +336,18 @@ def test_offline_without_a_specs_data_the_other_specs_run(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "SKIPPED mnist_mlp, its data is not here:" in said and "train-images-idx3-ubyte.gz: missing" in said and "--download" in said
     assert "moons_net numpy@cpu" in said and "1 spec(s) not run for want of their data: mnist_mlp" in said
+
+
+def test_export_of_the_full_profile_says_it_trains_the_whole_run(tmp_path, capsys, monkeypatch):
+    """The default profile is the full run (minutes of the oracle): said before it starts,
+    with the spec's shorter profiles. The training itself is replaced here."""
+    from harness import matrix
+    from harness.spec.load import load_spec
+    from tests.helpers import harness as in_process
+
+    monkeypatch.setattr(matrix, "oracle_curve", lambda problem, out=None: np.zeros(problem.total_steps))
+    code, out, err = in_process(capsys, "export", "peaks_mlp", "--out", tmp_path / "full.npz")
+    assert code == 0, err
+    others = [p for p in load_spec(SPECS_DIR / "peaks_mlp.yaml").spec.profiles]
+    said = " ".join(out.split())
+    assert "steps of the full profile" in said and f"--profile {' or '.join(others)}" in said

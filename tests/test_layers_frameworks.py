@@ -12,7 +12,6 @@ from harness.inputs.problem import Problem, in_memory
 from harness.spec.model import Spec
 
 STEPS = 3
-SHA = "0" * 64
 
 
 def image_spec(layers: list[dict], shape=(2, 8, 8), optimizer=None) -> Spec:
@@ -21,14 +20,8 @@ def image_spec(layers: list[dict], shape=(2, 8, 8), optimizer=None) -> Spec:
             "name": "layers_case",
             "title": "one layer kind in a small network",
             "article": "tests",
-            "data": {
-                "kind": "idx",
-                "dataset": "synthetic",
-                "scale": 1.0,
-                "split_seed": 0,
-                "source": "s",
-                "sources": {"s": {"images": {"file": "i", "sha256": SHA}, "labels": {"file": "l", "sha256": SHA}, "validation": 1}},
-            },
+            # small seeded images of the model's shape (the arrays themselves are small_problem's)
+            "data": {"kind": "image_patterns", "n_samples": 24, "shape": list(shape), "classes": 3, "noise": 0.0, "seed": 0},
             "model": {"input_shape": list(shape), "layers": [*layers, {"kind": "flatten"}, {"width": 3}]}
             if layers[-1].get("kind") != "dense" and "width" not in layers[-1]
             else {"input_shape": list(shape), "layers": [*layers, {"width": 3}]},
@@ -37,6 +30,7 @@ def image_spec(layers: list[dict], shape=(2, 8, 8), optimizer=None) -> Spec:
             "optimizer": optimizer or {"kind": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
             "training": {"epochs": 1, "batch_size": 8, "shuffle": True, "shuffle_seed": 5, "last_batch": "keep"},
             "logging": {"loss_every": 1, "print_every": 1},
+            "checks": {"params_after_steps": {"step": 1}},
             "timing": {"repeats": 1},
         }
     )

@@ -493,3 +493,114 @@ def test_a_kept_run_whose_digest_matches_but_does_not_decode_is_not_used(tmp_pat
     assert workdir.taken({outcome.key: cell}, console) is None
     (note,) = console.file.getvalue().splitlines()
     assert note.startswith(f"  work folder: {cell} not used (") and note.endswith("); it runs again")
+
+
+# --- 3b. the model's input against the images, before any training --------------------------
+
+
+@pytest.mark.parametrize(
+    "model, key",
+    [({"input_shape": [1, 14, 56]}, "model.input_shape: [1, 14, 56]"), ({"input_width": 785}, "model.input_width: 785")],
+    ids=["shape", "width"],
+)
+def test_validate_checks_the_input_against_the_image_files_header(tmp_path, capsys, model, key):
+    """Images of 28 x 28 against an input of the same pixel count in another shape, or of
+    another width: `validate` reads the file's header (not its data) and says so in one
+    line, naming the file and the key; `run` refuses the same before it trains."""
+    images = np.zeros((6, 28, 28), dtype=np.uint8)
+    spec = write_idx_source(tmp_path, images, np.arange(6, dtype=np.uint8), validation=2)
+    assert harness(capsys, "validate", spec, "--data-dir", tmp_path)[0] == 0
+    doc = yaml.safe_load(spec.read_text())
+    doc["model"].pop("input_width", None)
+    doc["model"].update(model)
+    if "input_shape" in model:  # a convolution first, so that the model itself places
+        doc["model"]["layers"] = [{"kind": "conv2d", "filters": 2, "kernel": 3}, {"kind": "flatten"}, {"width": 10}]
+    write_spec(spec, doc, {})
+    code, _, err = harness(capsys, "validate", spec, "--data-dir", tmp_path)
+    assert code == 2
+    one_line_error(err, str(tmp_path / "bad-images-idx-ubyte"), "images of", key, str(spec))
+    with pytest.raises(DataError, match=re.escape(key)):
+        inputs.build_problem(load_spec(spec), tmp_path)
+
+
+def test_an_idx_model_of_three_channels_is_refused_without_data(tmp_path, capsys):
+    """IDX images have one channel: a spec that says three fails `validate` with no data file at all."""
+    doc = yaml.safe_load((SPECS_DIR / "lenet_mnist.yaml").read_text())
+    spec = write_spec(tmp_path / "rgb.yaml", doc, {"model__input_shape": [3, 28, 28]})
+    code, _, err = harness(capsys, "validate", spec, "--data-dir", tmp_path)
+    assert code == 2
+    one_line_error(err, str(spec), "model.input_shape: [3, 28, 28] has 3 channels", "IDX images have one")
+
+
+# --- 5. every count option bounded, every address checked, before any work ------------------
+
+
+def _one_line_refusal(capsys, *args) -> str:
+    """The command line run in this process (an option argparse refuses exits), refusing in one line."""
+    from harness import cli
+
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (args, out, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["run", "moons_net", "--repeats", "101"], "--repeats: at most 100 (each repeat is a whole timed training run): '101'"),
+        (["run", "moons_net", "--repeats", "0"], "--repeats: must be positive"),
+        (["bench", "moons_net", "--repeats", str(10**12)], "--repeats: at most 100"),
+        (["sweep", "peaks_mlp", "--repeats", "-1"], "--repeats: must be positive"),
+        (["run", "moons_net", "--jobs", str(10**30)], "--jobs: at most 1,024"),
+        (["run", "moons_net", "--threads", "100000000"], "--threads: at most 1,024"),
+        (["run", "moons_net", "--jobs", "nan"], "--jobs: not a whole number: 'nan'"),
+        (["sweep", "peaks_mlp", "--values", ",".join(["10"] * 65)], "--values: at most 64 values"),
+        (["smoke", "--steps", "1001"], "--steps: at most 1,000"),
+        (["run", "moons_net", "--places", "a,b c"], "--places: not a list of names"),
+        (["run", "moons_net", "--gpu-types", ",".join(f"g{i}" for i in range(65))], "--gpu-types: at most 64 names"),
+    ],
+)
+def test_every_count_option_is_bounded_in_one_line(capsys, args, said):
+    err = _one_line_refusal(capsys, *args)
+    assert said in err, err
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["ray:", "ray:::1", "ray:host", "ray:host:0", "ray:host:65536", "ray:host:80/x", "ray:http://host:80"]
+    + ["ray:-x:1", "ray:a b:1", "ray:$(id):1", "rays", "ray:" + "a" * 64 + ":1"],
+)
+def test_a_malformed_ray_address_is_refused_before_anything_runs(capsys, address):
+    """Refused as the options are read: before Ray is imported or a spec is loaded."""
+    err = _one_line_refusal(capsys, "run", "moons_net", "--executor", address)
+    assert "--executor" in err and "ray" not in sys.modules
+
+
+WELL_FORMED = ["ray", "local", "ray:auto", "ray:local", "ray:10.0.0.5:6379", "ray:head-1.cluster:6379", "ray:ray://head:10001", "ray:[::1]:6379"]
+
+
+@pytest.mark.parametrize("address", WELL_FORMED)
+def test_a_well_formed_executor_is_taken(address):
+    from harness import arguments
+
+    assert arguments.parser("x").parse_args(["run", "--executor", address]).executor == address
+
+
+def test_local_jobs_and_threads_are_taken_up_to_the_cores_and_refused_past_them(capsys):
+    from harness.execute import capacity, executors
+
+    n = capacity.cores()
+    assert executors.local_slots(n, None).jobs == n and executors.local_slots(None, n).threads == n  # at the limit
+    assert executors.local_slots(1, n).threads == n
+    for args, said in [
+        (["--jobs", str(n + 1)], f"--jobs {n + 1}: more than this host's {n} cores"),
+        (["--threads", str(n + 1)], f"--threads {n + 1}: more than this host's {n} cores"),
+        (["--jobs", str(n), "--threads", "2"], f"--jobs {n} --threads 2: {2 * n} threads at once"),
+    ]:
+        err = _one_line_refusal(capsys, "run", "moons_net", "--no-records", *args)
+        assert said in err, err

@@ -235,7 +235,9 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("doc", [README, FINDINGS, ROOT / "docs" / "gpu-machine.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "doc", [README, FINDINGS, *(ROOT / "docs" / name for name in ("gpu-machine.md", "measurements.md", "spec-reference.md"))], ids=lambda p: p.name
+)
 def test_every_local_link_leads_to_a_file_and_heading_that_exist(doc):
     for target in LINK.findall(doc.read_text()):
         if re.match(r"[a-z]+:", target):

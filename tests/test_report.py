@@ -307,6 +307,8 @@ def test_report_picks_the_one_profile_the_records_hold_or_says_which(tmp_path, c
     assert cli.main(["report", "--results", str(results)]) == 0
     said = capsys.readouterr().out
     assert "(profile full)" in said and "not in its main tables: 2 record(s) of profile quick (--profile quick reports them)" in said
+    report = " ".join((results / "REPORT.md").read_text().split())
+    assert "Records left out of the main tables: 2 of profile `quick` (`--profile quick` reports them)." in report
 
 
 def test_a_tampered_artifact_is_named_and_its_figures_skipped(tmp_path):

@@ -248,11 +248,12 @@ def test_a_figure_name_that_is_a_path_is_refused():
         ({"training__epochs": 10**30}, ["training.epochs: about 10^30 training steps", "(--max-steps raises it)"]),
         ({"training__epochs": 1e18}, ["training.epochs: about 10^18 training steps", "(--max-steps raises it)"]),
         ({"training__epochs": 1e30}, ["training.epochs"]),
+        ({"data__n_samples": 10**24}, [": about 10^", "GiB of memory for about 10^24 examples"]),  # "about" said once
         ({"checks__loss_curve__rtol": math.inf}, ["checks.loss_curve.rtol", "finite"]),
         ({"optimizer__lr": math.nan}, ["optimizer.lr", "finite"]),
         ({"checks__long_run__curve_floor": -math.inf}, ["checks.long_run.curve_floor", "finite"]),
     ],
-    ids=["width-1e9", "epochs-10**30", "epochs-1e18", "epochs-1e30", "inf-rtol", "nan-lr", "minus-inf-floor"],
+    ids=["width-1e9", "epochs-10**30", "epochs-1e18", "epochs-1e30", "samples-10**24", "inf-rtol", "nan-lr", "minus-inf-floor"],
 )
 def test_validate_refuses_a_spec_past_the_limits_or_not_finite(tmp_path, capsys, changes, fragments):
     spec = tiny_moons(tmp_path, **changes)

@@ -163,3 +163,27 @@ def test_a_claim_range_must_be_ordered(tmp_path):
     doc["claims"] = {"gpu_speedup": {"low": 40, "high": 5, "source": "somewhere"}}
     with pytest.raises(SpecError, match="claims.gpu_speedup.*high: smaller than low"):
         load_spec(write(tmp_path, doc))
+
+
+@pytest.mark.parametrize(
+    "where, key",
+    [
+        ("model", "model.layers.2: conv2d: a window of 50"),
+        ("profile", "profiles.quick.model.layers.2: conv2d: a window of 5 does not fit an image of 4x4"),
+        ("input", "model: give input_width (a vector) or input_shape (an image), one of them"),
+    ],
+)
+def test_a_model_error_names_its_key_path_once(tmp_path, where, key):
+    """A rule of the model section that names a deeper key (a layer that does not fit) says
+    that key once: not `model: model.layers.2: ...`."""
+    doc = yaml.safe_load((SPECS_DIR / "lenet_mnist.yaml").read_text())
+    if where == "model":
+        doc["model"]["layers"][2]["kernel"] = 50
+    elif where == "profile":
+        doc["profiles"]["quick"]["model"] = {"input_shape": [1, 8, 8]}
+    else:
+        doc["model"]["input_width"] = 784
+    with pytest.raises(SpecError) as refused:
+        load_spec(write(tmp_path, doc))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path / 'spec.yaml'}: {key}"), message

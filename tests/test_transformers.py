@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from harness.core.errors import DataError, SpecError
 from harness.core.registry import ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
+from harness.inputs.data import TEXT_MAX_BYTES
 from harness.layers import LayerSection, attention, place, residual, residual_tree
 from harness.layers.base import Context
 from harness.reference import network
@@ -165,6 +166,45 @@ def test_a_text_the_system_ships_is_found_there_and_checked_all_the_same(tmp_pat
 def test_a_validation_that_leaves_nothing_to_train_is_refused(text_dir):
     with pytest.raises(DataError, match="data.validation: 1098 leaves no training examples of the 1098 examples"):
         inputs.build_problem(validate_and_load(text_dir, {"validation": 1098}), text_dir)
+
+
+def _a_text(folder: Path, payload: bytes | None, sha256: str | None = None, **data) -> Path:
+    """A spec whose text is `payload` (None: a file of TEXT_MAX_BYTES + 1 bytes, sparse)
+    written as t.txt in `folder`, with its own sha256 unless one is given."""
+    text = folder / "t.txt"
+    if payload is None:
+        with text.open("wb") as f:
+            f.truncate(TEXT_MAX_BYTES + 1)
+    else:
+        text.write_bytes(payload)
+    doc = _doc()
+    doc["data"].update(file="t.txt", sha256=sha256 or hashlib.sha256(payload or b"").hexdigest(), **data)
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    return spec
+
+
+HOSTILE_TEXTS = {
+    "binary": (lambda d: _a_text(d, b"\x7fELF\x02\x01" + bytes(64) + b"a" * 4000), "data.file: {text} is not a text: its byte 6 is NUL"),
+    "huge": (lambda d: _a_text(d, None, "0" * 64), "data.file: {text}: 67,108,865 bytes, more than the 67,108,864 a text data file may have"),
+    "wrong sha256": (lambda d: _a_text(d, b"a" * 4000, "0" * 64), "data.sha256: checksum mismatch: {text} has sha256"),
+    "short": (lambda d: _a_text(d, b"tiny text\n"), "data.context: 32 tokens an example, but {text} has 10 bytes: no example"),
+    "empty": (lambda d: _a_text(d, b""), "data.context: 32 tokens an example, but {text} has 0 bytes"),
+    "a folder": (lambda d: (_a_text(d, b"a" * 4000), (d / "t.txt").unlink(), (d / "t.txt").mkdir())[0], "data.file: {text}"),
+    "missing": (lambda d: (_a_text(d, b"a" * 4000), (d / "t.txt").unlink())[0], "data.file: {text}: missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_TEXTS))
+def test_a_hostile_or_clumsy_text_is_one_line_naming_the_spec_the_file_and_the_key(tmp_path, capsys, case):
+    """Each refused before any training, exit 2, one line: the spec, its key, the text file."""
+    from tests.helpers import harness, one_line_error
+
+    make, said = HOSTILE_TEXTS[case]
+    spec = make(tmp_path)
+    code, _, err = harness(capsys, "run", spec, "--frameworks", "numpy", "--no-records", "--no-floor", "--data-dir", tmp_path)
+    assert code == 2
+    one_line_error(err, f"{spec}: ", said.format(text=tmp_path / "t.txt"))
 
 
 # --- the oracle: a whole network's gradient ---------------------------------------------

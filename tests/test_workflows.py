@@ -26,7 +26,7 @@ def commands(doc: dict) -> list[str]:
 
 
 def nox_sessions() -> set[str]:
-    return set(re.findall(r"@nox\.session\s+def (\w+)", (ROOT / "noxfile.py").read_text()))
+    return set(re.findall(r"@nox\.session(?:\([^)]*\))?\s+def (\w+)", (ROOT / "noxfile.py").read_text()))
 
 
 def test_every_nox_session_a_workflow_names_exists():
@@ -70,3 +70,15 @@ def test_actionlint_accepts_the_workflows():
     else:
         pytest.skip("actionlint is not installed: `nox -s lint` installs it (CI runs lint first)")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_sessions_that_need_the_frameworks_share_one_environment():
+    """cpu, tests and regress (and bench, slow, family) install torch and JAX once, into
+    .nox/frameworks, not each into an environment of its own (about 1.9 GB each)."""
+    text = (ROOT / "noxfile.py").read_text()
+    bodies = dict(re.findall(r"@nox\.session(?:\([^)]*\))?\s+def (\w+)\(session: nox\.Session\) -> None:\n(.*?)(?=\n@nox|\Z)", text, re.S))
+    sharing = {name for name, body in bodies.items() if "_shared_python(session" in body}
+    assert {"cpu", "tests", "regress", "slow", "bench", "family"} <= sharing
+    for name in sharing:
+        assert f'@nox.session(venv_backend="none")\ndef {name}(' in text, name  # nox builds none of its own
+        assert "_install(" not in bodies[name] and 'session.run("python"' not in bodies[name], name

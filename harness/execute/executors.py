@@ -42,8 +42,14 @@ def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
 def local_slots(jobs: int | None, threads: int | None) -> Slots:
     """The default: one job at a time with the frameworks' own threads (the bits every
     record so far was made with); with --jobs N, N jobs at a time, cores // N threads
-    each unless --threads says otherwise."""
+    each unless --threads says otherwise. Neither more jobs nor more threads than the
+    cores: beyond them, jobs and threads only wait on each other (and their timings say so)."""
     n = cores()
+    for option, value in (("--jobs", jobs), ("--threads", threads)):
+        if value is not None and value > n:
+            raise HarnessError(f"{option} {value}: more than this host's {n} cores (the local executor runs every job here)")
+    if jobs and threads and jobs * threads > n:
+        raise HarnessError(f"--jobs {jobs} --threads {threads}: {jobs * threads} threads at once, more than this host's {n} cores")
     if jobs is None:
         jobs = max(1, n // threads) if threads else 1
     if jobs > 1 and threads is None:

@@ -13,7 +13,9 @@ either set). The verdicts are the harness's own:
   may move by the calibrated rule, factor * e(T) * |baseline| + the metric floor (e(T) the
   larger of both records' float32 spread), and more is a regression.
 - Time per step is compared only on the same fingerprint, and must grow by more than the
-  noise both sides recorded.
+  noise both sides recorded. A growth the host explains (other work took a share of its CPU
+  while the run was timed, or its rates measured slower in as large a ratio) is a warning,
+  not a regression: a loaded machine is not a slower code.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
 from harness.report.rows import ms
+from harness.verdict.bound import times_tolerance
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
 # this fraction of the baseline: the speed of the 2-core VMs this gate runs on drifts by up
@@ -41,6 +44,12 @@ from harness.report.rows import ms
 # the code. Runs of a single repeat record no spread: their times are not judged (the
 # oracle runs once; so do specs whose runs take minutes).
 TIME_NOISE_FLOOR = 0.5
+# A slower time is the host's, not the code's, where other work took at least this share of
+# the host's CPU while the run was timed (records' timings.others_cpu_share, harness/core/load.py):
+# a quarter is a core of a 4-core host busy, half of the 2-core VMs', where a torch run that
+# spreads its threads over every core waits on the busy one.
+LOADED_SHARE = 0.25
+WARNING = "warning"
 NOT_COMPARED = "not compared"
 NO_BASELINE = f"{NOT_COMPARED}: no baseline"
 QUICK_BASELINE = Path("baselines/cpu-quick")  # the committed baseline of the quick profile (nox -s regress)
@@ -145,6 +154,27 @@ def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
     return findings
 
 
+def loaded_host(base: Record, new: Record) -> str | None:
+    """Why the host, not the code, may explain a slower time: other work took at least
+    LOADED_SHARE of its CPU while the new run was timed (and more than while the baseline
+    was); or the host's rates, measured before the run (its floor), were slower than the
+    baseline's in at least the ratio of the times. None: nothing explains it."""
+    old_share, share = base.timings.others_cpu_share, new.timings.others_cpu_share
+    if share is not None and share >= LOADED_SHARE and share > (old_share or 0.0):
+        was = "" if old_share is None else f", {old_share:.0%} while the baseline's was"
+        return f"a loaded host: other work took {share:.0%} of its CPU while this run was timed{was}"
+    if base.floor is None or new.floor is None:
+        return None
+    slower = {
+        "matmul": base.floor.matmul_flops_per_s / new.floor.matmul_flops_per_s,
+        "bandwidth": base.floor.bandwidth_bytes_per_s / new.floor.bandwidth_bytes_per_s,
+    }
+    rate, ratio = max(slower.items(), key=lambda item: item[1])
+    if ratio > 1 and new.timings.per_step_s <= ratio * base.timings.per_step_s * (1 + TIME_NOISE_FLOOR):
+        return f"a slower host: its {rate} rate measured {ratio:.3g}x slower than the baseline's, as much as the time grew"
+    return None
+
+
 def _time_findings(base: Record, new: Record, differs: list[str], finding) -> list[Finding]:
     if not (base.timings and new.timings):
         return []
@@ -157,14 +187,11 @@ def _time_findings(base: Record, new: Record, differs: list[str], finding) -> li
     steps = base.timings.total_steps
     noise = (base.timings.train_s_spread + new.timings.train_s_spread) / steps
     allowed = base.timings.per_step_s + noise + TIME_NOISE_FLOOR * base.timings.per_step_s
-    return [
-        finding(
-            "time per step",
-            f"{ms(base.timings.per_step_s, 4)} ms",
-            f"{ms(new.timings.per_step_s, 4)} ms (limit {ms(allowed, 4)})",
-            "regression" if new.timings.per_step_s > allowed else "ok",
-        )
-    ]
+    verdict = "ok"
+    if new.timings.per_step_s > allowed:
+        explained = loaded_host(base, new)
+        verdict = "regression" if explained is None else f"{WARNING}: {explained}; time not judged (rerun on an idle host)"
+    return [finding("time per step", f"{ms(base.timings.per_step_s, 4)} ms", f"{ms(new.timings.per_step_s, 4)} ms (limit {ms(allowed, 4)})", verdict)]
 
 
 def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Finding]:
@@ -189,7 +216,7 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
     for check in new.checks:
         old = base_checks.get((check.name, check.against))
         old_verdict = "-" if old is None else old.verdict
-        err = "" if check.ratio is None else f" ({check.ratio:.3g}x its tolerance)"
+        err = "" if check.ratio is None else f" ({times_tolerance(check.ratio)})"
         if check.verdict == Verdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
         elif old is not None and old.verdict == Verdict.FAIL:
@@ -258,7 +285,9 @@ def summary(findings: list[Finding]) -> list[str]:
     lines, said, counts = [], set(), Counter()
     not_judged = Counter((f.spec, f.profile, f.what) for f in findings if f.verdict.startswith(NOT_JUDGED))
     for f in findings:
-        if f.verdict in ("regression", "improved") or f.verdict.startswith("changed") and f.what != "host fingerprint":
+        if f.verdict.startswith(WARNING):
+            lines.append(f"WARNING {f.spec} {f.run} ({f.profile}): {f.what}: {f.baseline or '-'} -> {f.new}: {f.verdict.split(': ', 1)[1]}")
+        elif f.verdict in ("regression", "improved") or f.verdict.startswith("changed") and f.what != "host fingerprint":
             head = f.verdict.split(":")[0].upper()
             lines.append(f"{head} {f.spec} {f.run} ({f.profile}): {f.what}: {f.baseline or '-'} -> {f.new}")
         elif f.what == "host fingerprint" and f.new not in said:

@@ -136,7 +136,8 @@ def _read_at_most(stream: BinaryIO, count: int) -> bytearray:
     return got
 
 
-def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, compressed: bool) -> np.ndarray:
+def _header(path: Path, stream: BinaryIO) -> tuple[np.dtype, tuple[int, ...]]:
+    """An IDX file's element type and dimensions, from its header."""
     magic = _read_at_most(stream, 4)
     if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES or magic[3] == 0:
         raise DataError(f"{path}: not an IDX file (wrong magic number {magic.hex() or 'none'})")
@@ -146,7 +147,12 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, com
     dims = _read_at_most(stream, 4 * ndim)
     if len(dims) < 4 * ndim:
         raise DataError(f"{path}: truncated IDX header")
-    shape = struct.unpack(f">{ndim}I", dims)
+    return dtype, struct.unpack(f">{ndim}I", dims)
+
+
+def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, compressed: bool) -> np.ndarray:
+    dtype, shape = _header(path, stream)
+    ndim = len(shape)
     # The data's size, from the header alone, checked before anything is allocated: against
     # the limit, and against what the file can hold (a raw file holds exactly its size less
     # the header; a gzip stream at most DEFLATE_MAX_RATIO times its compressed size).
@@ -172,6 +178,26 @@ def _parse_idx(path: Path, stream: BinaryIO, max_bytes: int, file_size: int, com
         found = f"more than {expected}" if got > expected else str(got)
         raise DataError(f"{path}: truncated or oversized IDX data: {found} bytes, the header says {expected}")
     return body.view(dtype).reshape(shape)
+
+
+def idx_shape(path: Path) -> tuple[int, ...]:
+    """The dimensions an IDX file's header declares (gzip-compressed or raw), read without
+    its data: what `harness validate` checks a spec's input against."""
+    path = Path(path)
+    f, _ = open_regular(path, "data file", error=DataError)
+    try:
+        with f:
+            if f.read(2) != b"\x1f\x8b":
+                f.seek(0)
+                return _header(path, f)[1]
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as stream:
+                    return _header(path, stream)[1]
+            except (OSError, EOFError, zlib.error) as exc:
+                raise DataError(f"{path}: corrupt or truncated gzip data: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
@@ -262,6 +288,7 @@ class IdxSplit:
     x_val: np.ndarray
     y_val: np.ndarray
     files: tuple[UsedFile, ...]
+    example_shape: tuple[int, ...] = ()  # one image's (height, width), as its file gives it; () for a text
 
 
 def load_idx(
@@ -310,7 +337,7 @@ def load_idx(
     order = np.random.default_rng(section.split_seed).permutation(len(images))
     val, train = order[: chosen.validation], order[chosen.validation :]
     targets = labels.astype(np.int64)
-    return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used))
+    return IdxSplit(features[train], targets[train], features[val], targets[val], tuple(used), images.shape[1:])
 
 
 # --- text -------------------------------------------------------------------------------
@@ -328,17 +355,28 @@ def load_text(section: TextData, data_dir: Path) -> IdxSplit:
     overlapping, the text's last bytes that fill no example left out. `validation`
     examples are held out, drawn with split_seed. int64 token ids and targets, (n, context)."""
     path = data_dir / section.file
-    if not path.is_file() and (SYSTEM_TEXTS / section.file).is_file():
+    if not path.exists() and (SYSTEM_TEXTS / section.file).is_file():
         path = SYSTEM_TEXTS / section.file  # a text the system ships; its sha256 is checked all the same
-    if not path.is_file():
-        where = f"{data_dir / section.file}: missing (and not in {SYSTEM_TEXTS})"
+    if not path.exists():
+        where = f"data.file: {data_dir / section.file}: missing (and not in {SYSTEM_TEXTS})"
         raise DataError(f"{where}. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
-    raw = read_regular(path, TEXT_MAX_BYTES, "data file", error=DataError)
+    try:  # a folder, a FIFO, a file past the limit: said by the reader, named by the key here
+        raw = read_regular(path, TEXT_MAX_BYTES, "text data file", error=DataError)
+    except DataError as exc:
+        raise DataError(f"data.file: {exc}") from None
     got = hashlib.sha256(raw).hexdigest()
     if got != section.sha256:
-        raise DataError(f"{path}: checksum mismatch: sha256 is {got}, the spec says {section.sha256}")
+        raise DataError(f"data.sha256: checksum mismatch: {path} has sha256 {got}, the spec says {section.sha256}")
+    nul = raw.find(b"\0")
+    if nul >= 0:  # git's test of a binary file: a text of bytes holds no NUL
+        raise DataError(f"data.file: {path} is not a text: its byte {nul:,} is NUL (a binary file?)")
     tokens = np.frombuffer(raw, dtype=np.uint8)
     n = max(len(tokens) - 1, 0) // section.context
+    if n == 0:
+        raise DataError(
+            f"data.context: {section.context} tokens an example, but {path} has {len(tokens):,} bytes: "
+            f"no example (one takes context + 1 bytes, its targets one further on)"
+        )
     if section.validation >= n:
         raise DataError(
             f"data.validation: {section.validation} leaves no training examples of the {n} examples of {section.context} tokens in {path}"

@@ -10,6 +10,7 @@ a conv weight [filters, channels, kh, kw]. Adapters whose framework stores them 
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -256,15 +257,48 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
         message = str(exc)
         raise DataError(f"{loaded.path}: {message}" if message.startswith(("data.", "model.")) else message) from None
     images, labels = (split.files[0].path, split.files[1].path) if len(split.files) == 2 else (source, source)
-    if split.x_train.shape[1] != spec.model.in_features:
-        key = "input_width" if spec.model.input_width is not None else "input_shape"
-        said = spec.model.input_width if spec.model.input_width is not None else spec.model.input_shape
-        raise DataError(f"{images}: images of {split.x_train.shape[1]} pixels, but {loaded.path} says model.{key}: {said}")
+    check_images(loaded, images, split.example_shape)
     n_classes = spec.model.n_outputs
     top = max(split.y_train.max(initial=0), split.y_val.max(initial=0) if split.y_val is not None else 0)
     if top >= n_classes:  # the validation split too: its labels index the outputs as well
         raise DataError(f"{labels}: labels go up to {top}, but {loaded.path} gives the last of model.layers {n_classes} outputs")
     return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
+
+
+def check_images(loaded: LoadedSpec, images: str, example_shape: tuple[int, ...]) -> None:
+    """One image's shape (height, width) against the model's input: its input_shape must be
+    [1, height, width] (an IDX image has one channel), its input_width height x width. A
+    DataError naming the file and the key where they disagree."""
+    model = loaded.spec.model
+    said = " x ".join(map(str, example_shape))
+    if model.input_shape is not None and tuple(model.input_shape) != (1, *example_shape):
+        raise DataError(f"{images}: images of 1 channel of {said} pixels, but {loaded.path} says model.input_shape: {model.input_shape}")
+    pixels = math.prod(example_shape)
+    if model.input_width is not None and pixels != model.input_width:
+        raise DataError(f"{images}: images of {said} = {pixels} pixels, but {loaded.path} says model.input_width: {model.input_width}")
+
+
+def check_image_files(loaded: LoadedSpec, data_dir: Path | None) -> list[str]:
+    """Each data source's image file that is in the data folder, its header's dimensions
+    checked against the model's input (check_images) without reading its data: what
+    `harness validate` can say before a run. The files checked; a source whose file is not
+    there is left to the run (which says how to get it)."""
+    section = loaded.spec.data
+    if section.kind != "idx":
+        return []
+    folder = data_dir or data.default_data_dir()
+    checked = []
+    for source in section.sources.values():
+        name = source.images.file
+        path = next((p for p in (folder / name, folder / name.removesuffix(".gz")) if p.is_file()), None)
+        if path is None:
+            continue
+        dims = data.idx_shape(path)
+        if len(dims) != 3:
+            raise DataError(f"{path}: an IDX image file holds count x height x width; this one's header says {dims}")
+        check_images(loaded, str(path), dims[1:])
+        checked.append(str(path))
+    return checked
 
 
 def build_problem(

@@ -90,8 +90,9 @@ def check(loaded: LoadedSpec, limits: Limits, n_examples: int | None = None) -> 
             f"the limit is {limits.steps:,} (--max-steps raises it)"
         )
     if found.memory_bytes > limits.memory_gb * GIB:
+        memory = _gib(found.memory_bytes)  # "about 10^17" already, or "about" is said here
         raise HarnessError(
-            f"{where}: about {_gib(found.memory_bytes)} GiB of memory for {_count(n)} examples (parameters "
+            f"{where}: {memory if memory.startswith('about') else f'about {memory}'} GiB of memory for {_count(n)} examples (parameters "
             f"{_gib(found.parameter_bytes)}, activations {_gib(found.activation_bytes)}, data {_gib(found.data_bytes)} GiB); "
             f"the limit is {limits.memory_gb:g} GiB (--max-memory-gb raises it)"
         )

@@ -16,12 +16,13 @@ KIND = "adam"
 
 class Adam(Recipe):
     """Adam as in Kingma & Ba: eps is added to sqrt(v_hat), both moments bias-corrected.
-    weight_decay is coupled (added to the gradient), as torch.optim.Adam's."""
+    weight_decay is coupled (added to the gradient), as torch.optim.Adam's. beta1, beta2 and
+    eps default to the values torch.optim.Adam and optax.adam share (0.9, 0.999, 1e-8)."""
 
     kind: Literal["adam"]
-    beta1: Beta
-    beta2: Beta
-    eps: Rate
+    beta1: Beta = 0.9
+    beta2: Beta = 0.999
+    eps: Rate = 1e-8
 
     fast_rule: ClassVar[bool] = True
 

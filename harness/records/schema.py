@@ -81,6 +81,11 @@ class Timings(Frozen):
     train_s_spread: float
     train_s_each: list[float]
     per_step_s: float
+    # the share (0 to 1) of the host's CPU that went to other work while the repeats trained
+    # (the median of the repeats'; harness/core/load.py): a slowdown a loaded host explains
+    # is warned of, not failed (harness/gate/compare.py). Absent: not measured (not Linux;
+    # records before 2026-11-26)
+    others_cpu_share: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class FloorRecord(Frozen):

@@ -146,6 +146,9 @@ def build(results_dir: Path, profile: str | None = None) -> Document:
         "Nothing was trained to make this report.",
         "",
     )
+    if doc.others:  # the records a reader of the main tables does not see: said, not dropped
+        held = "; ".join(f"{count} of profile `{p}` (`--profile {p}` reports them)" for p, count in sorted(doc.others.items()))
+        doc.add(f"Records left out of the main tables: {held}.", "")
     verdict_section(doc, main, profile)
     speed_section(doc, main, profile, figures)
     benched = {r.spec.profile for r in latest if r.mode != "eager"}

@@ -16,6 +16,7 @@ from harness.core.registry import Verdict, verdict_counts
 from harness.records.schema import Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
+from harness.verdict.bound import times_tolerance
 
 
 class Shown(Protocol):
@@ -125,7 +126,7 @@ def failure_line(record: Record, c) -> str:
     if c.max_abs_error is not None:
         measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
     if c.ratio is not None:
-        measured += f", {c.ratio:.3g}x its tolerance"
+        measured += f", {times_tolerance(c.ratio)}"
     tolerance = f" [{c.tolerance}]" if c.verdict == Verdict.FAIL else ""
     return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
 

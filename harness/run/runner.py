@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from adapters.protocol import KeepsTrainingState, RecordsLayerOutputs
-from harness.core import registry
+from harness.core import load, registry
 from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params, Problem
@@ -192,6 +192,7 @@ class _Trial:
         self.transfer: list[float] = []
         self.warmup: list[float] = []
         self.train: list[float] = []
+        self.others: list[float | None] = []  # each repeat's share of the host's CPU that others took (harness/core/load.py)
 
     def repeat(self, repeat: int) -> None:
         adapter, problem, key, outcome = self.adapter, self.problem, self.key, self.outcome
@@ -213,7 +214,7 @@ class _Trial:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
             if key.dtype == FLOAT64 and problem.jitter_seed is None and isinstance(adapter, RecordsLayerOutputs):
                 outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)
-        start = time.perf_counter()
+        start, host = time.perf_counter(), load.sample()
         for first, stop in self.plan:
             adapter.train(trainer, first, stop)
             if repeat == 0 and (self.progress or stop in snapshot_steps):
@@ -229,6 +230,7 @@ class _Trial:
                 outcome.segment_outputs[ends[stop]] = adapter.predict(trainer, problem.probe)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
+        self.others.append(load.others_share(host, load.sample()))
 
         curve, params = adapter.state(trainer, total)
         if repeat == 0:
@@ -238,7 +240,7 @@ class _Trial:
             _compare_repeat(outcome, curve, params)
 
     def finish(self) -> Outcome:
-        self.outcome.timings = _timings(self.problem, self.transfer, self.warmup, self.train)
+        self.outcome.timings = _timings(self.problem, self.transfer, self.warmup, self.train, self.others)
         return self.outcome
 
 
@@ -283,8 +285,9 @@ def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:
     return None
 
 
-def _timings(problem: Problem, transfer: list[float], warmup: list[float], train: list[float]) -> dict[str, Any]:
+def _timings(problem: Problem, transfer: list[float], warmup: list[float], train: list[float], others: list[float | None] = ()) -> dict[str, Any]:
     train_median, train_spread = _median_and_spread(train)
+    known = [share for share in others if share is not None]
     return {
         "repeats": len(train),
         "total_steps": problem.total_steps,
@@ -296,4 +299,5 @@ def _timings(problem: Problem, transfer: list[float], warmup: list[float], train
         "train_s_spread": train_spread,
         "train_s_each": train,
         "per_step_s": train_median / max(problem.total_steps, 1),
+        "others_cpu_share": statistics.median(known) if known else None,
     }

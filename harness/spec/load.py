@@ -57,8 +57,8 @@ def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> s
     """One line per key (a union's members each say why a value is not theirs: joined)."""
     by_key: dict[str, list[str]] = {}
     for e in err.errors():
-        key = _format_loc(e["loc"])
-        key = f"{prefix}{key}" if prefix else key
+        own = _format_loc(e["loc"])
+        key = f"{prefix}{own}" if prefix else own
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -70,7 +70,8 @@ def _validation_message(path: Path, err: ValidationError, prefix: str = "") -> s
             msg = f"{ctx.get('tag', '')!r} is none of {str(ctx.get('expected_tags', '')).replace(chr(39), '')}"
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
-            if not e["loc"] and ": " in msg:  # a cross-field rule names its own key
+            names_its_key = not e["loc"] or msg.startswith((f"{own}.", f"{own}:"))  # "model.layers.2: ...", raised in model
+            if names_its_key and ": " in msg:  # a cross-field rule names its own key
                 by_key.setdefault("", []).append(f"{prefix}{msg}")
                 continue
         by_key.setdefault(f"{key}: ", []).append(msg)

@@ -106,6 +106,12 @@ class ModelSection(Strict):
 
 
 class InitSection(Strict):
+    """The initial weights, drawn once in NumPy (harness/layers/base.py) from a
+    RandomState(seed) and handed to every framework. weights: `glorot_uniform`
+    U(-sqrt(6 / (fan_in + fan_out)), +sqrt(...)); `normal_over_sqrt_fan_in` N(0, 1) / sqrt(fan_in);
+    `torch_linear_default` U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)), as nn.Linear and nn.Conv2d
+    draw it. biases: `zeros`, or `torch_linear_default` (the same bound as the weight's)."""
+
     weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"]
     biases: Literal["zeros", "torch_linear_default"]
     seed: Seed
@@ -136,6 +142,10 @@ class LossSection(Strict):
 
 
 class TrainingSection(Strict):
+    """Training: `epochs` passes over the training examples in batches of `batch_size`
+    (`full`: the whole set, one step an epoch), in an order drawn with shuffle_seed when
+    `shuffle`; a last batch smaller than the others is trained on (`keep`) or left out (`drop`)."""
+
     epochs: PositiveInt
     batch_size: PositiveInt | Literal["full"]
     shuffle: bool
@@ -144,6 +154,9 @@ class TrainingSection(Strict):
 
 
 class LoggingSection(Strict):
+    """The loss curve a record keeps, a point every `loss_every` steps; a long run's progress
+    line every `print_every` steps."""
+
     loss_every: StepCount
     print_every: StepCount
 
@@ -234,6 +247,10 @@ class ChecksSection(Strict):
 
 
 class TimingSection(Strict):
+    """Each run trains `repeats` times from the same start (--repeats overrides it): the
+    median time is the record's, the repeats' spread its noise, and the repeats must agree
+    bit for bit."""
+
     repeats: Annotated[int, Field(gt=0, le=MAX_REPEATS)]
 
 
@@ -252,6 +269,8 @@ class SpeedupClaim(Strict):
 
 
 class Claims(Strict):
+    """What the source article claims, set beside our measurement in the report."""
+
     gpu_speedup: SpeedupClaim | None = None
 
 
@@ -319,6 +338,12 @@ class Spec(Strict):
             raise ValueError("loss.kind: peaks data is a regression target: use mse and 1 output")
         if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out != 2):
             raise ValueError("loss.kind: moons data has 2 classes: use cross_entropy and 2 outputs")
+        if self.data.kind == "idx" and self.model.input_shape is not None and self.model.input_shape[0] != 1:
+            shape = self.model.input_shape
+            raise ValueError(
+                f"model.input_shape: {shape} has {shape[0]} channels, but IDX images have one (their files hold count x height x width): "
+                f"give [1, height, width]"
+            )
         if self.data.kind == "image_patterns":
             if self.model.in_shape != tuple(self.data.shape):
                 raise ValueError(f"model.input_shape: image_patterns data has images of shape {self.data.shape}")

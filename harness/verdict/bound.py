@@ -4,6 +4,7 @@ records, and the tables that render them, reach it without reaching a run."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import ConfigDict
@@ -27,3 +28,14 @@ class Bound:
     rtol: float | None = None
     members: int | None = None  # how many rounding-only runs the spread was measured over
     dtype: str | None = None
+
+
+def times_tolerance(ratio: float, whose: str = "its tolerance") -> str:
+    """A check's error over its tolerance as every line says it: "2.5x its tolerance"; "no
+    difference" where the error is zero (not "0x"); "its tolerance is zero" where the ratio
+    is infinite."""
+    if ratio == 0:
+        return "no difference"
+    if math.isinf(ratio):
+        return f"{whose} is zero"
+    return f"{ratio:.3g}x {whose}"

@@ -24,6 +24,7 @@ from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Ve
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
+from harness.verdict.bound import times_tolerance
 from harness.verdict.checks import MATH, Check
 from harness.verdict.rules import check_all, pair_checks
 
@@ -160,7 +161,7 @@ def _where(check: Check, pair: list[Check]) -> str:
         parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from the oracle's state there)")
     if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
         if check.tensor and check.verdict != Verdict.PASS:
-            parts.append(f"largest in {check.tensor} at the segment's end ({check.ratio:.3g}x its tolerance)")
+            parts.append(f"largest in {check.tensor} at the segment's end ({times_tolerance(check.ratio)})")
         return "; ".join(parts)
     snapshots = sorted(
         (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
@@ -169,7 +170,10 @@ def _where(check: Check, pair: list[Check]) -> str:
     grown = next((c for c in snapshots if c.verdict != Verdict.PASS), snapshots[0] if snapshots else None)
     if grown is not None:
         step = grown.name.rsplit("_", 1)[1]
-        parts.append(f"largest in {grown.tensor} after step {step} ({grown.ratio:.3g}x its tolerance)")
+        if grown.verdict == Verdict.PASS:  # no snapshot differs past its tolerance: the drift comes later
+            parts.append(f"the parameters agree after step {step} (largest in {grown.tensor}: {times_tolerance(grown.ratio)})")
+        else:
+            parts.append(f"largest in {grown.tensor} after step {step} ({times_tolerance(grown.ratio)})")
     return "; ".join(parts)
 
 
@@ -186,9 +190,7 @@ def _over(check: Check) -> str:
     if check.ratio is None:
         return ""
     whose = "the calibrated tolerance" if check.bound is None or check.bound.factor is not None else "the spec's tolerance"
-    if math.isinf(check.ratio):
-        return f"{whose} is zero"
-    return f"{check.ratio:.3g}x {whose}"
+    return times_tolerance(check.ratio, whose)
 
 
 def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
@@ -205,7 +207,7 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
         worst = max(failing, key=lambda c: c.ratio or 0)
         return (
             f"implementation: the float64 twin of {key.framework}@{key.device} differs from the oracle too "
-            f"({worst.name}, {worst.ratio:.3g}x its tolerance){_forward(worst)}"
+            f"({worst.name}, {times_tolerance(worst.ratio)}){_forward(worst)}"
         )
     missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
     if missing:
