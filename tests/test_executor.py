@@ -35,12 +35,18 @@ def bits(outcome) -> bytes:
     return outcome.losses.tobytes() + b"".join(np.ascontiguousarray(a).tobytes() for a in outcome.final_params.values())
 
 
-def test_default_plan_keeps_the_frameworks_threads_and_jobs_cap_them():
+@pytest.mark.parametrize("host_cores", [1, 2, 8])
+def test_default_plan_keeps_the_frameworks_threads_and_jobs_cap_them(monkeypatch, host_cores):
+    monkeypatch.setattr(executors, "cores", lambda: host_cores)  # the same on any host
     one = executors.local_slots(None, None)
     assert (one.jobs, one.threads) == (1, None)
-    two = executors.local_slots(2, None)
-    assert (two.jobs, two.threads) == (2, max(1, capacity.cores() // 2))
-    assert executors.local_slots(None, 1).jobs == capacity.cores()
+    if host_cores >= 2:
+        two = executors.local_slots(2, None)
+        assert (two.jobs, two.threads) == (2, host_cores // 2)
+    else:
+        with pytest.raises(HarnessError, match="--jobs 2: more than this host's 1 cores"):
+            executors.local_slots(2, None)
+    assert executors.local_slots(None, 1).jobs == host_cores
     assert "1 job(s) at a time" in one.describe()
 
 
