@@ -395,6 +395,9 @@ class Verdict:
     # Where math parity first saw the bug: the segment re-anchored at this step (None: the
     # first steps' twin, or not seen).
     bug_segment: int | None = None
+    # Every run, the oracle's too, diverged (a non-finite loss): the workload trains to
+    # nothing in exact arithmetic either, and gives no verdict to judge (counted apart).
+    diverged: bool = False
 
 
 def bug_layers(result: SpecResult, bug: str) -> list[str]:
@@ -439,6 +442,7 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
         bug_segment=anchored[0].segment if anchored and not first_steps else None,
+        diverged=bool(result.outcomes) and all(o.status == "failed" and (o.reason or "").startswith("diverged") for o in result.outcomes.values()),
     )
 
 
@@ -496,13 +500,15 @@ def _same_math(result: SpecResult, a: RunKey, b: RunKey) -> bool:
 
 def summarize(path: Path) -> dict:
     """Counts and the distribution of the worst honest ratio, from the JSON lines `path` holds."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    every = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in every if not r["verdict"].get("diverged")]
     ratios = np.array([r["verdict"]["worst_honest_ratio"] for r in rows])
     inert = [r for r in rows if r["verdict"].get("bug_inert") and not r["verdict"]["bug_caught"]]
     caught = [r for r in rows if r["verdict"]["bug_caught"]]
     diagnosed = [r for r in caught if all(d.startswith("implementation") for d in r["verdict"]["bug_diagnoses"])]
     return {
         "examples": len(rows),
+        "diverged_everywhere": len(every) - len(rows),  # no verdict to judge: not counted above
         "honest_failing_checks": sum(len(r["verdict"]["honest_failures"]) for r in rows),
         "examples_with_honest_failures": sum(bool(r["verdict"]["honest_failures"]) for r in rows),
         "known_checks": sum(r["verdict"]["known"] for r in rows),
