@@ -154,6 +154,7 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
 def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, list[str]]:
     from harness import matrix
     from harness.inputs import problem as inputs
+    from harness.inputs.port import PortError
 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args, [spec.name for spec in loaded])
@@ -163,6 +164,11 @@ def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path 
         try:
             problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
             ready.append(spec)
+        except PortError as exc:  # the user's code failed before any run: the other specs run
+            if len(loaded) == 1:
+                raise
+            unread.append(spec.name)
+            console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
         except DataError as exc:
             if len(loaded) == 1:
                 raise

@@ -95,6 +95,10 @@ class Problem:
     sequential_loss: bool = False
     # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
     masks: dict[str, np.ndarray] = field(default_factory=dict)
+    # A user's port (model.python, harness/inputs/port.py): its file, whose torch module made
+    # initial_params (torch's state_dict names and layout), and its output width.
+    port: Path | None = None
+    port_outputs: int | None = None
 
     @property
     def jitter_steps(self) -> int:
@@ -195,6 +199,22 @@ def initial_params(spec: Spec) -> Params:
     return initial_tensors(spec.model.placed, spec.init)
 
 
+def with_port(problem: Problem, path: Path) -> Problem:
+    """The problem of a port: its torch module's initial tensors, its output width checked
+    against the data's targets (harness/inputs/port.py; PortError naming the file)."""
+    from harness.inputs import port
+
+    spec = problem.spec
+    width = port.output_width(path, spec.init.seed, spec.model.in_shape)
+    if spec.loss.kind == "mse":
+        wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
+        if width != wanted:
+            raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
+    elif width < 2 or int(problem.y_train.max(initial=0)) >= width:
+        raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {int(problem.y_train.max(initial=0))}")
+    return replace(problem, initial_params=port.initial_state(path, spec.init.seed), port=path, port_outputs=width)
+
+
 def truncated(problem: Problem, steps: int) -> Problem:
     """The same problem trained for its first `steps` steps only (the float64 twins)."""
     return replace(problem, step_limit=steps)
@@ -289,8 +309,11 @@ def build_problem(
     steps, step = total_steps(spec.training, len(x_train)), spec.checks.params_after_steps.step
     if step > steps:  # the check would silently not be made
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
+    problem = in_memory(spec, x_train, y_train)
+    if loaded.port is not None:
+        problem = with_port(problem, loaded.port)
     return replace(
-        in_memory(spec, x_train, y_train),
+        problem,
         x_val=x_val,
         y_val=y_val,
         data_files=files,

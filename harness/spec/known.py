@@ -104,5 +104,5 @@ class LibraryDifference(KnownDifference):
             return False
         if not self.layers:
             return True
-        options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers for key, value in layer.model_dump().items()}
+        options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers or () for key, value in layer.model_dump().items()}
         return any(selector in options for selector in self.layers)
