@@ -345,7 +345,6 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     import jax.numpy as jnp
     import optax
 
-    spec = trainer.problem.spec
     params, moments = network.split_training_state(state)
     values = {OPTAX_MOMENTS[k]: _variables(trainer.problem, {**params, **m}, trainer.dtype)["params"] for k, m in moments.items()}
     if optax.tree.get_all_with_path(trainer.opt_state, "count"):

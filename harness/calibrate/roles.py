@@ -16,11 +16,11 @@ array-module code in float32, the oracle again. Its roles:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from adapters.protocol import ComputesScheduleRates
 from harness.core import registry
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, PORT_MEMBER_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.execute import plan
 from harness.execute.jobs import Job, cost
 from harness.inputs.members import reordered
@@ -41,6 +41,17 @@ class Scheme:
 
 
 ORACLE_SCHEME = Scheme(reference=ORACLE_KEY, member=CALIBRATION_KEY, reference64=ORACLE_KEY)
+# A user's port (model.python): no array-module code, so no oracle. torch's float64 run is
+# the reference and the twins' reference, torch's float32 and float64 runs with the
+# examples of each batch permuted (members.reordered: a port has no units the harness may
+# move, nor roundings it may jitter) the members; no library formula can be computed.
+PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, reference64=PORT_REFERENCE_KEY, libraries=False)
+
+
+def scheme_of(problem: Problem) -> Scheme:
+    """Who calibrates whom on a problem: the oracle's scheme, or a port's."""
+    return ORACLE_SCHEME if problem.port is None else PORT_SCHEME
+
 
 # The roles of calibration's jobs, in the order the tables name them.
 MEMBER = "calibration member"  # float32, whole run
@@ -98,7 +109,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     the whole reference runs with anchors, re-anchored along the run from its states."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     ref64 = scheme.reference64
-    first = RunKey(ref64.framework, ref64.device, f"first{first_steps}")
+    first = replace(ref64, variant=f"first{first_steps}")
     label = f"{name} {first.label} (math parity's reference)"
     found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
     seeds = member_seeds(problem, FLOAT64, scheme=scheme)
@@ -157,7 +168,7 @@ def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None
     else:
         count, code = problem.spec.checks.math_parity.members, scheme.reference64
     seeds = range(count + 1, upto + 1) if upto is not None else range(1, count + 1)
-    return [(RunKey(code.framework, code.device, f"order{i}"), i) for i in seeds]
+    return [(replace(code, variant=f"order{i}"), i) for i in seeds]
 
 
 def calibration_members(problem: Problem, dtype: str = FLOAT32, upto: int | None = None) -> list[tuple[RunKey, Problem]]:

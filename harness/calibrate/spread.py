@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.core.registry import RunKey
+from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params
 from harness.run.runner import Outcome
 
@@ -154,7 +154,7 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
 class Calibration:
     """The spreads that set every tolerance of a spec's matrix."""
 
-    float32: Spread | None  # the array-module float32 run and members against the oracle
+    float32: Spread | None  # the array-module float32 run and members against the oracle (a port's: torch's)
     float64: Spread | None  # the oracle's reordered members against the oracle, first steps
     twin_reference: Outcome | None = None  # the oracle over the twins' steps
     segments: Segments | None = None  # the re-anchored twins' members, over each segment
@@ -171,6 +171,16 @@ class Calibration:
     # (harness/known_differences.yaml), whole runs in plain unit order: how far a known
     # difference can carry that framework's float32 runs (diagnosis.reach)
     library32: dict[str, list[Outcome]] = field(default_factory=dict)
+    # the run every other is judged against, and the float32 run whose members make the
+    # envelope (harness/calibrate/roles.py Scheme): the oracle and numpy@cpu, or a port's
+    # torch float64 and float32 runs
+    reference: RunKey = ORACLE_KEY
+    member: RunKey = CALIBRATION_KEY
+
+    @property
+    def reference_name(self) -> str:
+        """The reference in a check's prose: "the oracle", or its run's label."""
+        return "the oracle" if self.reference == ORACLE_KEY else self.reference.label
 
     def reference_of(self, twin: RunKey) -> Outcome | None:
         """What a twin's first steps are judged against: the oracle's, or the oracle

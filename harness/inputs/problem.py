@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.core.errors import DataError
+from harness.core.registry import ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.inputs import data, resources
 from harness.layers import dropout, initial_tensors
 from harness.spec.load import LoadedSpec
@@ -99,6 +100,12 @@ class Problem:
     # initial_params (torch's state_dict names and layout), and its output width.
     port: Path | None = None
     port_outputs: int | None = None
+
+    @property
+    def reference_key(self) -> RunKey:
+        """The run every other is judged against: the float64 oracle, or for a port (which
+        has no array-module code) torch's float64 run."""
+        return ORACLE_KEY if self.port is None else PORT_REFERENCE_KEY
 
     @property
     def jitter_steps(self) -> int:

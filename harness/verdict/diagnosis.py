@@ -20,7 +20,7 @@ import math
 from fnmatch import fnmatchcase
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -191,20 +191,22 @@ def _over(check: Check) -> str:
     return f"{check.ratio:.3g}x {whose}"
 
 
-def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
+def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], reference: RunKey = ORACLE_KEY) -> str:
     ratio = _over(check)
+    ref = "the oracle" if reference == ORACLE_KEY else reference.label
     if check.name.startswith(MATH):
         how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
-        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding{_forward(check)}"
+        return f"implementation: the float64 twin differs from {ref}{how}: different math, not rounding{_forward(check)}"
     if check.name == "known_difference_absent":
         return check.diagnosis or "stale known difference"
-    sides = [k for k in (check.a, check.b) if k.framework != ORACLE]
+    # the reference's own code (a port's torch) is its own twin
+    sides = [k for k in (check.a, check.b) if k.framework != ORACLE and (k.framework, k.device) != (reference.framework, reference.device)]
     bad = [(k, parity[(k.framework, k.device)]) for k in sides if parity.get((k.framework, k.device))]
     if bad:
         key, failing = bad[0]
         worst = max(failing, key=lambda c: c.ratio or 0)
         return (
-            f"implementation: the float64 twin of {key.framework}@{key.device} differs from the oracle too "
+            f"implementation: the float64 twin of {key.framework}@{key.device} differs from {ref} too "
             f"({worst.name}, {worst.ratio:.3g}x its tolerance){_forward(worst)}"
         )
     missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
@@ -212,8 +214,8 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
         return f"undiagnosed: no float64 twin of {', '.join(missing)} was judged"
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
-        return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with the oracle{modes}"
-    return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with the oracle{modes}"
+        return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
+    return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with {ref}{modes}"
 
 
 def on_rounding_alone(checks: list[Check]) -> list[Check]:
@@ -231,7 +233,7 @@ def on_rounding_alone(checks: list[Check]) -> list[Check]:
     ]
 
 
-def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
+def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> list[Check]:
     """A diagnosis on every failing check (known ones keep theirs), with where it starts."""
     parity = _parity(checks)
     out = []
@@ -241,9 +243,9 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
             if check.verdict == Verdict.KNOWN:
                 why = check.diagnosis
             elif (check.diagnosis or "").startswith(BEYOND):  # covered, and beyond what its entry explains
-                why = f"{_diagnosis(check, parity)}; {check.diagnosis}"
+                why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"
             else:
-                why = _diagnosis(check, parity)
+                why = _diagnosis(check, parity, reference)
             where = _where(check, pair)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
@@ -253,4 +255,4 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
-    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal), reach(spec, outcomes, cal)))
+    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal), reach(spec, outcomes, cal)), cal.reference)
