@@ -49,6 +49,16 @@ def call(path: Path, what: str, fn, *args, **kwargs):
         raise PortError(f"{path}: {what} raised {detail}") from None
 
 
+def check_loaded(path: Path, loaded_sha256: str | None) -> None:
+    """The port's file is the one loading the spec read: a spec rebuilt from a record (the
+    report) never runs a port, nor does a file changed since it was read."""
+    if loaded_sha256 is None:
+        raise PortError(f"{path}: a port runs only in `harness run`, from its spec loaded there")
+    found = hashlib.sha256(read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)).hexdigest()
+    if found != loaded_sha256:
+        raise PortError(f"{path}: changed since its spec was loaded (sha256 {found[:12]}, read as {loaded_sha256[:12]})")
+
+
 def module(path: Path) -> types.ModuleType:
     """The port's file as a module, its three functions checked (one per file and content,
     in each process)."""

@@ -206,12 +206,14 @@ def initial_params(spec: Spec) -> Params:
     return initial_tensors(spec.model.placed, spec.init)
 
 
-def with_port(problem: Problem, path: Path) -> Problem:
+def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Problem:
     """The problem of a port: its torch module's initial tensors, its output width checked
-    against the data's targets (harness/inputs/port.py; PortError naming the file)."""
+    against the data's targets (harness/inputs/port.py; PortError naming the file). Only a
+    port whose file load_spec read (`loaded_sha256`) is run, and only with those bytes."""
     from harness.inputs import port
 
     spec = problem.spec
+    port.check_loaded(path, loaded_sha256)
     width = port.output_width(path, spec.init.seed, spec.model.in_shape)
     if spec.loss.kind == "mse":
         wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
@@ -318,7 +320,7 @@ def build_problem(
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
     problem = in_memory(spec, x_train, y_train)
     if loaded.port is not None:
-        problem = with_port(problem, loaded.port)
+        problem = with_port(problem, loaded.port, loaded.port_sha256)
     return replace(
         problem,
         x_val=x_val,

@@ -150,14 +150,14 @@ def _parity(checks: list[Check]) -> dict[tuple[str, str], list[Check]]:
     return parity
 
 
-def _where(check: Check, pair: list[Check]) -> str:
+def _where(check: Check, pair: list[Check], ref: str = "the oracle") -> str:
     """Where a failure starts: its first step, and the tensor whose ratio is largest at the
     earliest parameter snapshot of the same pair."""
     parts = []
     if check.first_failure_step is not None:
         parts.append(f"starts at step {check.first_failure_step}")
     if check.segment is not None and check.verdict != Verdict.PASS:
-        parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from the oracle's state there)")
+        parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from {ref}'s state there)")
     if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
         if check.tensor and check.verdict != Verdict.PASS:
             parts.append(f"largest in {check.tensor} at the segment's end ({check.ratio:.3g}x its tolerance)")
@@ -246,7 +246,7 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
                 why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"
             else:
                 why = _diagnosis(check, parity, reference)
-            where = _where(check, pair)
+            where = _where(check, pair, "the oracle" if reference == ORACLE_KEY else reference.label)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
     return out

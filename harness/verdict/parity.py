@@ -26,15 +26,21 @@ LAYERS_APART = 1e-10
 def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray], shared_only: bool = False) -> str | None:
     """The first layer, in the network's order, whose output differs from the oracle's.
     `shared_only` (a port's two modules, each named by its own code): only the modules the
-    twin names as well, by module path, are compared."""
+    twin names as well, by module path, are compared, and the reference's modules passed
+    over since the last one compared are said ("fc2, after act, which only the reference
+    names": a function such as jax.nn.gelu is no flax module)."""
+    passed: list[str] = []
     for name, want in oracle.items():
         got = twin.get(name)
         if got is None and shared_only:
+            passed.append(name)
             continue
+        after = f", after {', '.join(passed)}, which only the reference names" if passed else ""
         if got is None or got.shape != want.shape:
-            return name
+            return name + after
         if np.abs(got - want).max(initial=0) > LAYERS_APART * max(np.abs(want).max(initial=0), np.finfo(np.float64).tiny):
-            return name
+            return name + after
+        passed = []
     return None
 
 
