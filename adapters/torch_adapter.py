@@ -267,6 +267,8 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     spec, dev = trainer.problem.spec, _device(trainer.device)
     params, moments = network.split_training_state(state)
     trainer.model = _network(torch, trainer.problem, params, dev, trainer.dtype)
+    if trainer.problem.port is not None:
+        trainer.model.step = step  # where a member's jitter is (adapters/torch_port.py)
     trainer.optimizer = _optimizer(torch, spec, trainer.model)
     trainer.scheduler = _scheduler(torch, spec, trainer.optimizer)
     # each moment in torch's layout, in the model's order of parameters: a port's by name,

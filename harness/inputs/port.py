@@ -118,6 +118,24 @@ def initial_state(path: Path, seed: int) -> dict[str, np.ndarray]:
     return tensors
 
 
+# torch's layers whose options a library entry may name (harness/known_differences.yaml
+# `layers`), as a spec's layer of that kind would say them: torch's batch norm stores the
+# unbiased variance.
+TORCH_OPTIONS = {"_BatchNorm": ("batch_norm.running_var=unbiased",)}
+
+
+def layer_options(path: Path, seed: int) -> tuple[str, ...]:
+    """The layer options the port's torch module shows (TORCH_OPTIONS), sorted."""
+    import torch
+
+    found = set()
+    for part in torch_module(path, seed).modules():
+        for kind, options in TORCH_OPTIONS.items():
+            if isinstance(part, getattr(torch.nn.modules.batchnorm, kind)):
+                found.update(options)
+    return tuple(sorted(found))
+
+
 def output_width(path: Path, seed: int, in_shape: tuple[int, ...]) -> int:
     """The width of the torch module's output on two examples (evaluation mode): it must
     give one vector per example."""

@@ -100,6 +100,9 @@ class Problem:
     # initial_params (torch's state_dict names and layout), and its output width.
     port: Path | None = None
     port_outputs: int | None = None
+    # A port's torch reference computing a library's formula (harness/inputs/library.py):
+    # its batch norms store this variance ("biased": flax's). None: torch's own.
+    port_running_var: str | None = None
 
     @property
     def reference_key(self) -> RunKey:
@@ -221,7 +224,9 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Proble
             raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
     elif width < 2 or int(problem.y_train.max(initial=0)) >= width:
         raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {int(problem.y_train.max(initial=0))}")
-    return replace(problem, initial_params=port.initial_state(path, spec.init.seed), port=path, port_outputs=width)
+    options = port.layer_options(path, spec.init.seed)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": options})})
+    return replace(problem, spec=spec, initial_params=port.initial_state(path, spec.init.seed), port=path, port_outputs=width)
 
 
 def truncated(problem: Problem, steps: int) -> Problem:

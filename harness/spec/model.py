@@ -70,6 +70,10 @@ class ModelSection(Strict):
     tokens: Annotated[Tokens | None, Field(exclude=True)] = None
     layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)] | None = None
     python: Annotated[str, Field(pattern=PORT_FILE)] | None = None
+    # A port's layer options as its torch module shows them ("batch_norm.running_var=unbiased",
+    # harness/inputs/port.py layer_options), set where `harness run` builds its problem: what
+    # the library catalogue matches a port's entries on. Never in a spec file, nor in a dump.
+    port_options: Annotated[tuple[str, ...], Field(exclude=True)] = ()
 
     @model_serializer(mode="wrap")
     def _dump(self, handler) -> dict[str, Any]:
@@ -95,6 +99,8 @@ class ModelSection(Strict):
             if self.tokens is not None:
                 raise ValueError("model: a text's input is its token ids: give no input_width or input_shape")
             raise ValueError("model: give input_width (a vector) or input_shape (an image), one of them")
+        if self.port_options and not self.is_port:
+            raise ValueError("model.port_options: a port's, found by running it")
         if self.is_port:
             if self.tokens is not None:
                 raise ValueError("model.python: a port takes vectors or images, not a text's token ids")

@@ -53,7 +53,7 @@ def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, f
     framework and check: the largest ratio to its tolerance that the float32 members
     computing that behaviour (Calibration.library32) reach on each check against the oracle.
     A framework whose members did not all run reaches nothing."""
-    oracle = outcomes.get(ORACLE_KEY)
+    oracle = outcomes.get(cal.reference)  # the oracle, or a port's torch float64 run
     found: dict[str, dict[str, float]] = {}
     if oracle is None or oracle.status != "ok":
         return found
@@ -69,7 +69,7 @@ def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, f
     return found
 
 
-def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]]) -> float:
+def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]], reference: RunKey = ORACLE_KEY) -> float:
     """The largest ratio a check may reach and stay explained by `entries` (those of its
     sides' libraries that cover it): by the triangle inequality, the sum over its sides
     other than the oracle of factor times what that side's library members reach on this
@@ -77,7 +77,7 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     not run: an entry explains nothing it has not measured."""
     factor, total = spec.checks.long_run.factor, 0.0
     for side in (check.a, check.b):
-        if side.framework == ORACLE:
+        if side.framework == ORACLE or side == reference:
             continue
         if not any(isinstance(e, LibraryDifference) and e.framework == side.framework for e in entries):
             total += 1.0
@@ -89,7 +89,9 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     return total
 
 
-def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None) -> list[Check]:
+def apply_known_differences(
+    spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None, reference: RunKey = ORACLE_KEY
+) -> list[Check]:
     """Mark explained failures 'known', as far as their entries reach; report a strict entry
     that no longer fails as a failure. A spec's own entry covers the checks it names; a
     library entry (harness/known_differences.yaml) covers a failing check only up to what
@@ -103,7 +105,7 @@ def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, 
         if covering and check.verdict == Verdict.FAIL:
             known = covering[0]
             library = [e for e in covering if isinstance(e, LibraryDifference)]
-            bound = _explained(spec, check, covering, reached or {}) if library else None
+            bound = _explained(spec, check, covering, reached or {}, reference) if library else None
             named = sorted({_label(e) for e in library})
             ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
             if bound is not None and (check.ratio is None or check.ratio > bound):
@@ -255,4 +257,5 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
-    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal), reach(spec, outcomes, cal)), cal.reference)
+    measured = check_all(spec, outcomes, cal)
+    return diagnose(spec, apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference), cal.reference)
