@@ -123,6 +123,25 @@ def test_only_harness_run_runs_a_port(tmp_path):
     assert not marker.exists()
 
 
+def test_report_compare_validate_and_list_never_import_a_port(tmp_path):
+    """Over the examples' committed records: no port module is made, and neither torch nor
+    JAX is imported (the user's file imports both)."""
+    script = f"""
+import sys
+from harness import cli
+codes = [
+    cli.main(["report", "--results", "examples/results", "--out", {str(tmp_path / "report")!r}]),
+    cli.main(["compare", "examples/results", "--baseline", "examples/results"]),
+    cli.main(["validate", "examples/mlp_port/mlp_port.yaml", "examples/cnn_port/cnn_port.yaml"]),
+    cli.main(["list"]),
+]
+made = [m for m in sys.modules if m.startswith("harness_port_") or m in ("torch", "jax", "flax")]
+print("codes", codes, "made", made)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert "codes [0, 0, 0, 0] made []" in done.stdout, done.stdout + done.stderr
+
+
 def test_a_spec_of_layers_dumps_as_before(tmp_path):
     """No key of a port appears in a spec of layers' dump, nor in its records' spec entry."""
     from harness.records.schema import SpecRef
@@ -231,17 +250,17 @@ def test_an_honest_cnn_port_passes_and_its_batch_norm_variance_is_known():
 
 SLIPS = [
     # flax's layer-norm eps default (1e-6; torch's 1e-5): the norm itself is named
-    (MLP, 'nn.LayerNorm(epsilon=1e-5, name="norm")', 'nn.LayerNorm(name="norm")', "math_initial_outputs", "first differs at layer norm "),
+    (MLP, 'nn.LayerNorm(epsilon=1e-5, name="norm")', 'nn.LayerNorm(name="norm")', "math_initial_outputs", "first differs at module norm "),
     # flax's GELU default (tanh): no flax module computes it, so the next module is named,
     # after torch's act, which flax does not name
-    (MLP, "jax.nn.gelu(x, approximate=False)", "nn.gelu(x)", "math_initial_outputs", "first differs at layer fc2, after act"),
+    (MLP, "jax.nn.gelu(x, approximate=False)", "nn.gelu(x)", "math_initial_outputs", "first differs at module fc2, after act"),
     # the flatten order left unconverted: torch's C, H, W rows of the dense kernel on flax's H, W, C
     (
         CNN,
         '"fc": {"kernel": fc.transpose(2, 3, 1, 0).reshape(6 * 4 * 4, 3)',
         '"fc": {"kernel": np.asarray(state["fc.weight"]).T',
         "math_initial_outputs",
-        "first differs at layer fc, after pool",
+        "first differs at module fc, after pool",
     ),
     # torch's batch-norm momentum passed to flax as it is (flax's is 1 - torch's): training
     # is untouched, the running mean and the evaluation outputs are not

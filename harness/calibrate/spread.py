@@ -19,11 +19,11 @@ harness/verdict/checks.py), with the spread taken here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from harness.core.registry import CALIBRATION_KEY, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params
 from harness.run.runner import Outcome
 
@@ -46,6 +46,7 @@ class Spread:
     # member's own, measured where the curve's e(T) is only a proxy (an evaluation-mode loss
     # through batch norm's running statistics rounds otherwise than the training loss)
     metrics: dict[str, float] = field(default_factory=dict)
+    around: str = "the oracle"  # the reference, in a tolerance's prose (a port's: torch@cpu+float64)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
         final_outputs=max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
         final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
         metrics={m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)},
+        around="the oracle" if reference.key.framework == ORACLE else replace(reference.key, variant="").label,
     )
 
 

@@ -54,15 +54,23 @@ def check_loaded(path: Path, loaded_sha256: str | None) -> None:
     report) never runs a port, nor does a file changed since it was read."""
     if loaded_sha256 is None:
         raise PortError(f"{path}: a port runs only in `harness run`, from its spec loaded there")
-    found = hashlib.sha256(read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)).hexdigest()
+    source = read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)
+    found = hashlib.sha256(source).hexdigest()
     if found != loaded_sha256:
         raise PortError(f"{path}: changed since its spec was loaded (sha256 {found[:12]}, read as {loaded_sha256[:12]})")
+    _CHECKED[str(path)] = source
+
+
+# Each port file's bytes as check_loaded found them, by path: the bytes that run.
+_CHECKED: dict[str, bytes] = {}
 
 
 def module(path: Path) -> types.ModuleType:
     """The port's file as a module, its three functions checked (one per file and content,
-    in each process)."""
-    source = read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)
+    in each process): the bytes check_loaded hashed."""
+    source = _CHECKED.get(str(path))
+    if source is None:
+        raise PortError(f"{path}: a port runs only in `harness run`, once its bytes are checked against its spec's loading")
     return _module(str(path), source)
 
 

@@ -119,7 +119,7 @@ def tensor_check(
     size = "max(||b||, 1)" if at_least_one else "||b||"
     rule = (
         f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * {size}, s = the largest distance "
-        f"of {cal.runs} {cal.dtype} runs summing in other orders from the oracle"
+        f"of {cal.runs} {cal.dtype} runs summing in other orders from {cal.around}"
     )
     if [x.shape for x in va] != [y.shape for y in vb]:
         return Check(name, a, b, Verdict.FAIL, rule, reason="shapes differ", first_failure_step=step)

@@ -176,10 +176,12 @@ def _where(check: Check, pair: list[Check], ref: str = "the oracle") -> str:
 
 
 def _forward(check: Check) -> str:
-    """Where a twin's forward pass first differs from the oracle's, if it does."""
+    """Where a twin's forward pass first differs from its reference's, if it does: at a
+    layer of the spec, or at a module of a port (named by its path)."""
     if check.forward_layer is None:
         return ""
-    return f"; its forward pass first differs at layer {check.forward_layer} (the first batch)"
+    what = "layer" if check.b.framework == ORACLE else "module"
+    return f"; its forward pass first differs at {what} {check.forward_layer} (the first batch)"
 
 
 def _over(check: Check) -> str:
