@@ -35,7 +35,8 @@ class Network:
         return x.reshape((x.shape[0], *self.shape))
 
     def apply(self, variables, x, masks, train: bool, mutable=False, **kwargs):
-        return self.net.apply(variables, self._x(x), train=train, mutable=mutable, **kwargs)
+        what = "the flax module's __call__"
+        return port.call(self.problem.port, what, self.net.apply, variables, self._x(x), train=train, mutable=mutable, **kwargs)
 
     def intermediates(self, variables, x) -> dict[str, np.ndarray]:
         """Every submodule's output of a training-mode pass (flax's captured intermediates),

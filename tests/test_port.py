@@ -191,6 +191,44 @@ def test_harness_run_says_what_failed_in_a_port_and_exits_2(tmp_path):
     assert f"{tmp_path / 'mlp_port.py'}: defines no flax_model()" in done.stderr
 
 
+def test_a_nan_in_training_and_an_error_in_the_flax_module_name_the_file(tmp_path):
+    pytest.importorskip("jax")
+    from harness.run.runner import run
+
+    path = copied(
+        MLP, tmp_path, "return self.fc2(self.act(self.norm(self.fc1(x))))", "return self.fc2(self.act(self.norm(self.fc1(x)))) * float('nan')"
+    )
+    problem = build_problem(load_spec(path))
+    outcome = run(problem, RunKey("torch", "cpu"))
+    assert outcome.status == "failed" and outcome.reason.startswith(f"{tmp_path / 'mlp_port.py'}: torch@cpu diverged: non-finite loss")
+    path = copied(MLP, tmp_path, 'return nn.Dense(2, name="fc2")(x)', "raise ValueError('not ported yet')")
+    outcome = run(build_problem(load_spec(path)), RunKey("jax", "cpu"))
+    assert (
+        outcome.status == "failed" and f"{tmp_path / 'mlp_port.py'}: the flax module's __call__ raised ValueError: not ported yet" in outcome.reason
+    )
+
+
+def test_a_port_runs_torch_and_jax_against_torch_float64_with_torch_members():
+    """A port's plan (roles.PORT_SCHEME): no array-module code nor oracle; torch's float32
+    and float64 members (each batch's examples permuted), flax's float64 twin and its
+    re-anchored twin, and torch's reference computing nothing else without batch norm."""
+    from harness import matrix
+    from harness.execute.plan import port_keys
+
+    loaded = load_spec(MLP / "mlp_port.yaml")
+    problem = build_problem(loaded)
+    planned = matrix.plan_jobs(loaded, problem, port_keys(matrix_keys(["torch", "jax", "numpy"], ["cpu"])), 1, True)
+    keys = [key for job in planned for key in job.keys]
+    assert {k.framework for k in keys} == {"torch", "jax"}
+    by_role = {}
+    for job in planned:
+        by_role.setdefault(job.role, []).extend(k.label for k in job.keys)
+    assert by_role["calibration member"] == [f"torch@cpu~order{i}" for i in (1, 2, 3, 4)]
+    assert by_role["math parity's member"] == [f"torch@cpu+float64~order{i}" for i in (1, 2, 3)]
+    assert by_role["float64 twin"] == ["jax@cpu+float64"] and by_role["math parity's reference"] == ["torch@cpu+float64~first8"]
+    assert by_role["framework run"] == ["torch@cpu", "jax@cpu", "torch@cpu+float64"] and "library reference" not in by_role
+
+
 # --- the converter's way back ---------------------------------------------------------------
 
 

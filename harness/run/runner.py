@@ -265,6 +265,8 @@ def _finish(adapter, trainer, problem: Problem, outcome: Outcome, metrics: bool 
     if bad is not None:
         outcome.status, outcome.failed_at_step = "failed", bad
         outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
+        if problem.port is not None:  # a port's own code: its file named
+            outcome.reason = f"{problem.port}: {outcome.key.label} {outcome.reason}"
         return
     outcome.final_outputs = adapter.predict(trainer, problem.probe)
     if not metrics:
