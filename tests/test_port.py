@@ -314,3 +314,41 @@ def test_each_classic_porting_slip_is_caught_with_the_module_named(tmp_path, exa
     assert found.diagnosis.startswith("implementation: the float64 twin differs from torch@cpu+float64"), found.diagnosis
     assert named in found.diagnosis, found.diagnosis
     assert failing(result, "final_outputs").diagnosis.startswith("implementation")  # the float32 run's too
+
+
+PORT_FAMILY = int(os.environ.get("HARNESS_PORT_FAMILY_EXAMPLES", "3"))
+
+
+@pytest.mark.slow
+def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
+    """Each drawn spec (tests/family.py) that a port can take, written as one
+    (tests/port_family.py): flax's and torch's translations of its layers, judged through
+    model.python. Honest, so no check may fail."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests import family, port_family
+
+    docs = []
+
+    @settings(max_examples=PORT_FAMILY, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data):
+        for _ in range(100):
+            doc = data.draw(family.spec_documents(), label="spec")
+            if port_family.portable(doc):
+                docs.append(doc)
+                return
+
+    draw()
+    failed = []
+    for i, doc in enumerate(docs):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        result = judged(port_family.port_of(doc, folder))
+        assert result.checks and all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
+        failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+        print(
+            f"port {i}: {doc['model'].get('input_shape') or doc['model']['input_width']} {len(doc['model']['layers'])} layers: {counted(result.checks)}"
+        )
+    assert docs and not failed, failed
