@@ -348,7 +348,6 @@ def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
         result = judged(port_family.port_of(doc, folder))
         assert result.checks and all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
         failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
-        print(
-            f"port {i}: {doc['model'].get('input_shape') or doc['model']['input_width']} {len(doc['model']['layers'])} layers: {counted(result.checks)}"
-        )
+        shape = doc["model"].get("input_shape") or doc["model"]["input_width"]
+        print(f"port {i}: input {shape}, {len(doc['model']['layers'])} layers: {counted(result.checks)}")  # pytest -s: the family's rows
     assert docs and not failed, failed
