@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import jax_layers
+from adapters import jax_layers, jax_port
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, TF32
@@ -209,6 +209,26 @@ def _masks_at(problem, data, t, size: int):
     return found
 
 
+def _network(problem):
+    """The network's module, called apply(variables, x, masks, train, mutable=...): the
+    spec's layers (adapters/jax_layers.py) or a port's own flax module (adapters/jax_port.py)."""
+    return jax_port.Network(problem) if problem.port is not None else jax_layers.module(problem.spec)
+
+
+def _variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
+    """flax's variables holding tensors by the spec's names (a port's: its torch names)."""
+    if problem.port is not None:
+        return jax_port.variables(problem, tensors, dtype)
+    return jax_layers.variables(problem.spec, tensors, dtype)
+
+
+def _tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The tensors by the spec's names and layout, from flax's variables."""
+    if problem.port is not None:
+        return jax_port.tensors(problem, tree)
+    return jax_layers.tensors(problem.spec, tree)
+
+
 def _functions(problem):
     """The pure forward, loss and jitted train step of a spec: a flax.linen network
     (adapters/jax_layers.py) and an optax optimizer, its variables carried as
@@ -218,8 +238,8 @@ def _functions(problem):
     import optax
 
     spec = problem.spec
-    net = jax_layers.module(spec)
-    stats = jax_layers.has_stats(spec)
+    net = _network(problem)
+    stats = "batch_stats" in _variables(problem, problem.initial_params, "float32") if problem.port is not None else jax_layers.has_stats(spec)
     l2 = network.l2_scale(spec.loss, len(problem.x_train))
     full_size = len(problem.x_train)
 
@@ -304,7 +324,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     jax = _jax(key.precision)
     dev = jax.devices(_platform(device))[0]
     tx, train_step, predict_fn, run_of_steps = _functions(problem)
-    params = jax.device_put(jax_layers.variables(problem.spec, problem.initial_params, dtype), dev)
+    params = jax.device_put(_variables(problem, problem.initial_params, dtype), dev)
     log = jax.device_put(np.zeros(problem.total_steps, dtype=dtype), dev)
     # Committed to the device like everything else: optax's step count comes out of tx.init
     # uncommitted, and the first step's committed output then misses the jit cache, so the
@@ -325,13 +345,12 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     import jax.numpy as jnp
     import optax
 
-    spec = trainer.problem.spec
     params, moments = network.split_training_state(state)
-    values = {OPTAX_MOMENTS[k]: jax_layers.variables(spec, {**params, **m}, trainer.dtype)["params"] for k, m in moments.items()}
+    values = {OPTAX_MOMENTS[k]: _variables(trainer.problem, {**params, **m}, trainer.dtype)["params"] for k, m in moments.items()}
     if optax.tree.get_all_with_path(trainer.opt_state, "count"):
         values["count"] = jnp.asarray(step, dtype=jnp.int32)
     dev = jax.devices(_platform(trainer.device))[0]
-    trainer.params = jax.device_put(jax_layers.variables(spec, params, trainer.dtype), dev)
+    trainer.params = jax.device_put(_variables(trainer.problem, params, trainer.dtype), dev)
     trainer.opt_state = jax.device_put(optax.tree.set(trainer.opt_state, **values), dev)
 
 
@@ -341,16 +360,28 @@ def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
     name, laid out as flax's params)."""
     import optax
 
-    spec = trainer.problem.spec
-    found = jax_layers.tensors(spec, trainer.params)
-    trained = set(network.trained_names(spec.model.placed))
+    problem = trainer.problem
+    found = _tensors(problem, trainer.params)
+    if problem.port is not None:  # a port's trained tensors: those of flax's params
+        trained = set(found) - set(_stat_names(problem, trainer.params))
+    else:
+        trained = set(network.trained_names(problem.spec.model.placed))
     for moment, name in OPTAX_MOMENTS.items():
         held = optax.tree.get_all_with_path(trainer.opt_state, name)
         if len(held) != 1:
             continue
         tree = {**trainer.params, "params": held[0][1]}
-        found.update({f"{moment}/{k}": a for k, a in jax_layers.tensors(spec, tree).items() if k in trained})
+        found.update({f"{moment}/{k}": a for k, a in _tensors(problem, tree).items() if k in trained})
     return found
+
+
+def _stat_names(problem, variables) -> list[str]:
+    """A port's tensors that flax keeps outside `params` (batch statistics): those whose
+    values change when every leaf outside `params` is marked."""
+    import jax
+
+    marked = {k: (v if k == "params" else jax.tree_util.tree_map(lambda a: np.full(np.shape(a), np.nan), v)) for k, v in variables.items()}
+    return [k for k, a in _tensors(problem, marked).items() if np.isnan(a).any()]
 
 
 def _call_step(trainer: Trainer, params, opt_state, log, t: int):
@@ -400,7 +431,7 @@ def synchronize(trainer: Trainer) -> None:
 
 
 def state(trainer: Trainer, upto: int) -> State:
-    params = jax_layers.tensors(trainer.problem.spec, trainer.params)
+    params = _tensors(trainer.problem, trainer.params)
     return State(np.asarray(trainer.loss_log, dtype=np.float64)[:upto], params)
 
 
@@ -409,8 +440,10 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     trainer's variables are not changed (flax returns the new statistics apart)."""
     jax = _jax()
     dev = jax.devices(_platform(trainer.device))[0]
-    net = jax_layers.module(trainer.problem.spec)
     inputs = jax.device_put(_inputs(trainer, x), dev)
+    if trainer.problem.port is not None:
+        return jax_port.Network(trainer.problem).intermediates(trainer.params, inputs)
+    net = jax_layers.module(trainer.problem.spec)
     masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
     _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])
     return {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}

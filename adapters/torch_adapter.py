@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import timing, torch_fast, torch_layers
+from adapters import timing, torch_fast, torch_layers, torch_port
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import TF32
@@ -184,12 +184,29 @@ def _scheduler(torch, spec, optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
 
 
+def _network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
+    """The network holding `params`: the spec's layers (adapters/torch_layers.py), or a
+    port's own module (adapters/torch_port.py)."""
+    if problem.port is not None:
+        return torch_port.network(torch, problem, params, device, dtype)
+    return torch_layers.network(torch, problem.spec, params, device, dtype)
+
+
+def _tensors(trainer: Trainer) -> dict[str, np.ndarray]:
+    """Every tensor by the spec's names (a port's: its state_dict's), in the spec's layout."""
+    if trainer.problem.port is not None:
+        return torch_port.tensors(trainer.model)
+    return torch_layers.tensors(trainer.model, trainer.problem.spec)
+
+
 def build(problem, data: dict[str, Any], key) -> Trainer:
     device, dtype, mode = key.device, key.dtype, key.mode
     torch = _torch()
     _configure(torch, key.precision)
     torch_dtype = getattr(torch, dtype)
-    model = torch_layers.network(torch, problem.spec, problem.initial_params, _device(device), torch_dtype)
+    if mode == "fast" and problem.port is not None:
+        raise Unsupported(f"torch's fast mode does not take a port yet; {problem.spec.name} is one (run it eager)")
+    model = _network(torch, problem, problem.initial_params, _device(device), torch_dtype)
     log = torch.zeros(problem.total_steps, dtype=torch_dtype, device=_device(device))
     if mode != "fast":
         optimizer = _optimizer(torch, problem.spec, model)
@@ -249,12 +266,19 @@ def load_state(trainer: Trainer, state: dict[str, np.ndarray], step: int) -> Non
     torch = _torch()
     spec, dev = trainer.problem.spec, _device(trainer.device)
     params, moments = network.split_training_state(state)
-    trainer.model = torch_layers.network(torch, spec, params, dev, trainer.dtype)
+    trainer.model = _network(torch, trainer.problem, params, dev, trainer.dtype)
+    if trainer.problem.port is not None:
+        trainer.model.step = step  # where a member's jitter is (adapters/torch_port.py)
     trainer.optimizer = _optimizer(torch, spec, trainer.model)
     trainer.scheduler = _scheduler(torch, spec, trainer.optimizer)
-    # each moment in torch's layout: a network built from it, its parameters in the model's order
+    # each moment in torch's layout, in the model's order of parameters: a port's by name,
+    # a spec's from a network of its layers built from it
     rule = _rule(spec.optimizer)
-    held = {rule.slots[k]: list(torch_layers.network(torch, spec, {**params, **m}, dev, trainer.dtype).parameters()) for k, m in moments.items()}
+    if trainer.problem.port is not None:
+        names = [name for name, _ in torch_port.trained(trainer.model)]
+        held = {rule.slots[k]: [torch.from_numpy(np.ascontiguousarray(m[n])).to(dev, trainer.dtype) for n in names] for k, m in moments.items()}
+    else:
+        held = {rule.slots[k]: list(torch_layers.network(torch, spec, {**params, **m}, dev, trainer.dtype).parameters()) for k, m in moments.items()}
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # torch.optim's step dtype
     saved = trainer.optimizer.state_dict()
     for i in range(len(list(trainer.model.parameters()))):
@@ -275,6 +299,13 @@ def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
     layout."""
     torch = _torch()
     spec = trainer.problem.spec
+    if trainer.problem.port is not None:  # a port's moments by its parameters' names
+        found = torch_port.tensors(trainer.model)
+        for moment, slot in _rule(spec.optimizer).slots.items():
+            held = {name: trainer.optimizer.state.get(p, {}).get(slot) for name, p in torch_port.trained(trainer.model)}
+            if held and all(h is not None for h in held.values()):
+                found.update({f"{moment}/{name}": h.detach().cpu().double().numpy() for name, h in held.items()})
+        return found
     params = torch_layers.tensors(trainer.model, spec)
     found = dict(params)
     trained = set(network.trained_names(spec.model.placed))
@@ -319,8 +350,7 @@ def synchronize(trainer: Trainer) -> None:
 
 
 def state(trainer: Trainer, upto: int) -> State:
-    params = torch_layers.tensors(trainer.model, trainer.problem.spec)
-    return State(trainer.loss_log[:upto].cpu().double().numpy(), params)
+    return State(trainer.loss_log[:upto].cpu().double().numpy(), _tensors(trainer))
 
 
 def _inputs(torch, trainer: Trainer, x: np.ndarray):

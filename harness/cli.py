@@ -18,7 +18,7 @@ from harness import arguments
 from harness.core.atomic import atomic_write, ensure_replaceable
 from harness.core.errors import DataError, HarnessError
 from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, CALIBRATION_KEY, DEVICES, ONLY_ON, ORACLE_KEY, STRICT, runs_on
+from harness.core.registry import ADAPTERS, CALIBRATION_KEY, DEVICES, ONLY_ON, ORACLE_KEY, PORT_REFERENCE_KEY, STRICT, runs_on
 from harness.inputs import resources
 from harness.records import schema, write
 from harness.run import progress
@@ -80,9 +80,19 @@ def _executor(args: argparse.Namespace, console: Console):
     return executor
 
 
-def _also_runs(frameworks: list[str], keys: list, console: Console) -> None:
+def _also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True) -> None:
     """What runs besides the frameworks asked for, said before it runs: every verdict is
-    judged against these (README, "The verdict rule")."""
+    judged against these (README, "The verdict rule"). A port (`ports`, their names) runs
+    torch and JAX only, against torch's float64 run (README, "Checking your own port")."""
+    if ports:
+        console.print(
+            f"{', '.join(ports)}: a port, run in torch and JAX only, judged against {PORT_REFERENCE_KEY.label} (torch's float64 run, "
+            "recorded) with torch's runs with each batch's examples permuted as members",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not layers:  # ports alone: no array-module code runs
+        return
     also = [] if CALIBRATION_KEY.framework in frameworks else [f"{CALIBRATION_KEY.label} (the float32 calibration run, recorded)"]
     also += [
         f"{ORACLE_KEY.label} (the float64 reference, recorded)",
@@ -154,15 +164,22 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
 def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, list[str]]:
     from harness import matrix
     from harness.inputs import problem as inputs
+    from harness.inputs.port import PortError
 
     loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = _prepare(args, [spec.name for spec in loaded])
-    _also_runs(args.frameworks, keys, console)
+    ports = [spec.name for spec in loaded if spec.port is not None]
+    _also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded))
     problems, ready, unread = [], [], []
     for spec in loaded:
         try:
             problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
             ready.append(spec)
+        except PortError as exc:  # the user's code failed before any run: the other specs run
+            if len(loaded) == 1:
+                raise
+            unread.append(spec.name)
+            console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
         except DataError as exc:
             if len(loaded) == 1:
                 raise
@@ -255,6 +272,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from harness.inputs import problem as inputs
 
     loaded = spec_load.load_spec(spec_load.resolve_spec(args.spec, args.specs_dir), args.profile)
+    if loaded.port is not None:
+        raise HarnessError(f"{loaded.path}: model.python: export trains the float64 oracle, which a port has none of; only harness run runs a port")
     out = args.out or Path("exports") / f"{loaded.name}-{loaded.profile}.npz"
     ensure_replaceable(out)  # before the oracle runs
     problem = inputs.build_problem(loaded, args.data_dir, args.data_source, args.download, arguments.limits(args))

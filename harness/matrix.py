@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from harness.calibrate import calibration
+from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
@@ -61,7 +61,7 @@ class SpecResult:
 def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[jobs.Job]:
     """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
     together (harness/execute/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
-    calibrating = calibration.jobs(loaded, problem, keys, twins)
+    calibrating = calibration.jobs(loaded, problem, keys, twins, roles.scheme_of(problem))
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
 
@@ -93,15 +93,18 @@ def run_spec(
             return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own)
         finally:
             own.shutdown()
+    if problem.port is not None:  # no oracle nor array-module code: torch's float64 run is the reference
+        keys = plan.port_keys(keys)
+    scheme = roles.scheme_of(problem)
     planned = plan_jobs(loaded, problem, keys, repeats, twins)
     planned = hosts.spread(planned, executor.places)  # a framework job at each place asked for
     driver = schedule.Driver(loaded, problem, executor, console, work_dir)
     done = driver.run(planned)
     chosen = {o.key: o for c in planned if c.role == jobs.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}
-    found = calibration.gather(planned, done, chosen)
+    found = calibration.gather(planned, done, chosen, scheme)
     outcomes = {**{key: chosen[key] for key in keys}, **found.twins}
     checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)
-    wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console)
+    wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
         found, checks = wider, diagnosis.verdicts(problem.spec, outcomes, wider.calibration)
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)

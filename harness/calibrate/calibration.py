@@ -102,6 +102,8 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         library,
         library_spread,
         library32,
+        scheme.reference,
+        scheme.member,
     )
     return Calibrated(calibration, float32, float64, twins)
 

@@ -16,11 +16,11 @@ array-module code in float32, the oracle again. Its roles:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from adapters.protocol import ComputesScheduleRates
 from harness.core import registry
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, PORT_MEMBER_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.execute import plan
 from harness.execute.jobs import Job, cost
 from harness.inputs.members import reordered
@@ -38,9 +38,24 @@ class Scheme:
     member: RunKey  # the float32 code reordered into the envelope's members; its own run is one more
     reference64: RunKey  # the float64 code reordered into math parity's members; the twins' reference
     libraries: bool = True  # the float64 code can compute a library's catalogued formulas
+    # ... those of their fields it can compute (harness/spec/known.py LibraryFormula), None: all
+    computes: frozenset[str] | None = None
 
 
 ORACLE_SCHEME = Scheme(reference=ORACLE_KEY, member=CALIBRATION_KEY, reference64=ORACLE_KEY)
+# A user's port (model.python): no array-module code, so no oracle. torch's float64 run is
+# the reference and the twins' reference, torch's float32 and float64 runs with the
+# examples of each batch permuted (members.reordered: a port has no units the harness may
+# move, nor roundings it may jitter) the members. Of the libraries' formulas, torch computes
+# the variance a batch norm stores (adapters/torch_port.py); an entry that needs another
+# explains nothing on a port (no members computing it run).
+PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, reference64=PORT_REFERENCE_KEY, computes=frozenset({"running_var"}))
+
+
+def scheme_of(problem: Problem) -> Scheme:
+    """Who calibrates whom on a problem: the oracle's scheme, or a port's."""
+    return ORACLE_SCHEME if problem.port is None else PORT_SCHEME
+
 
 # The roles of calibration's jobs, in the order the tables name them.
 MEMBER = "calibration member"  # float32, whole run
@@ -83,7 +98,7 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
     ours = (scheme.reference.framework, scheme.member.framework)
     frameworks = dict.fromkeys(k.framework for k in keys if k.framework not in ours and k.precision != FLOAT64)
     for framework in frameworks:
-        behaviour = resolved(catalogue.library_behaviour(loaded.spec, framework, keys), problem)
+        behaviour = computable(resolved(catalogue.library_behaviour(problem.spec, framework, keys), problem), scheme)
         if behaviour is None:
             continue
         for key, seed in member_seeds(problem, FLOAT32, scheme=scheme):
@@ -98,7 +113,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     the whole reference runs with anchors, re-anchored along the run from its states."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     ref64 = scheme.reference64
-    first = RunKey(ref64.framework, ref64.device, f"first{first_steps}")
+    first = replace(ref64, variant=f"first{first_steps}")
     label = f"{name} {first.label} (math parity's reference)"
     found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
     seeds = member_seeds(problem, FLOAT64, scheme=scheme)
@@ -119,14 +134,14 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             at = anchored.anchored_key(key)
             label = f"{name} {at.label} (float64 twin, re-anchored)"
             found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost))
-        formula = resolved(catalogue.library_formula(loaded.spec, key), problem) if scheme.libraries else None
+        formula = computable(resolved(catalogue.library_formula(problem.spec, key), problem), scheme) if scheme.libraries else None
         ref = library_reference(key, scheme)
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
         label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
         found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
         # that formula's own rounding spread: the reference's members computing it
-        library_members = [(RunKey(ref64.framework, ref64.device, f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
+        library_members = [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
         for mk, seed in library_members:
             label = f"{name} {mk.label} (math parity's calibration, {key.framework}'s formula)"
             found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
@@ -143,7 +158,18 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
 
 def library_reference(twin: RunKey, scheme: Scheme = ORACLE_SCHEME) -> RunKey:
     """The key of the float64 reference computing `twin`'s library's formula (one per framework)."""
-    return RunKey(scheme.reference64.framework, scheme.reference64.device, f"as-{twin.framework}")
+    return replace(scheme.reference64, variant=f"as-{twin.framework}")
+
+
+def computable(formula, scheme: Scheme):
+    """The part of a library's formula the scheme's code computes; None where that is nothing
+    (the entry then explains nothing: no members computing it run)."""
+    if formula is None or scheme.computes is None:
+        return formula
+    kept = {k: v for k, v in formula.model_dump(exclude_none=True).items() if k in scheme.computes}
+    if len(kept) != len(formula.model_dump(exclude_none=True)):
+        return None  # a part it cannot compute: members computing the rest would not bound the whole
+    return type(formula)(**kept)
 
 
 def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None, scheme: Scheme = ORACLE_SCHEME) -> list[tuple[RunKey, int]]:
@@ -157,7 +183,7 @@ def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None
     else:
         count, code = problem.spec.checks.math_parity.members, scheme.reference64
     seeds = range(count + 1, upto + 1) if upto is not None else range(1, count + 1)
-    return [(RunKey(code.framework, code.device, f"order{i}"), i) for i in seeds]
+    return [(replace(code, variant=f"order{i}"), i) for i in seeds]
 
 
 def calibration_members(problem: Problem, dtype: str = FLOAT32, upto: int | None = None) -> list[tuple[RunKey, Problem]]:

@@ -19,11 +19,11 @@ harness/verdict/checks.py), with the spread taken here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from harness.core.registry import RunKey
+from harness.core.registry import CALIBRATION_KEY, ORACLE, ORACLE_KEY, RunKey
 from harness.inputs.problem import Params
 from harness.run.runner import Outcome
 
@@ -46,6 +46,7 @@ class Spread:
     # member's own, measured where the curve's e(T) is only a proxy (an evaluation-mode loss
     # through batch norm's running statistics rounds otherwise than the training loss)
     metrics: dict[str, float] = field(default_factory=dict)
+    around: str = "the oracle"  # the reference, in a tolerance's prose (a port's: torch@cpu+float64)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
         final_outputs=max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
         final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
         metrics={m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)},
+        around="the oracle" if reference.key.framework == ORACLE else replace(reference.key, variant="").label,
     )
 
 
@@ -154,7 +156,7 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
 class Calibration:
     """The spreads that set every tolerance of a spec's matrix."""
 
-    float32: Spread | None  # the array-module float32 run and members against the oracle
+    float32: Spread | None  # the array-module float32 run and members against the oracle (a port's: torch's)
     float64: Spread | None  # the oracle's reordered members against the oracle, first steps
     twin_reference: Outcome | None = None  # the oracle over the twins' steps
     segments: Segments | None = None  # the re-anchored twins' members, over each segment
@@ -171,6 +173,16 @@ class Calibration:
     # (harness/known_differences.yaml), whole runs in plain unit order: how far a known
     # difference can carry that framework's float32 runs (diagnosis.reach)
     library32: dict[str, list[Outcome]] = field(default_factory=dict)
+    # the run every other is judged against, and the float32 run whose members make the
+    # envelope (harness/calibrate/roles.py Scheme): the oracle and numpy@cpu, or a port's
+    # torch float64 and float32 runs
+    reference: RunKey = ORACLE_KEY
+    member: RunKey = CALIBRATION_KEY
+
+    @property
+    def reference_name(self) -> str:
+        """The reference in a check's prose: "the oracle", or its run's label."""
+        return "the oracle" if self.reference == ORACLE_KEY else self.reference.label
 
     def reference_of(self, twin: RunKey) -> Outcome | None:
         """What a twin's first steps are judged against: the oracle's, or the oracle

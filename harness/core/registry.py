@@ -91,6 +91,11 @@ class RunKey:
 LABEL = re.compile(r"([\w-]+)@([a-z]+)(?:\+(\w+))?(?::(\w+))?(?:~([\w-]+))?")
 ORACLE_KEY = RunKey(ORACLE, "cpu")
 CALIBRATION_KEY = RunKey(CALIBRATION, "cpu")
+# A user's port (model.python) has no oracle: torch's float64 run is its reference, and
+# torch's float32 run with the examples of each batch permuted its envelope's members.
+PORT_REFERENCE_KEY = RunKey("torch", "cpu", precision=FLOAT64)
+PORT_MEMBER_KEY = RunKey("torch", "cpu")
+PORT_FRAMEWORKS = ("torch", "jax")
 
 
 def gates(a: RunKey, b: RunKey) -> bool:

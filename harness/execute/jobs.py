@@ -31,7 +31,7 @@ from harness.inputs.members import in_plain_order, reordered
 from harness.inputs.problem import Params, Problem, build_problem, truncated
 from harness.run import anchored, progress
 from harness.run.runner import Outcome, run_alternating
-from harness.spec.load import LoadedSpec
+from harness.spec.load import LoadedSpec, port_source
 
 FRAMEWORK = "framework run"  # the role of a chosen run (its modes together), or the calibration run; calibration's: harness/calibrate/roles.py
 
@@ -62,7 +62,8 @@ class Source:
         from harness.spec.model import Spec
 
         spec = Spec.model_validate(self.document)
-        return LoadedSpec(spec=spec, path=Path(self.path), sha256=self.spec_sha256, profile=self.profile, overrides=self.overrides)
+        port = None if spec.model.python is None else hashlib.sha256(port_source(Path(self.path), spec.model.python)).hexdigest()
+        return LoadedSpec(spec=spec, path=Path(self.path), sha256=self.spec_sha256, profile=self.profile, overrides=self.overrides, port_sha256=port)
 
 
 def inputs_sha256(problem: Problem) -> str:

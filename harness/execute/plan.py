@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.core.registry import CALIBRATION_KEY, EAGER, ORACLE, ORACLE_KEY, STRICT, TF32, RunKey, runs_on
+from harness.core.registry import (
+    CALIBRATION_KEY,
+    EAGER,
+    ORACLE,
+    ORACLE_KEY,
+    PORT_FRAMEWORKS,
+    PORT_MEMBER_KEY,
+    PORT_REFERENCE_KEY,
+    STRICT,
+    TF32,
+    RunKey,
+    runs_on,
+)
 from harness.execute.jobs import FRAMEWORK, Job, cost
 from harness.inputs.problem import Problem
 from harness.spec.load import LoadedSpec
@@ -28,6 +40,17 @@ def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, m
     return keys
 
 
+def port_keys(keys: list[RunKey]) -> list[RunKey]:
+    """The runs a port takes of those asked for (harness/calibrate/roles.py PORT_SCHEME):
+    torch's and JAX's, never the array-module code nor the oracle (there is no array-module
+    code of a user's model), with torch's float32 run on the CPU (its members' code) and
+    torch's float64 run, the reference, last."""
+    found = [k for k in keys if k.framework in PORT_FRAMEWORKS]
+    if PORT_MEMBER_KEY not in found:
+        found.append(PORT_MEMBER_KEY)
+    return [*found, PORT_REFERENCE_KEY]
+
+
 def alternation_groups(keys: list[RunKey]) -> list[list[RunKey]]:
     """The keys that differ only in mode, together, in order of first appearance: their
     repeats take turns in one process (harness bench). Every other key is a group of one."""
@@ -44,7 +67,7 @@ def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], rep
     for group in alternation_groups(keys):
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
         # least twice, so that run-to-run determinism on the device is measured.
-        runs = 1 if group == [ORACLE_KEY] else repeats or loaded.spec.timing.repeats
+        runs = 1 if group in ([ORACLE_KEY], [PORT_REFERENCE_KEY]) else repeats or loaded.spec.timing.repeats
         if group[0].device == "gpu":
             runs = max(runs, GPU_MIN_REPEATS)
         labels = tuple((key, f"{loaded.name} {key.label}") for key in group)

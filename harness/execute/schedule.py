@@ -8,6 +8,7 @@ other's timings."""
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.core.registry import ORACLE_KEY, RunKey
+from harness.core.registry import RunKey
 from harness.execute import workdir
 from harness.execute.capacity import RAY
 from harness.execute.executors import Inline
@@ -156,7 +157,8 @@ class Driver:
 
     def run(self, jobs: list[Job]) -> dict[str, dict[RunKey, Outcome]]:
         kept = self.kept(jobs)
-        return execute(jobs, self.source, self.executor, self.console, kept, oracle_states, self.problem.total_steps)
+        states = functools.partial(reference_states, self.problem.reference_key)
+        return execute(jobs, self.source, self.executor, self.console, kept, states, self.problem.total_steps)
 
     def kept(self, jobs: list[Job]) -> dict[str, dict[RunKey, Path]]:
         """Each job's work-folder files, by key."""
@@ -168,7 +170,8 @@ class Driver:
         return {c.name: {key: job_path(self.work_dir, self.loaded, self.problem, key, c.repeats, at[c.name]) for key in c.keys} for c in jobs}
 
 
-def oracle_states(done: dict[str, dict[RunKey, Outcome]]) -> dict:
-    """The states a re-anchored job starts from: the oracle's, once it finished."""
-    oracle = done.get(ORACLE_KEY.label, {}).get(ORACLE_KEY)
-    return oracle.anchor_states if oracle is not None and oracle.status == "ok" else {}
+def reference_states(reference: RunKey, done: dict[str, dict[RunKey, Outcome]]) -> dict:
+    """The states a re-anchored job starts from: the reference's (the oracle's, or a
+    port's torch float64 run's), once it finished."""
+    found = done.get(reference.label, {}).get(reference)
+    return found.anchor_states if found is not None and found.status == "ok" else {}

@@ -136,6 +136,7 @@ def floor(problem: Problem, rates: Rates) -> Floor:
 
 def floor_of(problem: Problem, key: RunKey, rates: dict[tuple[str, str], Rates] | None) -> Floor | None:
     """The floor of a run's step on its device: none for a float64 run (the floor counts
-    float32 bytes and rates) or where the device's rates were not measured."""
+    float32 bytes and rates), for a port (its layers are its own code: no cost is counted)
+    or where the device's rates were not measured."""
     measured = (rates or {}).get((key.device, key.precision))
-    return None if measured is None or key.dtype != FLOAT32 else floor(problem, measured)
+    return None if measured is None or key.dtype != FLOAT32 or problem.port is not None else floor(problem, measured)

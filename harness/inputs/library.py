@@ -12,7 +12,10 @@ def library_problem(problem: Problem, formula) -> Problem:
     """The problem as a library computes it where its formula differs from the spec's and
     the oracle can compute the library's exactly (harness/known_differences.yaml,
     `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
-    The oracle on it is the reference of that library's float64 twin."""
+    The oracle on it is the reference of that library's float64 twin. A port's reference,
+    torch's own run, computes the variance its batch norms store alone."""
+    if problem.port is not None:  # a port's torch reference: the formulas it computes (roles.PORT_SCHEME)
+        return replace(problem, port_running_var=formula.running_var)
     doc = problem.spec.model_dump()
     if formula.dampening is not None and "dampening" in doc["optimizer"] and doc["optimizer"].get("momentum"):
         doc["optimizer"]["dampening"] = formula.dampening

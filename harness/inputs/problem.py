@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.core.errors import DataError
+from harness.core.registry import ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.inputs import data, resources
 from harness.layers import dropout, initial_tensors
 from harness.spec.load import LoadedSpec
@@ -96,6 +97,19 @@ class Problem:
     sequential_loss: bool = False
     # Each dropout layer's kept values (dropout_masks): layer name -> (steps, rows, *shape).
     masks: dict[str, np.ndarray] = field(default_factory=dict)
+    # A user's port (model.python, harness/inputs/port.py): its file, whose torch module made
+    # initial_params (torch's state_dict names and layout), and its output width.
+    port: Path | None = None
+    port_outputs: int | None = None
+    # A port's torch reference computing a library's formula (harness/inputs/library.py):
+    # its batch norms store this variance ("biased": flax's). None: torch's own.
+    port_running_var: str | None = None
+
+    @property
+    def reference_key(self) -> RunKey:
+        """The run every other is judged against: the float64 oracle, or for a port (which
+        has no array-module code) torch's float64 run."""
+        return ORACLE_KEY if self.port is None else PORT_REFERENCE_KEY
 
     @property
     def jitter_steps(self) -> int:
@@ -194,6 +208,26 @@ def initial_params(spec: Spec) -> Params:
     """Every tensor, drawn once in NumPy from the spec's seed and scheme, as float32
     (harness.layers.initial_tensors: layer by layer, each layer's weight before its bias)."""
     return initial_tensors(spec.model.placed, spec.init)
+
+
+def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Problem:
+    """The problem of a port: its torch module's initial tensors, its output width checked
+    against the data's targets (harness/inputs/port.py; PortError naming the file). Only a
+    port whose file load_spec read (`loaded_sha256`) is run, and only with those bytes."""
+    from harness.inputs import port
+
+    spec = problem.spec
+    port.check_loaded(path, loaded_sha256)
+    width = port.output_width(path, spec.init.seed, spec.model.in_shape)
+    if spec.loss.kind == "mse":
+        wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
+        if width != wanted:
+            raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
+    elif width < 2 or int(problem.y_train.max(initial=0)) >= width:
+        raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {int(problem.y_train.max(initial=0))}")
+    options = port.layer_options(path, spec.init.seed)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": options})})
+    return replace(problem, spec=spec, initial_params=port.initial_state(path, spec.init.seed), port=path, port_outputs=width)
 
 
 def truncated(problem: Problem, steps: int) -> Problem:
@@ -323,8 +357,11 @@ def build_problem(
     steps, step = total_steps(spec.training, len(x_train)), spec.checks.params_after_steps.step
     if step > steps:  # the check would silently not be made
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
+    problem = in_memory(spec, x_train, y_train)
+    if loaded.port is not None:
+        problem = with_port(problem, loaded.port, loaded.port_sha256)
     return replace(
-        in_memory(spec, x_train, y_train),
+        problem,
         x_val=x_val,
         y_val=y_val,
         data_files=files,

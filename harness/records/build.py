@@ -138,6 +138,7 @@ def build_record(
             sha256=loaded.sha256,
             profile=loaded.profile,
             overrides=loaded.overrides,
+            port=None if loaded.port is None else schema.PortRef(path=str(loaded.port), sha256=loaded.port_sha256),
         ),
         framework=key.framework,
         implementation=implementation(key, outcome.describe),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from harness.core.provenance import Frozen, Git, Host
 from harness.core.registry import Verdict
@@ -28,12 +28,28 @@ RecordId = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
 Created = Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?\+00:00$")]
 
 
+class PortRef(Frozen):
+    """A user's port file (the spec's model.python) as the run read and ran it."""
+
+    path: str
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class SpecRef(Frozen):
     name: PathName
     path: str
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     profile: PathName
     overrides: dict[str, Any]
+    port: PortRef | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        """A spec of layers has no port: its records are written as before ports existed."""
+        dumped = handler(self)
+        if isinstance(dumped, dict) and dumped.get("port") is None:
+            dumped.pop("port", None)
+        return dumped
 
 
 class Device(Frozen):

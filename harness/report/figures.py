@@ -239,6 +239,12 @@ def divergence(
 # --- the articles' figures --------------------------------------------------------------
 
 
+def _not_a_port(spec: Spec) -> None:
+    """A port's net is the user's code, which only `harness run` runs: no figure draws it."""
+    if spec.model.is_port:
+        raise Unavailable(f"{spec.name} is a port: its net is the user's code, which only harness run runs")
+
+
 def net_outputs(record: Record, sources: Sources, x: np.ndarray) -> np.ndarray:
     """The final net of a run on inputs x, in float64 from its stored float32 parameters."""
     spec = record_spec(record)
@@ -253,6 +259,7 @@ def peaks_surfaces(a: Record, b: Record, sources: Sources) -> Figure:
     spec = record_spec(a)
     if spec.data.kind != "peaks_grid":
         raise Unavailable(f"{spec.name} is not a peaks spec")
+    _not_a_port(spec)
     coarse = spec.data.model_copy(update={"points_per_axis": PEAKS_FIGURE_POINTS})
     features, target = data.peaks_grid(coarse)
     axis = features[:PEAKS_FIGURE_POINTS, 0]
@@ -296,6 +303,7 @@ def moons_boundaries(records: list[Record], sources: Sources) -> Figure:
     """Per run the predicted class on a mesh of step 0.01 (filled contour), points on top."""
     if not records:
         raise Unavailable("no finished moons runs with final parameters")
+    _not_a_port(record_spec(records[0]))
     records = sorted(records, key=record_order)
     x, y = training_points(records[0])
     g1 = np.arange(x[:, 0].min() - 0.5, x[:, 0].max() + 0.5, MESH_STEP)

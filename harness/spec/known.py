@@ -99,10 +99,12 @@ class LibraryDifference(KnownDifference):
         return self
 
     def matches_options(self, spec) -> bool:
-        """Whether the spec sets every option in `when` and has a layer of `layers` (any)."""
+        """Whether the spec sets every option in `when` and has a layer of `layers` (any; a
+        port's layers as its torch module shows them, model.port_options)."""
         if any(not getattr(getattr(spec, section), key, None) for section, key in (w.split(".") for w in self.when)):
             return False
         if not self.layers:
             return True
-        options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers for key, value in layer.model_dump().items()}
+        options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers or () for key, value in layer.model_dump().items()}
+        options |= set(spec.model.port_options)  # a port's, as its torch module shows them
         return any(selector in options for selector in self.layers)

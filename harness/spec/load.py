@@ -26,6 +26,9 @@ from harness.spec.yamlsafe import Refused, load_yaml
 # shipped specs' sizes (docs/measurements.md).
 SPEC_MAX_BYTES = 256 * 1024
 
+# The largest port file read (model.python): a module of a user's own code.
+PORT_MAX_BYTES = 1024 * 1024
+
 # The names pydantic gives a plain union's members in an error's location: no spec key.
 UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none")
 
@@ -98,10 +101,16 @@ class LoadedSpec(BaseModel):
     sha256: str
     profile: str
     overrides: dict[str, Any]
+    port_sha256: str | None = None  # a port's file (model.python), as it was read
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def port(self) -> Path | None:
+        """A port's file (model.python), beside the spec; None for a spec of layers."""
+        return None if self.spec.model.python is None else self.path.parent / self.spec.model.python
 
 
 def parse_document(path: Path, text: str) -> dict[str, Any]:
@@ -169,7 +178,26 @@ def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, An
     except UnicodeDecodeError:
         raise SpecError(f"{path}: (document): not UTF-8 text") from None
     spec, overrides = validate_document(path, parse_document(path, text), profile, extra)
-    return LoadedSpec(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides)
+    digest = None if spec.model.python is None else hashlib.sha256(port_source(path, spec.model.python)).hexdigest()
+    return LoadedSpec(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides, port_sha256=digest)
+
+
+def port_source(spec_path: Path, name: str) -> bytes:
+    """The bytes of a port's file `name` (model.python), read and never run: a regular file
+    in the spec's folder or under it, reached by no link that leads out of it, else
+    SpecError naming the spec and the key. Only `harness run` runs it (harness/inputs/port.py)."""
+    folder = spec_path.parent
+    target = folder / name
+    try:
+        inside = target.resolve(strict=True).is_relative_to(folder.resolve(strict=True))
+    except (OSError, RuntimeError) as exc:  # missing, or a loop of links
+        raise SpecError(f"{spec_path}: model.python: {target}: no such file ({getattr(exc, 'strerror', None) or exc})") from None
+    if not inside:
+        raise SpecError(f"{spec_path}: model.python: {target} leads out of the spec's folder (a link): a port's file lies beside its spec")
+    try:
+        return read_regular(target, PORT_MAX_BYTES, "port file", error=SpecError)
+    except SpecError as exc:
+        raise SpecError(f"{spec_path}: model.python: {exc}") from None
 
 
 def spec_paths(specs_dir: Path = SPECS_DIR) -> dict[str, Path]:

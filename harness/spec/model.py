@@ -13,7 +13,7 @@ import math
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from harness.core.strict import Strict
 from harness.layers import LayerSection, Placed, place
@@ -48,26 +48,63 @@ class Tokens(Strict):
     vocabulary: PositiveInt
 
 
+# A port's file (model.python): a Python file beside the spec or in a folder under it,
+# named by a relative path of plain names (harness/spec/load.py checks the file itself).
+PORT_FILE = r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}/){0,4}[A-Za-z_][A-Za-z0-9_]{0,99}\.py$"
+
+
 class ModelSection(Strict):
     """A network: its input (`input_width` features, or an image `input_shape` [channels,
     height, width], the data's features in that order; or a text's token ids, `tokens`,
     which a text data section gives: a spec on text data writes neither) and its layers,
-    each of a kind in the layer registry (harness/layers/; a layer without a kind is dense)."""
+    each of a kind in the layer registry (harness/layers/; a layer without a kind is dense).
+
+    Or a user's own port instead of layers: `python`, a file beside the spec defining
+    torch_model(), flax_model() and torch_to_flax(state) (harness/inputs/port.py). Only
+    `harness run` imports it; loading a spec checks the file is there and nothing more."""
 
     input_width: PositiveInt | None = None
     input_shape: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=3, max_length=3)] | None = None
     # Derived from the data (a Spec fills it in), so left out of a spec's dump: the dumps
     # and digests of the specs that have none stay as they were.
     tokens: Annotated[Tokens | None, Field(exclude=True)] = None
-    layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)]
+    layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)] | None = None
+    python: Annotated[str, Field(pattern=PORT_FILE)] | None = None
+    # A port's layer options as its torch module shows them ("batch_norm.running_var=unbiased",
+    # harness/inputs/port.py layer_options), set where `harness run` builds its problem: what
+    # the library catalogue matches a port's entries on. Never in a spec file, nor in a dump.
+    port_options: Annotated[tuple[str, ...], Field(exclude=True)] = ()
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        """The keys a spec gave: a spec of layers dumps as it did before ports existed (its
+        digests unchanged), a port without `layers`."""
+        dumped = handler(self)
+        if isinstance(dumped, dict):
+            for key in ("python", "layers"):
+                if dumped.get(key) is None:
+                    dumped.pop(key, None)
+        return dumped
+
+    @property
+    def is_port(self) -> bool:
+        return self.python is not None
 
     @model_validator(mode="after")
     def _fits(self) -> ModelSection:
+        if (self.layers is None) == (self.python is None):
+            raise ValueError("model: give layers (the spec's own network) or python (a port's file), one of them")
         given = [self.input_width, self.input_shape, self.tokens]
         if sum(g is not None for g in given) != 1:
             if self.tokens is not None:
                 raise ValueError("model: a text's input is its token ids: give no input_width or input_shape")
             raise ValueError("model: give input_width (a vector) or input_shape (an image), one of them")
+        if self.port_options and not self.is_port:
+            raise ValueError("model.port_options: a port's, found by running it")
+        if self.is_port:
+            if self.tokens is not None:
+                raise ValueError("model.python: a port takes vectors or images, not a text's token ids")
+            return self
         if self.tokens is not None and (self.layers[0].kind != "embedding" or any(p.section.kind == "embedding" for p in self.placed[1:])):
             raise ValueError("model.layers: a text's token ids go into an embedding, the first layer and the only one")
         placed = self.placed
@@ -92,17 +129,21 @@ class ModelSection(Strict):
 
     @cached_property
     def placed(self) -> list[Placed]:
+        """The layers placed on their shapes; none for a port (its layers are its own code)."""
+        if self.layers is None:
+            return []
         return place(self.layers, self.in_shape, self.tokens.vocabulary if self.tokens is not None else None)
 
     @property
-    def n_outputs(self) -> int:
-        """The last layer's width (at every position, for a text)."""
-        return self.placed[-1].out_shape[-1]
+    def n_outputs(self) -> int | None:
+        """The last layer's width (at every position, for a text); None for a port, whose
+        outputs are known only once its code runs."""
+        return self.placed[-1].out_shape[-1] if self.placed else None
 
     @property
     def is_mlp(self) -> bool:
         """Dense layers only: the shape every fast mode and the MLP figures know."""
-        return all(layer.kind == "dense" for layer in self.layers)
+        return self.layers is not None and all(layer.kind == "dense" for layer in self.layers)
 
 
 class InitSection(Strict):
@@ -110,10 +151,12 @@ class InitSection(Strict):
     RandomState(seed) and handed to every framework. weights: `glorot_uniform`
     U(-sqrt(6 / (fan_in + fan_out)), +sqrt(...)); `normal_over_sqrt_fan_in` N(0, 1) / sqrt(fan_in);
     `torch_linear_default` U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)), as nn.Linear and nn.Conv2d
-    draw it. biases: `zeros`, or `torch_linear_default` (the same bound as the weight's)."""
+    draw it. biases: `zeros`, or `torch_linear_default` (the same bound as the weight's).
+    A port (model.python) gives the seed alone: its torch module's own initialisers make
+    the weights after torch.manual_seed(seed)."""
 
-    weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"]
-    biases: Literal["zeros", "torch_linear_default"]
+    weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"] | None = None
+    biases: Literal["zeros", "torch_linear_default"] | None = None
     seed: Seed
 
 
@@ -329,14 +372,18 @@ class Spec(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
         self._text_consistent()
+        if self.model.is_port:
+            self._port_consistent()
+        elif self.init.weights is None or self.init.biases is None:
+            raise ValueError("init: give weights and biases (the schemes the harness draws the layers' tensors by) and seed")
         n_out = self.model.n_outputs
-        if self.loss.kind == "cross_entropy" and n_out < 2:
+        if self.loss.kind == "cross_entropy" and n_out is not None and n_out < 2:
             raise ValueError("model.layers: cross_entropy needs an output width of at least 2")
         if self.data.kind in ("peaks_grid", "moons") and self.model.in_shape != (2,):
             raise ValueError(f"model.input_width: {self.data.kind} data has 2 features")
-        if self.data.kind == "peaks_grid" and (self.loss.kind != "mse" or n_out != 1):
+        if self.data.kind == "peaks_grid" and (self.loss.kind != "mse" or n_out not in (1, None)):
             raise ValueError("loss.kind: peaks data is a regression target: use mse and 1 output")
-        if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out != 2):
+        if self.data.kind == "moons" and (self.loss.kind != "cross_entropy" or n_out not in (2, None)):
             raise ValueError("loss.kind: moons data has 2 classes: use cross_entropy and 2 outputs")
         if self.data.kind == "idx" and self.model.input_shape is not None and self.model.input_shape[0] != 1:
             shape = self.model.input_shape
@@ -347,7 +394,7 @@ class Spec(Strict):
         if self.data.kind == "image_patterns":
             if self.model.in_shape != tuple(self.data.shape):
                 raise ValueError(f"model.input_shape: image_patterns data has images of shape {self.data.shape}")
-            if self.loss.kind != "cross_entropy" or n_out != self.data.classes:
+            if self.loss.kind != "cross_entropy" or n_out not in (self.data.classes, None):
                 raise ValueError(f"loss.kind: image_patterns data has {self.data.classes} classes: use cross_entropy and as many outputs")
         step = self.checks.params_after_steps.step
         n = self.data.n_examples
@@ -362,6 +409,14 @@ class Spec(Strict):
         if self.profiles.get(FULL_PROFILE):
             raise ValueError(f"profiles.{FULL_PROFILE}: the full spec is the default, it takes no overrides")
         return self
+
+    def _port_consistent(self) -> None:
+        """A port: its module's initialisers make the weights, and the penalty of an L2 term
+        would need to know which of its tensors are weights."""
+        if self.init.weights is not None or self.init.biases is not None:
+            raise ValueError("init: a port's weights are its torch module's own (torch.manual_seed(init.seed)): give seed alone")
+        if self.loss.l2 is not None:
+            raise ValueError("loss.l2: not taken on a port (which of its tensors a penalty sums is the port's to say)")
 
     def _text_consistent(self) -> None:
         tokens, text = self.model.tokens, self.data.kind == "text"

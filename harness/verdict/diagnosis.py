@@ -20,7 +20,7 @@ import math
 from fnmatch import fnmatchcase
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -54,7 +54,7 @@ def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, f
     framework and check: the largest ratio to its tolerance that the float32 members
     computing that behaviour (Calibration.library32) reach on each check against the oracle.
     A framework whose members did not all run reaches nothing."""
-    oracle = outcomes.get(ORACLE_KEY)
+    oracle = outcomes.get(cal.reference)  # the oracle, or a port's torch float64 run
     found: dict[str, dict[str, float]] = {}
     if oracle is None or oracle.status != "ok":
         return found
@@ -70,7 +70,7 @@ def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, f
     return found
 
 
-def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]]) -> float:
+def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]], reference: RunKey = ORACLE_KEY) -> float:
     """The largest ratio a check may reach and stay explained by `entries` (those of its
     sides' libraries that cover it): by the triangle inequality, the sum over its sides
     other than the oracle of factor times what that side's library members reach on this
@@ -78,7 +78,7 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     not run: an entry explains nothing it has not measured."""
     factor, total = spec.checks.long_run.factor, 0.0
     for side in (check.a, check.b):
-        if side.framework == ORACLE:
+        if side.framework == ORACLE or side == reference:
             continue
         if not any(isinstance(e, LibraryDifference) and e.framework == side.framework for e in entries):
             total += 1.0
@@ -90,7 +90,9 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     return total
 
 
-def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None) -> list[Check]:
+def apply_known_differences(
+    spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None, reference: RunKey = ORACLE_KEY
+) -> list[Check]:
     """Mark explained failures 'known', as far as their entries reach; report a strict entry
     that no longer fails as a failure. A spec's own entry covers the checks it names; a
     library entry (harness/known_differences.yaml) covers a failing check only up to what
@@ -104,7 +106,7 @@ def apply_known_differences(spec: Spec, checks: list[Check], reached: dict[str, 
         if covering and check.verdict == Verdict.FAIL:
             known = covering[0]
             library = [e for e in covering if isinstance(e, LibraryDifference)]
-            bound = _explained(spec, check, covering, reached or {}) if library else None
+            bound = _explained(spec, check, covering, reached or {}, reference) if library else None
             named = sorted({_label(e) for e in library})
             ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
             if bound is not None and (check.ratio is None or check.ratio > bound):
@@ -151,14 +153,14 @@ def _parity(checks: list[Check]) -> dict[tuple[str, str], list[Check]]:
     return parity
 
 
-def _where(check: Check, pair: list[Check]) -> str:
+def _where(check: Check, pair: list[Check], ref: str = "the oracle") -> str:
     """Where a failure starts: its first step, and the tensor whose ratio is largest at the
     earliest parameter snapshot of the same pair."""
     parts = []
     if check.first_failure_step is not None:
         parts.append(f"starts at step {check.first_failure_step}")
     if check.segment is not None and check.verdict != Verdict.PASS:
-        parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from the oracle's state there)")
+        parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from {ref}'s state there)")
     if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
         if check.tensor and check.verdict != Verdict.PASS:
             parts.append(f"largest in {check.tensor} at the segment's end ({times_tolerance(check.ratio)})")
@@ -178,10 +180,12 @@ def _where(check: Check, pair: list[Check]) -> str:
 
 
 def _forward(check: Check) -> str:
-    """Where a twin's forward pass first differs from the oracle's, if it does."""
+    """Where a twin's forward pass first differs from its reference's, if it does: at a
+    layer of the spec, or at a module of a port (named by its path)."""
     if check.forward_layer is None:
         return ""
-    return f"; its forward pass first differs at layer {check.forward_layer} (the first batch)"
+    what = "layer" if check.b.framework == ORACLE else "module"
+    return f"; its forward pass first differs at {what} {check.forward_layer} (the first batch)"
 
 
 def _over(check: Check) -> str:
@@ -193,20 +197,22 @@ def _over(check: Check) -> str:
     return times_tolerance(check.ratio, whose)
 
 
-def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
+def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], reference: RunKey = ORACLE_KEY) -> str:
     ratio = _over(check)
+    ref = "the oracle" if reference == ORACLE_KEY else reference.label
     if check.name.startswith(MATH):
         how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
-        return f"implementation: the float64 twin differs from the oracle{how}: different math, not rounding{_forward(check)}"
+        return f"implementation: the float64 twin differs from {ref}{how}: different math, not rounding{_forward(check)}"
     if check.name == "known_difference_absent":
         return check.diagnosis or "stale known difference"
-    sides = [k for k in (check.a, check.b) if k.framework != ORACLE]
+    # the reference's own code (a port's torch) is its own twin
+    sides = [k for k in (check.a, check.b) if k.framework != ORACLE and (k.framework, k.device) != (reference.framework, reference.device)]
     bad = [(k, parity[(k.framework, k.device)]) for k in sides if parity.get((k.framework, k.device))]
     if bad:
         key, failing = bad[0]
         worst = max(failing, key=lambda c: c.ratio or 0)
         return (
-            f"implementation: the float64 twin of {key.framework}@{key.device} differs from the oracle too "
+            f"implementation: the float64 twin of {key.framework}@{key.device} differs from {ref} too "
             f"({worst.name}, {times_tolerance(worst.ratio)}){_forward(worst)}"
         )
     missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
@@ -214,8 +220,8 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]]) -> str:
         return f"undiagnosed: no float64 twin of {', '.join(missing)} was judged"
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
-        return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with the oracle{modes}"
-    return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with the oracle{modes}"
+        return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
+    return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with {ref}{modes}"
 
 
 def on_rounding_alone(checks: list[Check]) -> list[Check]:
@@ -233,7 +239,7 @@ def on_rounding_alone(checks: list[Check]) -> list[Check]:
     ]
 
 
-def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
+def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> list[Check]:
     """A diagnosis on every failing check (known ones keep theirs), with where it starts."""
     parity = _parity(checks)
     out = []
@@ -243,10 +249,10 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
             if check.verdict == Verdict.KNOWN:
                 why = check.diagnosis
             elif (check.diagnosis or "").startswith(BEYOND):  # covered, and beyond what its entry explains
-                why = f"{_diagnosis(check, parity)}; {check.diagnosis}"
+                why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"
             else:
-                why = _diagnosis(check, parity)
-            where = _where(check, pair)
+                why = _diagnosis(check, parity, reference)
+            where = _where(check, pair, "the oracle" if reference == ORACLE_KEY else reference.label)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
     return out
@@ -255,4 +261,5 @@ def diagnose(spec: Spec, checks: list[Check]) -> list[Check]:
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
-    return diagnose(spec, apply_known_differences(spec, check_all(spec, outcomes, cal), reach(spec, outcomes, cal)))
+    measured = check_all(spec, outcomes, cal)
+    return diagnose(spec, apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference), cal.reference)

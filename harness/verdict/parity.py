@@ -23,14 +23,24 @@ from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check,
 LAYERS_APART = 1e-10
 
 
-def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]) -> str | None:
-    """The first layer, in the network's order, whose output differs from the oracle's."""
+def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray], shared_only: bool = False) -> str | None:
+    """The first layer, in the network's order, whose output differs from the oracle's.
+    `shared_only` (a port's two modules, each named by its own code): only the modules the
+    twin names as well, by module path, are compared, and the reference's modules passed
+    over since the last one compared are said ("fc2, after act, which only the reference
+    names": a function such as jax.nn.gelu is no flax module)."""
+    passed: list[str] = []
     for name, want in oracle.items():
         got = twin.get(name)
+        if got is None and shared_only:
+            passed.append(name)
+            continue
+        after = f", after {', '.join(passed)}, which only the reference names" if passed else ""
         if got is None or got.shape != want.shape:
-            return name
+            return name + after
         if np.abs(got - want).max(initial=0) > LAYERS_APART * max(np.abs(want).max(initial=0), np.finfo(np.float64).tiny):
-            return name
+            return name + after
+        passed = []
     return None
 
 
@@ -40,23 +50,23 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     reference, spread = cal.reference_of(twin.key), cal.spread_of(twin.key)
     names = [f"{MATH}{n}" for n in ("initial_outputs", "initial_loss", "loss_curve", "final_outputs")]
     if reference is None or reference.status != "ok" or spread is None:
-        reason = "no float64 calibration: needs ok runs of the oracle's first steps and its reordered members"
-        return skipped(names, twin.key, ORACLE_KEY, "math parity", reason)
+        reason = f"no float64 calibration: needs ok runs of {cal.reference_name}'s first steps and its reordered members"
+        return skipped(names, twin.key, cal.reference, "math parity", reason)
     factor = spec.checks.long_run.factor
     eps = EPS[FLOAT64]
-    checks = [dataclasses.replace(check, b=ORACLE_KEY) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
+    checks = [dataclasses.replace(check, b=cal.reference) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
     checks.append(
         curve_check(
             f"{MATH}loss_curve",
             twin.key,
-            ORACLE_KEY,
+            cal.reference,
             twin.losses,
             reference.losses,
             factor,
             spread,
             loss_floor(reference.losses),
             f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = the largest "
-            f"distance of {spread.runs} float64 runs summing in other orders from the oracle "
+            f"distance of {spread.runs} float64 runs summing in other orders from {cal.reference_name} "
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
@@ -64,7 +74,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
         tensor_check(
             f"{MATH}final_outputs",
             twin.key,
-            ORACLE_KEY,
+            cal.reference,
             [twin.final_outputs],
             [reference.final_outputs],
             [spread.final_outputs],
@@ -72,7 +82,8 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             spread,
         )
     )
-    layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs) if reference.layer_outputs else None
+    shared_only = cal.reference != ORACLE_KEY  # a port: torch's modules against flax's, by path
+    layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
 
 
@@ -85,28 +96,30 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments_of(twin.key)
     if run is None and segments is None:
         return []  # a run too short for a segment after the first steps
-    rule = "math parity re-anchored at the oracle's state"
+    rule = f"math parity re-anchored at {cal.reference_name}'s state"
     if run is not None and run.status != "ok":
-        return [Check(name, twin.key, ORACLE_KEY, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
+        return [Check(name, twin.key, cal.reference, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
     if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
-        return skipped([name], twin.key, ORACLE_KEY, rule, "no calibrated segments: needs the oracle's states and its members' re-anchored runs")
+        return skipped(
+            [name], twin.key, cal.reference, rule, f"no calibrated segments: needs {cal.reference_name}'s states and its members' re-anchored runs"
+        )
     factor = spec.checks.long_run.factor
     references = segments.reference
     library = cal.library.get((twin.key.framework, twin.key.device))
     if library is not None:  # the oracle computing the library's formula, from the same states
         if library[1] is None or library[1].status != "ok" or sorted(library[1].segments) != sorted(references):
-            return skipped([name], twin.key, ORACLE_KEY, rule, "the oracle computing the library's formula did not run every segment")
+            return skipped([name], twin.key, cal.reference, rule, "the oracle computing the library's formula did not run every segment")
         references = library[1].segments
     found = []
     for start, reference in sorted(references.items()):
         spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)  # the segment's own spread
-        check = curve_check(name, twin.key, ORACLE_KEY, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
+        check = curve_check(name, twin.key, cal.reference, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step
         found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
     chosen = _first_failing_or_worst(found)
     starts = ", ".join(str(a) for a in sorted(segments.reference))
     tolerance = (
-        f"over each segment of {spec.checks.math_parity.steps} steps from the oracle's state at steps {starts}: relative loss "
+        f"over each segment of {spec.checks.math_parity.steps} steps from {cal.reference_name}'s state at steps {starts}: relative loss "
         f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = the largest distance of "
         f"{segments.runs} float64 runs summing in other orders, started from the same state"
     )
@@ -146,7 +159,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
         missing = [n for n in reference if "/" not in n and n not in mine]
         if missing:
             reason = f"it carries no {', '.join(missing)}"
-            states.append(Check(f"{MATH}anchored_state", twin.key, ORACLE_KEY, Verdict.FAIL, "every tensor", reason=reason, segment=a))
+            states.append(Check(f"{MATH}anchored_state", twin.key, cal.reference, Verdict.FAIL, "every tensor", reason=reason, segment=a))
         else:
             # every tensor the reference and its members kept, and the optimizer moments the
             # run carries too (an adapter without training_state carries none)
@@ -154,7 +167,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
             check = tensor_check(
                 f"{MATH}anchored_state",
                 twin.key,
-                ORACLE_KEY,
+                cal.reference,
                 [mine[n] for n in names],
                 [reference[n] for n in names],
                 [segments.end_params[a][n] for n in names],
@@ -167,7 +180,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
         check = tensor_check(
             f"{MATH}anchored_outputs",
             twin.key,
-            ORACLE_KEY,
+            cal.reference,
             [run.segment_outputs[a]],
             [segments.output_reference[a]],
             [segments.end_outputs[a]],

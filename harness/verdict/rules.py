@@ -82,8 +82,8 @@ def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
     if twin.failed_at_step is None or not reference_ok:
         return []
-    rule = "a float64 twin trains wherever the oracle does"
-    return [Check(f"{MATH}divergence", twin.key, ORACLE_KEY, Verdict.FAIL, rule, first_failure_step=twin.failed_at_step, reason=twin.reason)]
+    rule = f"a float64 twin trains wherever {cal.reference_name} does"
+    return [Check(f"{MATH}divergence", twin.key, cal.reference, Verdict.FAIL, rule, first_failure_step=twin.failed_at_step, reason=twin.reason)]
 
 
 def anchored_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
@@ -104,20 +104,21 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def judged_pair(a: RunKey, b: RunKey) -> bool:
+def judged_pair(a: RunKey, b: RunKey, reference: RunKey = ORACLE_KEY) -> bool:
     """Whether two float32 runs are judged against each other (a float64 twin is judged by
-    math parity alone; a TF32 run against the oracle only)."""
-    if FLOAT64 in (a.precision, b.precision):
+    math parity alone; a TF32 run against the reference only). The reference (the oracle,
+    or a port's torch float64 run) is judged against every float32 run."""
+    if any(k.precision == FLOAT64 and k != reference for k in (a, b)):
         return False
-    return (a.precision == STRICT and b.precision == STRICT) or ORACLE_KEY in (a, b)
+    return (a.precision == STRICT and b.precision == STRICT) or reference in (a, b)
 
 
-def groups(over: str, outcomes: dict[RunKey, Outcome]) -> list[tuple[Outcome, ...]]:
+def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACLE_KEY) -> list[tuple[Outcome, ...]]:
     """The runs each rule `over` that kind judges together, in a fixed order."""
     if over == TWINS:
-        return [(o,) for o in outcomes.values() if o.key.precision == FLOAT64]
-    ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == ORACLE_KEY)  # the oracle last: b
-    return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key)]
+        return [(o,) for o in outcomes.values() if o.key.precision == FLOAT64 and o.key != reference]
+    ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == reference)  # the reference last: b
+    return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
 
 
 def _stamped(rule: Rule, checks: Iterable[Check]) -> list[Check]:
@@ -131,7 +132,7 @@ def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration, rul
     of runs stand together, in the order of the rules."""
     found = []
     for over in (FLOAT32_PAIRS, TWINS):
-        for runs in groups(over, outcomes):
+        for runs in groups(over, outcomes, cal.reference):
             for rule in rules:
                 if rule.over == over:
                     found.extend(_stamped(rule, rule.judge(spec, runs, cal)))

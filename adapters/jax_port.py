@@ -1,0 +1,126 @@
+"""A user's flax module (a port, harness/inputs/port.py) as the JAX adapter's network: the
+same loss, optax update and data feeding as a spec of layers, only the module is the
+user's. Its variables come from the port's tensors (torch's state_dict names and layout)
+through the user's torch_to_flax; the way back, to judge flax's tensors by torch's
+names, is read off that converter: it is fed tensors whose every element holds its own
+index, and where each index lands in flax's variables says where it goes (a converter
+may only move values: transpose, reshape, split into collections)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from harness.inputs import port
+
+
+class Network:
+    """The user's flax module behind the adapter's call `apply(variables, x, masks, train,
+    mutable=...)`: x flat as the data has it (an image made NHWC), masks ignored."""
+
+    def __init__(self, problem):
+        self.problem = problem
+        self.shape = problem.spec.model.in_shape
+        self.net = port.call(problem.port, "flax_model()", port.module(problem.port).flax_model)
+        import flax.linen as nn
+
+        if not isinstance(self.net, nn.Module):
+            raise port.PortError(f"{problem.port}: flax_model() returned {type(self.net).__name__}, not a flax.linen.Module")
+
+    def _x(self, x):
+        if len(self.shape) == 3:
+            return x.reshape((x.shape[0], *self.shape)).transpose(0, 2, 3, 1)
+        return x.reshape((x.shape[0], *self.shape))
+
+    def apply(self, variables, x, masks, train: bool, mutable=False, **kwargs):
+        what = "the flax module's __call__"
+        return port.call(self.problem.port, what, self.net.apply, variables, self._x(x), train=train, mutable=mutable, **kwargs)
+
+    def intermediates(self, variables, x) -> dict[str, np.ndarray]:
+        """Every submodule's output of a training-mode pass (flax's captured intermediates),
+        by module path ("fc1", "block/conv"), images made NCHW as torch's are; the whole
+        module's as `output`. The variables are not changed."""
+        _, found = self.apply(variables, x, {}, True, mutable=["batch_stats", "intermediates"], capture_intermediates=True)
+        out = {}
+
+        def walk(tree, path):
+            for key, value in tree.items():
+                if key == "__call__":
+                    value = np.asarray(value[0], dtype=np.float64)
+                    out["/".join(path) or "output"] = value.transpose(0, 3, 1, 2) if value.ndim == 4 else value
+                elif isinstance(value, dict) or hasattr(value, "items"):
+                    walk(value, [*path, key])
+
+        walk(found["intermediates"], [])
+        return out
+
+
+def variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
+    """flax's variables holding the port's tensors, in `dtype` (the user's torch_to_flax)."""
+    import jax
+
+    made = port.call(problem.port, "torch_to_flax(state)", port.module(problem.port).torch_to_flax, {k: np.asarray(v) for k, v in tensors.items()})
+    if not isinstance(made, dict) or "params" not in made:
+        raise port.PortError(f"{problem.port}: torch_to_flax(state) returned no dict of flax variables with 'params'")
+    return jax.tree_util.tree_map(lambda a: np.ascontiguousarray(np.asarray(a)).astype(dtype), {k: _plain(v) for k, v in made.items()})
+
+
+def _plain(tree):
+    """A tree of dicts (a FrozenDict's too)."""
+    return {k: _plain(v) for k, v in tree.items()} if hasattr(tree, "items") else tree
+
+
+def _leaves(tree) -> list[tuple[str, Any]]:
+    import jax
+
+    found = jax.tree_util.tree_flatten_with_path(_plain(tree))[0]
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in found]
+
+
+def tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The port's tensors by torch's names and layout, from flax's variables (or a tree of
+    the same shape, an optimizer moment's)."""
+    where, names, shapes = _inverse(problem)
+    leaves = dict(_leaves(tree))
+    flat = np.concatenate([np.ravel(np.asarray(leaves[path])) for path in where])
+    values = flat[names]
+    out, at = {}, 0
+    for name, shape in shapes:
+        size = int(np.prod(shape))
+        out[name] = values[at : at + size].reshape(shape).copy()
+        at += size
+    return out
+
+
+def _inverse(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]]]:
+    shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
+    return _index_map(problem.port, port.module(problem.port), shapes)
+
+
+@functools.cache
+def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]]]:
+    """Where each element of each torch tensor lands among flax's leaves: the leaves' paths
+    in order, and for the torch tensors' elements in order (`shapes`), their positions in
+    those leaves flattened and joined."""
+    ids, at = {}, 1
+    for name, shape in shapes:
+        size = int(np.prod(shape))
+        ids[name] = np.arange(at, at + size, dtype=np.float64).reshape(shape)
+        at += size
+    total = at - 1
+    made = port.call(path, "torch_to_flax(state)", module.torch_to_flax, ids)
+    leaves = _leaves(made)
+    flat = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for _, leaf in leaves]) if leaves else np.zeros(0)
+    index = np.rint(flat).astype(np.int64)
+    moved = np.all(flat == index) and np.all((index >= 1) & (index <= total))
+    counts = np.bincount(index.clip(0, total + 1), minlength=total + 2)[1 : total + 1] if moved else None
+    if not moved or flat.size != total or np.any(counts != 1):
+        raise port.PortError(
+            f"{path}: torch_to_flax(state) does more than move each tensor's values (transpose, reshape): "
+            "every value of every floating tensor of the torch module must land once in flax's variables"
+        )
+    positions = np.empty(total, dtype=np.int64)
+    positions[index - 1] = np.arange(total)
+    return [p for p, _ in leaves], positions, list(shapes)

@@ -1,0 +1,139 @@
+"""A user's torch module (a port, harness/inputs/port.py) as the torch adapter's network:
+the same trainer, optimizer, loss and data feeding as a spec of layers, only the module is
+the user's. Its tensors are named and laid out as its state_dict() has them (its floating
+tensors), which is the port's layout everywhere in the harness."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.inputs import port
+
+
+def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
+    """The user's module holding `params` (by state_dict name), wrapped to take the
+    adapter's call `model(x, masks, outputs=None)`: x flat as the data has it (an image
+    made NCHW), masks ignored (a port has no harness dropout), and with `outputs`, every
+    named submodule's tensor output by module name (forward hooks) and the whole module's
+    output as `output` (a module path written as flax writes it: "block/conv" for torch's
+    "block.conv")."""
+    shape = problem.spec.model.in_shape
+
+    class Port(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.step = 0  # the training step of the next training pass (a member's jitter)
+
+        def forward(self, x, masks, outputs=None):
+            x = x.reshape((x.shape[0], *shape))
+            if outputs is None:
+                try:
+                    return port.call(problem.port, "the torch module's forward", self.inner, x)
+                finally:
+                    self.step += self.training
+            hooks = [m.register_forward_hook(_keeper(outputs, name.replace(".", "/"))) for name, m in self.inner.named_modules() if name]
+            try:
+                out = port.call(problem.port, "the torch module's forward", self.inner, x)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            outputs["output"] = out
+            return out
+
+    inner = port.torch_module(problem.port, problem.spec.init.seed).to(device=device, dtype=dtype)
+    state = inner.state_dict()
+    missing = sorted(set(params) - set(state))
+    if missing:
+        raise port.PortError(f"{problem.port}: torch_model() has no tensor {missing[0]}")
+    with torch.no_grad():
+        for name, value in params.items():
+            if name in state:
+                state[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+    if problem.port_running_var == "biased":
+        _store_biased_variance(torch, inner, problem.port)
+    model = Port(inner).train()
+    if problem.jitter_seed is not None:
+        _jitter(torch, model, problem)
+    return model
+
+
+def _jitter(torch, model, problem) -> None:
+    """A calibration member's other roundings (harness/inputs/members.py reordered), without
+    touching the user's code: over the member's jittered steps, every leaf module's output
+    in a training pass, and the gradient that comes back through it, moved at random
+    (seeded) by at most two units in its last place, as the array-module code's members
+    round every intermediate array once more (harness.reference.network.jitter_function)."""
+    rng = np.random.default_rng(problem.jitter_seed)
+
+    class Jitter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, forward_u, backward_u):
+            ctx.save_for_backward(backward_u)
+            return x + x * forward_u
+
+        @staticmethod
+        def backward(ctx, grad):
+            (backward_u,) = ctx.saved_tensors
+            return grad + grad * backward_u, None, None
+
+    def draw(like):
+        eps = torch.finfo(like.dtype).eps
+        return torch.from_numpy(rng.uniform(-eps, eps, tuple(like.shape))).to(like.device, like.dtype)
+
+    def rounded(module, inputs, output):
+        if not (module.training and problem.jittered(model.step)) or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+            return None
+        return Jitter.apply(output, draw(output), draw(output))
+
+    for part in model.inner.modules():
+        if not list(part.children()):
+            part.register_forward_hook(rounded)
+
+
+def _store_biased_variance(torch, model, path) -> None:
+    """The reference computing flax's batch norm formula (harness/known_differences.yaml
+    flax-batch-norm-biased-running-var; harness/inputs/library.py): after each training
+    forward pass of each batch norm, its running variance is the one flax stores,
+    (1 - momentum) * before + momentum * the batch's biased variance, where torch stored the
+    unbiased one. The user's code is not touched: hooks on its modules."""
+    for name, part in model.named_modules():
+        if not isinstance(part, torch.nn.modules.batchnorm._BatchNorm) or not part.track_running_stats:
+            continue
+        if part.momentum is None:
+            raise port.PortError(f"{path}: batch norm {name!r} keeps a cumulative average (momentum=None): no library formula is computed for it")
+        before: dict = {}
+
+        def keep(module, inputs, before=before):
+            if module.training:
+                before["var"] = module.running_var.detach().clone()
+
+        def store(module, inputs, output, before=before):
+            if module.training and "var" in before:
+                x = inputs[0]
+                dims = [d for d in range(x.ndim) if d != 1]
+                with torch.no_grad():
+                    biased = x.detach().var(dim=dims, unbiased=False)
+                    # a new tensor, not written in place: autograd holds the old one for the backward pass
+                    module.running_var = (1 - module.momentum) * before.pop("var") + module.momentum * biased
+
+        part.register_forward_pre_hook(keep)
+        part.register_forward_hook(store)
+
+
+def _keeper(outputs: dict, name: str):
+    def keep(module, inputs, output):
+        if hasattr(output, "is_floating_point") and output.is_floating_point():
+            outputs[name] = output
+
+    return keep
+
+
+def tensors(model) -> dict[str, np.ndarray]:
+    """Every floating tensor of the user's module by its state_dict name, as NumPy (its own dtype)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.inner.state_dict().items() if v.is_floating_point()}
+
+
+def trained(model) -> list[tuple[str, object]]:
+    """The trained tensors (named_parameters), in the optimizer's order."""
+    return list(model.inner.named_parameters())

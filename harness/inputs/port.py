@@ -1,0 +1,158 @@
+"""A user's own port (model.python): the file beside the spec that defines their torch
+module, their flax module and the converter between them, run as pytest runs a test file.
+
+The file must define:
+- `torch_model() -> torch.nn.Module`, called after `torch.manual_seed(init.seed)`: its
+  initial tensors (state_dict()) are the run's initial tensors, for every framework;
+- `flax_model() -> flax.linen.Module`, whose `__call__(x, train: bool = False)` takes the
+  input in flax's layout (NHWC for images) and keeps batch statistics in `batch_stats`;
+- `torch_to_flax(state: dict[str, numpy.ndarray]) -> dict`, flax's variables (`params`,
+  and `batch_stats` if any) from torch's state_dict() as NumPy arrays.
+
+Only `harness run` gets here: loading a spec reads the file's bytes and hashes them
+(harness/spec/load.py port_source); the bytes hashed are the bytes run. A port's tensors
+are named and laid out as torch's state_dict() names them (its floating tensors: batch
+norm's running statistics too, not its counter). Whatever fails in the user's code is a
+PortError: one line naming the file and what failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.errors import HarnessError
+from harness.core.files import read_regular
+from harness.spec.load import PORT_MAX_BYTES
+
+FUNCTIONS = ("torch_model", "flax_model", "torch_to_flax")
+
+
+class PortError(HarnessError):
+    """The user's code failed: one line naming the file and what failed."""
+
+
+def call(path: Path, what: str, fn, *args, **kwargs):
+    """`fn(*args)`, user code: any exception it raises becomes one PortError line."""
+    try:
+        return fn(*args, **kwargs)
+    except PortError:
+        raise
+    except Exception as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise PortError(f"{path}: {what} raised {detail}") from None
+
+
+def check_loaded(path: Path, loaded_sha256: str | None) -> None:
+    """The port's file is the one loading the spec read: a spec rebuilt from a record (the
+    report) never runs a port, nor does a file changed since it was read."""
+    if loaded_sha256 is None:
+        raise PortError(f"{path}: a port runs only in `harness run`, from its spec loaded there")
+    source = read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)
+    found = hashlib.sha256(source).hexdigest()
+    if found != loaded_sha256:
+        raise PortError(f"{path}: changed since its spec was loaded (sha256 {found[:12]}, read as {loaded_sha256[:12]})")
+    _CHECKED[str(path)] = source
+
+
+# Each port file's bytes as check_loaded found them, by path: the bytes that run.
+_CHECKED: dict[str, bytes] = {}
+
+
+def module(path: Path) -> types.ModuleType:
+    """The port's file as a module, its three functions checked (one per file and content,
+    in each process): the bytes check_loaded hashed."""
+    source = _CHECKED.get(str(path))
+    if source is None:
+        raise PortError(f"{path}: a port runs only in `harness run`, once its bytes are checked against its spec's loading")
+    return _module(str(path), source)
+
+
+@functools.cache
+def _module(path: str, source: bytes) -> types.ModuleType:
+    name = f"harness_port_{hashlib.sha256(source).hexdigest()[:16]}"
+    found = types.ModuleType(name)
+    found.__file__ = path
+    sys.modules[name] = found  # dataclasses (flax's modules) look their module up by name
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError as exc:
+        raise PortError(f"{path}: not valid Python: line {exc.lineno}: {exc.msg}") from None
+    call(Path(path), "importing it", exec, code, found.__dict__)
+    missing = [f for f in FUNCTIONS if not callable(getattr(found, f, None))]
+    if missing:
+        raise PortError(f"{path}: defines no {', '.join(f'{m}()' for m in missing)} (a port defines {', '.join(FUNCTIONS)})")
+    return found
+
+
+def torch_module(path: Path, seed: int):
+    """The user's torch module, made after torch.manual_seed(seed); refused with dropout
+    (each framework would draw its own masks)."""
+    import torch
+
+    torch.manual_seed(seed)
+    made = call(path, "torch_model()", module(path).torch_model)
+    if not isinstance(made, torch.nn.Module):
+        raise PortError(f"{path}: torch_model() returned {type(made).__name__}, not a torch.nn.Module")
+    for name, part in made.named_modules():
+        if isinstance(part, torch.nn.modules.dropout._DropoutNd) and part.p > 0:
+            raise PortError(
+                f"{path}: torch_model() has dropout at module {name!r}: each framework would draw its own masks, so the runs cannot be compared"
+            )
+    return made
+
+
+def floating(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A torch state_dict's floating tensors (its tensors by name; batch norm's counter is
+    left out) as float64 NumPy arrays."""
+    return {k: v.detach().cpu().double().numpy() for k, v in state.items() if v.is_floating_point()}
+
+
+def initial_state(path: Path, seed: int) -> dict[str, np.ndarray]:
+    """The run's initial tensors: the torch module's own, as float32, every one finite."""
+    made = torch_module(path, seed)
+    tensors = {k: a.astype(np.float32) for k, a in floating(made.state_dict()).items()}
+    if not tensors:
+        raise PortError(f"{path}: torch_model() has no floating tensors to train")
+    bad = [k for k, a in tensors.items() if not np.isfinite(a).all()]
+    if bad:
+        raise PortError(f"{path}: torch_model()'s initial {bad[0]} is not finite")
+    return tensors
+
+
+# torch's layers whose options a library entry may name (harness/known_differences.yaml
+# `layers`), as a spec's layer of that kind would say them: torch's batch norm stores the
+# unbiased variance.
+TORCH_OPTIONS = {"_BatchNorm": ("batch_norm.running_var=unbiased",)}
+
+
+def layer_options(path: Path, seed: int) -> tuple[str, ...]:
+    """The layer options the port's torch module shows (TORCH_OPTIONS), sorted."""
+    import torch
+
+    found = set()
+    for part in torch_module(path, seed).modules():
+        for kind, options in TORCH_OPTIONS.items():
+            if isinstance(part, getattr(torch.nn.modules.batchnorm, kind)):
+                found.update(options)
+    return tuple(sorted(found))
+
+
+def output_width(path: Path, seed: int, in_shape: tuple[int, ...]) -> int:
+    """The width of the torch module's output on two examples (evaluation mode): it must
+    give one vector per example."""
+    import torch
+
+    made = torch_module(path, seed).double().eval()
+    with torch.no_grad():
+        out = call(path, "the torch module's forward", made, torch.zeros((2, *in_shape), dtype=torch.float64))
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise PortError(f"{path}: the torch module's output on 2 examples of shape {in_shape} is {shape}, not (2, outputs)")
+    return int(out.shape[1])

@@ -1,0 +1,353 @@
+"""A user's own port (model.python, issue 42): the spec names their torch module and the
+flax module written from it, and the harness judges the two with its own data, twins,
+members, diagnosis and catalogue, torch's float64 run standing for the oracle.
+
+What is shown here: a port's spec is checked without running its code, and only `harness
+run` runs it; whatever fails in the user's code ends that run with one line naming the
+file; an honest port passes every check (the examples' two ports, their batch norm's
+stored variance `known`); each classic porting slip fails, diagnosed `implementation`,
+with the module or the tensor named."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from rich.console import Console
+
+from harness.core.errors import SpecError
+from harness.core.registry import PORT_REFERENCE_KEY, RunKey, Verdict
+from harness.execute.plan import matrix_keys
+from harness.inputs.port import PortError
+from harness.inputs.problem import build_problem
+from harness.spec.load import load_spec
+from tests.conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+MLP, CNN = EXAMPLES / "mlp_port", EXAMPLES / "cnn_port"
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def copied(example: Path, folder: Path, old: str = "", new: str = "", spec: dict | None = None) -> Path:
+    """An example's spec and port in `folder`, the port's text `old` written `new` (a
+    porting slip) and the spec's keys `spec` changed; the spec's path."""
+    name = example.name
+    source = (example / f"{name}.py").read_text()
+    if old:
+        assert source.count(old) == 1, f"{old!r} is not once in {name}.py"
+        source = source.replace(old, new)
+    (folder / f"{name}.py").write_text(source)
+    doc = yaml.safe_load((example / f"{name}.yaml").read_text())
+    for key, value in (spec or {}).items():
+        doc[key] = {**doc[key], **value} if isinstance(value, dict) else value
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def judged(path: Path):
+    """A port's matrix in this process (torch and JAX on the CPU): its checks."""
+    from harness.matrix import run_spec
+
+    loaded = load_spec(path)
+    result = run_spec(loaded, build_problem(loaded), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
+    return result
+
+
+# --- the spec: checked, never run ----------------------------------------------------------
+
+
+def test_a_port_spec_gives_python_instead_of_layers_and_the_seed_alone(tmp_path):
+    doc = yaml.safe_load((MLP / "mlp_port.yaml").read_text())
+    shutil.copy(MLP / "mlp_port.py", tmp_path)
+
+    def refused(changes: dict, said: str) -> None:
+        broken = {**doc, **{k: {**doc[k], **v} for k, v in changes.items()}}
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(broken))
+        with pytest.raises(SpecError, match=said):
+            load_spec(tmp_path / "s.yaml")
+
+    refused({"model": {"layers": [{"width": 2}]}}, "give layers .* or python")
+    refused({"init": {"weights": "glorot_uniform"}}, "init: a port's weights are its torch module's own")
+    refused({"loss": {"l2": {"coefficient": 0.1, "divide_by_examples": False}}}, "loss.l2: not taken on a port")
+    refused({"model": {"python": "../mlp_port.py"}}, "model.python")
+    refused({"model": {"python": "mlp_port.txt"}}, "model.python")
+
+
+def test_a_port_file_must_be_a_regular_file_beside_the_spec(tmp_path):
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    path = copied(MLP, folder)
+    (folder / "mlp_port.py").unlink()
+    with pytest.raises(SpecError, match=r"mlp_port.yaml: model.python: .*no such file"):
+        load_spec(path)
+    (tmp_path / "outside.py").write_text("")
+    (folder / "mlp_port.py").symlink_to(tmp_path / "outside.py")
+    with pytest.raises(SpecError, match="leads out of the spec's folder"):
+        load_spec(path)
+    (folder / "mlp_port.py").unlink()
+    os.mkfifo(folder / "mlp_port.py")
+    with pytest.raises(SpecError, match="model.python: .*a FIFO, not a regular file"):
+        load_spec(path)
+    (folder / "mlp_port.py").unlink()
+    (folder / "mlp_port.py").mkdir()
+    with pytest.raises(SpecError, match="model.python: .*a folder, not a regular file"):
+        load_spec(path)
+
+
+def test_only_harness_run_runs_a_port(tmp_path):
+    """validate, export and a spec rebuilt from a record never run the port's code (here
+    it would leave a file behind); the spec's dump, and so its digests, name the file."""
+    marker = tmp_path / "ran"
+    path = copied(MLP, tmp_path)
+    (tmp_path / "mlp_port.py").write_text(f"open({str(marker)!r}, 'w').close()\n" + (MLP / "mlp_port.py").read_text())
+    done = harness("validate", str(path))
+    assert done.returncode == 0 and "ok (mlp_port" in done.stdout, done.stdout + done.stderr
+    done = harness("export", str(path), "--out", str(tmp_path / "x.npz"))
+    assert done.returncode == 2 and "model.python: export trains the float64 oracle" in done.stderr
+    loaded = load_spec(path)
+    assert loaded.spec.model_dump()["model"]["python"] == "mlp_port.py" and "layers" not in loaded.spec.model_dump()["model"]
+    from_record = loaded.model_copy(update={"port_sha256": None})
+    with pytest.raises(PortError, match="a port runs only in `harness run`"):
+        build_problem(from_record)
+    assert not marker.exists()
+
+
+def test_report_compare_validate_and_list_never_import_a_port(tmp_path):
+    """Over the examples' committed records: no port module is made, and neither torch nor
+    JAX is imported (the user's file imports both)."""
+    script = f"""
+import sys
+from harness import cli
+codes = [
+    cli.main(["report", "--results", "examples/results", "--out", {str(tmp_path / "report")!r}]),
+    cli.main(["compare", "examples/results", "--baseline", "examples/results"]),
+    cli.main(["validate", "examples/mlp_port/mlp_port.yaml", "examples/cnn_port/cnn_port.yaml"]),
+    cli.main(["list"]),
+]
+made = [m for m in sys.modules if m.startswith("harness_port_") or m in ("torch", "jax", "flax")]
+print("codes", codes, "made", made)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert "codes [0, 0, 0, 0] made []" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_spec_of_layers_dumps_as_before(tmp_path):
+    """No key of a port appears in a spec of layers' dump, nor in its records' spec entry."""
+    from harness.records.schema import SpecRef
+
+    loaded = load_spec(ROOT / "specs" / "moons_net.yaml")
+    assert {"python", "port_options"}.isdisjoint(loaded.spec.model_dump()["model"])
+    ref = SpecRef(name="moons_net", path="p", sha256="0" * 64, profile="full", overrides={})
+    assert "port" not in ref.model_dump_json()
+
+
+# --- the user's code failing: one line, naming the file --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "old, new, said",
+    [
+        ("def torch_model():", "def torch_modelx():", r"mlp_port.py: defines no torch_model\(\)"),
+        ("    return TorchMLP()", "    raise RuntimeError('no weights here')", r"mlp_port.py: torch_model\(\) raised RuntimeError: no weights here"),
+        ("torch.nn.Linear(32, 2)", "torch.nn.Linear(32, 1)", "mlp_port.py: the torch module gives 1 outputs"),
+        ("self.act = torch.nn.GELU()", "self.act = torch.nn.Sequential(torch.nn.GELU(), torch.nn.Dropout(0.5))", "dropout at module 'act.1'"),
+        ("        super().__init__()\n", "        super().__init__()\n        1 / 0\n", r"torch_model\(\) raised ZeroDivisionError"),
+    ],
+)
+def test_user_code_that_fails_ends_the_run_with_one_line(tmp_path, old, new, said):
+    path = copied(MLP, tmp_path, old, new)
+    with pytest.raises(PortError, match=said) as caught:
+        build_problem(load_spec(path))
+    assert "\n" not in str(caught.value) and str(tmp_path / "mlp_port.py") in str(caught.value)
+
+
+def test_a_nan_initial_weight_and_a_converter_that_changes_values_are_refused(tmp_path):
+    pytest.importorskip("jax")
+    from harness.run.runner import run
+
+    path = copied(MLP, tmp_path, "    return TorchMLP()", "    m = TorchMLP()\n    m.fc2.bias.data[0] = float('nan')\n    return m")
+    with pytest.raises(PortError, match="initial fc2.bias is not finite"):
+        build_problem(load_spec(path))
+    path = copied(MLP, tmp_path, '"bias": np.asarray(state[f"{name}.bias"])}', '"bias": 2 * np.asarray(state[f"{name}.bias"])}')
+    outcome = run(build_problem(load_spec(path)), RunKey("jax", "cpu"))
+    assert outcome.status == "failed" and "torch_to_flax(state) does more than move each tensor's values" in outcome.reason
+
+
+def test_harness_run_says_what_failed_in_a_port_and_exits_2(tmp_path):
+    path = copied(MLP, tmp_path, "def flax_model():", "def flax_modelx():")
+    done = harness("run", str(path), "--frameworks", "torch,jax", "--no-records")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{tmp_path / 'mlp_port.py'}: defines no flax_model()" in done.stderr
+
+
+def test_a_nan_in_training_and_an_error_in_the_flax_module_name_the_file(tmp_path):
+    pytest.importorskip("jax")
+    from harness.run.runner import run
+
+    path = copied(
+        MLP, tmp_path, "return self.fc2(self.act(self.norm(self.fc1(x))))", "return self.fc2(self.act(self.norm(self.fc1(x)))) * float('nan')"
+    )
+    problem = build_problem(load_spec(path))
+    outcome = run(problem, RunKey("torch", "cpu"))
+    assert outcome.status == "failed" and outcome.reason.startswith(f"{tmp_path / 'mlp_port.py'}: torch@cpu diverged: non-finite loss")
+    path = copied(MLP, tmp_path, 'return nn.Dense(2, name="fc2")(x)', "raise ValueError('not ported yet')")
+    outcome = run(build_problem(load_spec(path)), RunKey("jax", "cpu"))
+    assert (
+        outcome.status == "failed" and f"{tmp_path / 'mlp_port.py'}: the flax module's __call__ raised ValueError: not ported yet" in outcome.reason
+    )
+
+
+def test_a_port_runs_torch_and_jax_against_torch_float64_with_torch_members():
+    """A port's plan (roles.PORT_SCHEME): no array-module code nor oracle; torch's float32
+    and float64 members (each batch's examples permuted), flax's float64 twin and its
+    re-anchored twin, and torch's reference computing nothing else without batch norm."""
+    from harness import matrix
+    from harness.execute.plan import port_keys
+
+    loaded = load_spec(MLP / "mlp_port.yaml")
+    problem = build_problem(loaded)
+    planned = matrix.plan_jobs(loaded, problem, port_keys(matrix_keys(["torch", "jax", "numpy"], ["cpu"])), 1, True)
+    keys = [key for job in planned for key in job.keys]
+    assert {k.framework for k in keys} == {"torch", "jax"}
+    by_role = {}
+    for job in planned:
+        by_role.setdefault(job.role, []).extend(k.label for k in job.keys)
+    assert by_role["calibration member"] == [f"torch@cpu~order{i}" for i in (1, 2, 3, 4)]
+    assert by_role["math parity's member"] == [f"torch@cpu+float64~order{i}" for i in (1, 2, 3)]
+    assert by_role["float64 twin"] == ["jax@cpu+float64"] and by_role["math parity's reference"] == ["torch@cpu+float64~first8"]
+    assert by_role["framework run"] == ["torch@cpu", "jax@cpu", "torch@cpu+float64"] and "library reference" not in by_role
+
+
+# --- the converter's way back ---------------------------------------------------------------
+
+
+def test_flax_variables_read_back_by_torch_names_and_layout():
+    """The CNN's converter transposes the conv kernel and reorders the dense layer's inputs
+    (C, H, W to H, W, C): read back from flax's variables, every tensor is torch's again."""
+    pytest.importorskip("jax")
+    from adapters import jax_port
+
+    problem = build_problem(load_spec(CNN / "cnn_port.yaml"))
+    variables = jax_port.variables(problem, problem.initial_params, "float32")
+    assert variables["params"]["conv"]["kernel"].shape == (3, 3, 2, 6) and "batch_stats" in variables
+    back = jax_port.tensors(problem, variables)
+    assert list(back) == list(problem.initial_params)
+    for name, value in problem.initial_params.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+
+def counted(checks) -> dict[str, int]:
+    return {v.value: sum(c.verdict == v for c in checks) for v in Verdict}
+
+
+def test_an_honest_mlp_port_passes_every_check():
+    """The MLP with layer norm and GELU, ported with torch's eps and exact GELU: flax's
+    float64 twin agrees with torch's over the first steps and re-anchored, and both float32
+    runs lie within the envelope of torch's members; no check fails."""
+    pytest.importorskip("jax")
+    result = judged(MLP / "mlp_port.yaml")
+    counts = counted(result.checks)
+    assert counts["fail"] == 0 and counts["pass"] >= 25, [c for c in result.checks if c.verdict == Verdict.FAIL]
+    math = [c for c in result.checks if c.name.startswith("math_")]
+    assert {c.b for c in math} == {PORT_REFERENCE_KEY} and any(c.name == "math_anchored_loss_curve" for c in math)
+    assert not any(k.framework in ("numpy", "oracle") for k in result.outcomes)
+
+
+def failing(result, name: str):
+    found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == name and c.a.framework == "jax" and c.b == PORT_REFERENCE_KEY]
+    assert found, f"no failing {name}: {[(c.name, c.verdict.value) for c in result.checks]}"
+    return found[0]
+
+
+@pytest.mark.slow
+def test_an_honest_cnn_port_passes_and_its_batch_norm_variance_is_known():
+    """The CNN with batch norm and max pooling: flax stores the biased running variance
+    (harness/known_differences.yaml), which torch's reference computes too for flax's twin
+    (adapters/torch_port.py); the float32 checks it moves are `known` within what torch's
+    members computing it reach, and nothing fails."""
+    result = judged(CNN / "cnn_port.yaml")
+    counts = counted(result.checks)
+    assert counts["fail"] == 0, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    known = [c for c in result.checks if c.verdict == Verdict.KNOWN]
+    assert known and all("flax-batch-norm-biased-running-var" in c.diagnosis for c in known)
+
+
+SLIPS = [
+    # flax's layer-norm eps default (1e-6; torch's 1e-5): the norm itself is named
+    (MLP, 'nn.LayerNorm(epsilon=1e-5, name="norm")', 'nn.LayerNorm(name="norm")', "math_initial_outputs", "first differs at module norm "),
+    # flax's GELU default (tanh): no flax module computes it, so the next module is named,
+    # after torch's act, which flax does not name
+    (MLP, "jax.nn.gelu(x, approximate=False)", "nn.gelu(x)", "math_initial_outputs", "first differs at module fc2, after act"),
+    # the flatten order left unconverted: torch's C, H, W rows of the dense kernel on flax's H, W, C
+    (
+        CNN,
+        '"fc": {"kernel": fc.transpose(2, 3, 1, 0).reshape(6 * 4 * 4, 3)',
+        '"fc": {"kernel": np.asarray(state["fc.weight"]).T',
+        "math_initial_outputs",
+        "first differs at module fc, after pool",
+    ),
+    # torch's batch-norm momentum passed to flax as it is (flax's is 1 - torch's): training
+    # is untouched, the running mean and the evaluation outputs are not
+    (CNN, "momentum=0.9, epsilon=1e-5", "momentum=0.1, epsilon=1e-5", "math_params_after_step_1", "largest in bn.running_mean after step 1"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example, old, new, check, named", SLIPS, ids=["layer_norm_eps", "gelu_tanh", "flatten_order", "batch_norm_momentum"])
+def test_each_classic_porting_slip_is_caught_with_the_module_named(tmp_path, example, old, new, check, named):
+    result = judged(copied(example, tmp_path, old, new))
+    found = failing(result, check)
+    assert found.diagnosis.startswith("implementation: the float64 twin differs from torch@cpu+float64"), found.diagnosis
+    assert named in found.diagnosis, found.diagnosis
+    assert failing(result, "final_outputs").diagnosis.startswith("implementation")  # the float32 run's too
+
+
+PORT_FAMILY = int(os.environ.get("HARNESS_PORT_FAMILY_EXAMPLES", "3"))
+
+
+@pytest.mark.slow
+def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
+    """Each drawn spec (tests/family.py) that a port can take, written as one
+    (tests/port_family.py): flax's and torch's translations of its layers, judged through
+    model.python. Honest, so no check may fail."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests import family, port_family
+
+    docs = []
+
+    @settings(max_examples=PORT_FAMILY, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data):
+        for _ in range(100):
+            doc = data.draw(family.spec_documents(), label="spec")
+            if port_family.portable(doc):
+                docs.append(doc)
+                return
+
+    draw()
+    failed = []
+    for i, doc in enumerate(docs):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        result = judged(port_family.port_of(doc, folder))
+        assert result.checks and all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
+        failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+        shape = doc["model"].get("input_shape") or doc["model"]["input_width"]
+        print(f"port {i}: input {shape}, {len(doc['model']['layers'])} layers: {counted(result.checks)}")  # pytest -s: the family's rows
+    assert docs and not failed, failed
