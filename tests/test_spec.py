@@ -117,7 +117,7 @@ def test_unknown_profile_and_spec_names():
         load_spec(PEAKS, "huge")
     with pytest.raises(SpecError, match="unknown spec 'nope'"):
         resolve_spec("nope")
-    assert set(spec_paths()) == {"peaks_mlp", "moons_net", "mnist_mlp", "lenet_mnist", "cnn_norm_mnist", "mnist_adamw"}
+    assert set(spec_paths()) == {"peaks_mlp", "moons_net", "mnist_mlp", "lenet_mnist", "cnn_norm_mnist", "mnist_adamw", "gpl_transformer"}
 
 
 def test_committed_schema_is_current():
