@@ -395,8 +395,9 @@ class Verdict:
     # Where math parity first saw the bug: the segment re-anchored at this step (None: the
     # first steps' twin, or not seen).
     bug_segment: int | None = None
-    # Every run, the oracle's too, diverged (a non-finite loss): the workload trains to
-    # nothing in exact arithmetic either, and gives no verdict to judge (counted apart).
+    # The oracle diverged (a non-finite loss): the workload trains to nothing in exact
+    # arithmetic either, there is no reference to judge against, and no verdict (counted
+    # apart; a bug that changes the dynamics may still train).
     diverged: bool = False
 
 
@@ -442,8 +443,12 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
         bug_segment=anchored[0].segment if anchored and not first_steps else None,
-        diverged=bool(result.outcomes) and all(o.status == "failed" and (o.reason or "").startswith("diverged") for o in result.outcomes.values()),
+        diverged=_diverged(result.outcomes.get(ORACLE_KEY)),
     )
+
+
+def _diverged(outcome) -> bool:
+    return outcome is not None and outcome.status == "failed" and (outcome.reason or "").startswith("diverged")
 
 
 ROUNDING = 1e-12  # float64 rounding over a twin's steps, relative (measured: 1e-16 to 1e-13)
@@ -508,7 +513,7 @@ def summarize(path: Path) -> dict:
     diagnosed = [r for r in caught if all(d.startswith("implementation") for d in r["verdict"]["bug_diagnoses"])]
     return {
         "examples": len(rows),
-        "diverged_everywhere": len(every) - len(rows),  # no verdict to judge: not counted above
+        "oracle_diverged": len(every) - len(rows),  # no reference, no verdict: not counted above
         "honest_failing_checks": sum(len(r["verdict"]["honest_failures"]) for r in rows),
         "examples_with_honest_failures": sum(bool(r["verdict"]["honest_failures"]) for r in rows),
         "known_checks": sum(r["verdict"]["known"] for r in rows),

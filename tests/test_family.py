@@ -84,7 +84,7 @@ def test_honest_adapters_never_fail_and_every_injected_bug_is_implementation():
 def judged(row: dict) -> list[str]:
     """What is wrong with one example's verdict (nothing, for a good harness)."""
     verdict, bug = family.Verdict(**row["verdict"]), row["bug"]
-    if verdict.diverged:  # every run, the oracle's too: nothing to judge (counted apart)
+    if verdict.diverged:  # the oracle diverged: no reference to judge against (counted apart)
         return []
     if not {f"{f}@cpu" for f in family.REAL} <= set(verdict.ran):
         return [f"{bug}: not every framework ran: {verdict.ran}"]
