@@ -93,7 +93,8 @@ def read_flags(key: RunKey, math_mode: dict[str, Any]) -> dict[str, Any]:
 
 
 def smoke_problem(spec: Spec, steps: int = STEPS, seed: int = 0) -> Problem:
-    """`spec`'s network, initial state, loss and recipe on seeded normal inputs of its shape:
+    """`spec`'s network, initial state, loss and recipe on seeded normal inputs of its shape
+    (a text's: token ids of its context and vocabulary):
     two batches of its size and a smaller third (or FULL_BATCH_ROWS rows, full-batch),
     trained for `steps` steps."""
     training, size = spec.training, spec.training.batch_size
@@ -103,6 +104,10 @@ def smoke_problem(spec: Spec, steps: int = STEPS, seed: int = 0) -> Problem:
         rows = 2 * size + max(1, size // 2) if training.last_batch == "keep" else 3 * size
     spec = spec.model_copy(update={"training": training.model_copy(update={"epochs": max(training.epochs, steps)})})
     rng = np.random.default_rng(seed)
+    tokens = spec.model.tokens
+    if tokens is not None:  # a text's examples: token ids, each position's target an id too
+        x = rng.integers(0, tokens.vocabulary, size=(rows, tokens.context))
+        return truncated(in_memory(spec, x, rng.integers(0, tokens.vocabulary, size=(rows, tokens.context))), steps)
     x = rng.normal(size=(rows, spec.model.in_features)).astype(np.float32)
     outputs = spec.model.n_outputs
     y = rng.normal(size=(rows, outputs)).astype(np.float32) if spec.loss.kind == "mse" else rng.integers(0, outputs, size=rows)
@@ -210,7 +215,8 @@ def keys_for(frameworks: list[str], devices: list[str]) -> list[list[RunKey]]:
 
 def coverage(specs: list[Spec]) -> dict[str, list[str]]:
     """What the specs exercise, and the layer kinds none of them does."""
-    layers = sorted({layer.kind for spec in specs for layer in spec.model.layers})
+    # every placed layer, a residual's body too (a port has none of the spec's layers)
+    layers = sorted({p.module.KIND for spec in specs for p in spec.model.placed})
     activations = sorted({str(p.activation) for spec in specs for p in spec.model.placed if getattr(p, "activation", None)})
     optimizers = sorted({spec.optimizer.kind for spec in specs})
     recipes = set()

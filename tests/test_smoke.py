@@ -127,6 +127,13 @@ def test_a_smoke_problem_has_the_specs_shapes_and_two_batch_sizes(name):
     assert np.array_equal(problem.x_train, smoke.smoke_problem(spec).x_train)  # seeded
 
 
+def test_a_text_specs_smoke_problem_is_token_ids_of_its_context():
+    spec = load_spec(SPECS_DIR / "gpl_transformer.yaml", "quick").spec
+    problem = smoke.smoke_problem(spec)
+    for a in (problem.x_train, problem.y_train):
+        assert a.shape[1] == spec.model.tokens.context and a.dtype.kind == "i" and 0 <= a.min() and a.max() < 256
+
+
 def test_the_groups_are_one_process_per_framework_device_and_precision():
     groups = smoke.keys_for(["torch", "numpy", "cupy"], ["cpu", "gpu"])
     labels = [[k.label for k in g] for g in groups]
@@ -138,14 +145,14 @@ def test_the_groups_are_one_process_per_framework_device_and_precision():
 
 @pytest.mark.slow
 def test_the_smoke_on_this_cpu_passes_with_a_skipped_fast_mode_and_writes_its_json(tmp_path):
-    """Every framework on a CNN (conv, max pool) and an AdamW recipe: rows ok, but the fast
+    """Every framework on a CNN (conv, max pool), an AdamW recipe and a transformer: rows ok, but the fast
     modes that do not take them (torch's takes no recipe, the array-module code's dense
     networks only), skipped with the reason."""
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("flax", reason="flax is not installed")
     out = tmp_path / "smoke.json"
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "smoke", "lenet_mnist", "mnist_adamw", "--devices", "cpu", "--out", str(out)],
+        [sys.executable, "-m", "harness", "smoke", "lenet_mnist", "mnist_adamw", "gpl_transformer", "--devices", "cpu", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -164,7 +171,9 @@ def test_the_smoke_on_this_cpu_passes_with_a_skipped_fast_mode_and_writes_its_js
             assert row["repeats_bitwise"] is True and len(row["losses"]) == smoke.STEPS
             assert row["outputs_distance"] <= smoke.BARS[RunKey.from_label(row["label"]).precision]
     assert "max_pool" in found["coverage"]["layers"] and "schedule warmup_cosine" in found["coverage"]["recipes"]
-    assert "runs ok, 3 skipped, 0 failed" in done.stdout
+    assert {"attention", "dropout", "residual"} <= set(found["coverage"]["layers"])  # a residual's body counts
+    assert rows["gpl_transformer", "jax@cpu:fast"]["status"] == "ok"  # a transformer, attention and RoPE
+    assert "runs ok, 5 skipped, 0 failed" in done.stdout
 
 
 def test_smoke_asked_for_a_gpu_where_there_is_none_stops_with_one_line():
