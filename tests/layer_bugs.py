@@ -125,10 +125,13 @@ def _mask_off_by_one(f, q, k, v, causal):
     return f.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _layouts_swapped(torch, a, rope):
+def _other_layout(rope):
     """The other layout's rotation: interleaved pairs for half ones, and back."""
-    other = type(rope)(layout="half" if rope.layout == "interleaved" else "interleaved", base=rope.base)
-    return torch_layers.rotary(torch, a, other)
+    return type(rope)(layout="half" if rope.layout == "interleaved" else "interleaved", base=rope.base)
+
+
+def _layouts_swapped(torch, a, rope):
+    return torch_layers.rotary(torch, a, _other_layout(rope))
 
 
 def _positions_from_one(torch, t, device):
@@ -144,19 +147,35 @@ TEXT_BUGS = {
 }
 
 
-def _momentum_unflipped_module(spec):
-    """jax_layers.module of the spec with every batch norm's momentum m given as 1 - m, so
-    that flax.linen.BatchNorm receives torch's m where its convention wants 1 - m."""
+def _momentum_unflipped(layer):
+    """Every batch norm's momentum m given as 1 - m, so that flax.linen.BatchNorm receives
+    torch's m where its convention wants 1 - m."""
+    if layer.get("kind") == "batch_norm":
+        layer["momentum"] = 1 - layer["momentum"]
+
+
+def _respelled(spec, change) -> object:
+    """The spec with `change(layer)` applied to each layer (a residual's body too)."""
     doc = spec.model_dump()
-    for layer in doc["model"]["layers"]:
-        if layer.get("kind") == "batch_norm":
-            layer["momentum"] = 1 - layer["momentum"]
-    return jax_layers.module(type(spec).model_validate(doc))
+
+    def walk(layers):
+        for layer in layers:
+            change(layer)
+            walk(layer.get("layers") or [])
+
+    walk(doc["model"]["layers"])
+    return type(spec).model_validate(doc)
+
+
+def _jax_layers_respelled(change) -> types.SimpleNamespace:
+    """jax_layers whose module is built from the spec respelled by `change`: the port's
+    flax code written with another value than the spec's."""
+    return types.SimpleNamespace(**{**vars(jax_layers), "module": lambda spec: jax_layers.module(_respelled(spec, change))})
 
 
 # name -> (the jax_layers stand-in, the layer kinds whose presence makes it a math difference)
 JAX_LAYER_BUGS = {
-    "jax_bn_momentum_unflipped": (types.SimpleNamespace(**{**vars(jax_layers), "module": _momentum_unflipped_module}), ("batch_norm",)),
+    "jax_bn_momentum_unflipped": (_jax_layers_respelled(_momentum_unflipped), ("batch_norm",)),
 }
 
 
@@ -177,8 +196,7 @@ def _jax_mask_off_by_one(nn, jnp, q, k, v, causal):
 
 
 def _jax_layouts_swapped(jnp, a, rope):
-    other = type(rope)(layout="half" if rope.layout == "interleaved" else "interleaved", base=rope.base)
-    return jax_layers.rotary(jnp, a, other)
+    return jax_layers.rotary(jnp, a, _other_layout(rope))
 
 
 def _jax_positions_from_one(jnp, t):
@@ -190,26 +208,10 @@ def _flax_gelu_default(nn, jnp, name):
     return nn.gelu if name == "gelu" else jax_layers._activation(nn, jnp, name)
 
 
-def _respelled(spec, change) -> object:
-    """The spec with `change(layer)` applied to each layer (a residual's body too)."""
-    doc = spec.model_dump()
-
-    def walk(layers):
-        for layer in layers:
-            change(layer)
-            walk(layer.get("layers") or [])
-
-    walk(doc["model"]["layers"])
-    return type(spec).model_validate(doc)
-
-
 def _flax_layer_norm_default(layer):
     if layer.get("kind") == "layer_norm":
         layer["eps"] = 1e-6  # nn.LayerNorm() as written without its epsilon: flax's default
 
-
-_JAX_TEXT = _copy(jax_layers)
-_JAX_NORM_DEFAULT = types.SimpleNamespace(**{**vars(_JAX_TEXT), "module": lambda spec: _JAX_TEXT.module(_respelled(spec, _flax_layer_norm_default))})
 
 # name -> (the jax_layers copy, the kind of the layer whose output it changes first)
 JAX_TEXT_BUGS = {
@@ -218,7 +220,7 @@ JAX_TEXT_BUGS = {
     "jax_rope_layouts_swapped": (_copy(jax_layers, rotary=_jax_layouts_swapped), "attention"),
     "jax_positions_from_one": (_copy(jax_layers, positions=_jax_positions_from_one), "positional"),
     "jax_gelu_default": (_copy(jax_layers, _activation=_flax_gelu_default), "gelu"),
-    "jax_layer_norm_eps_default": (_JAX_NORM_DEFAULT, "layer_norm"),
+    "jax_layer_norm_eps_default": (_jax_layers_respelled(_flax_layer_norm_default), "layer_norm"),
 }
 
 
