@@ -41,6 +41,8 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "SMOKE_SPECS": str(spec),
         "MATRIX_S": "240",
         "MATRIX_SPECS": str(spec),
+        "PORT_S": "3",  # runs out too: a user's port, interrupted, keeps what it finished
+        "PORT_SPECS": "examples/mlp_port/mlp_port.yaml",
         "BENCH_S": "240",
         "BENCH_SPECS": str(spec),
         "TESTS_S": "120",
@@ -51,8 +53,8 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
     assert done.returncode == 0, done.stdout + done.stderr
     assert "REHEARSAL" in done.stdout
     codes = dict(re.findall(r"^== (\S+): exit code (\d+) after", log, flags=re.M))
-    assert list(codes) == ["smoke", "matrix", "bench", "gpu-tests"], log
-    assert codes["smoke"] in ("130", "124") and codes["matrix"] == "0" and codes["bench"] == "0", log
+    assert list(codes) == ["smoke", "matrix", "port", "bench", "gpu-tests"], log
+    assert codes["smoke"] in ("130", "124") and codes["port"] in ("130", "124") and codes["matrix"] == "0" and codes["bench"] == "0", log
     assert codes["gpu-tests"] == "5", log  # no test of test_smoke.py is marked gpu: none collected
 
     files = sorted(p.name for p in out.rglob("*"))

@@ -12,4 +12,6 @@ python3 -m pip download --quiet "${platforms[@]}" -d "$carry/wheelhouse" "pydant
 # tools/device-run.sh installs only what the machine's Python lacks.
 python3 -m pip download --quiet --no-deps "${platforms[@]}" -d "$carry/wheelhouse" "flax==0.12.8" "optax>=0.2.4"
 cp -n ../shared/data/mnist/* "$carry/mnist/" 2>/dev/null || echo "no ../shared/data/mnist: MNIST will be skipped or downloaded"
+# gpl_transformer's text, in case the lent image has no /usr/share/common-licenses (its sha256 is checked there too)
+cp -n /usr/share/common-licenses/GPL-3 "$carry/mnist/" 2>/dev/null || echo "no GPL-3 here: gpl_transformer will look for it on the lent machine"
 du -sh "$carry"

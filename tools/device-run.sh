@@ -79,12 +79,15 @@ archives() {
 contact() {
     summary=()
     python3 -c 'import sys, torch, jax, numpy; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda, "jax", jax.__version__, jax.devices(), "numpy", numpy.__version__)' || true
-    phase smoke "${SMOKE_S:-130}" python3 -m harness smoke --devices "$gpu" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
+    phase smoke "${SMOKE_S:-115}" python3 -m harness smoke --devices "$gpu" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
     phase matrix "${MATRIX_S:-240}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
         --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-mnist_mlp peaks_mlp lenet_mnist cnn_norm_mnist mnist_adamw}
-    phase bench "${BENCH_S:-80}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
+    # a user's own model (issue 42): the two committed ports, torch and flax, CPU and GPU
+    phase port "${PORT_S:-60}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
+        --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml}
+    phase bench "${BENCH_S:-60}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
         --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
-    phase gpu-tests "${TESTS_S:-40}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
+    phase gpu-tests "${TESTS_S:-35}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
     archives
     printf 'phase exit-code seconds: %s\n' "${summary[@]}"
 }
@@ -92,7 +95,7 @@ contact() {
 if [ "${1:-}" = contact ]; then
     # The whole first contact in one call, for a lease of 15 device minutes (a machine's
     # start, this call of at most 600 s, a second call only while it is still warm). The
-    # budgets add up to 490 s (530 with every phase killed 10 s after its INT), which leaves
+    # budgets add up to 510 s (560 with every phase killed 10 s after its INT), which leaves
     # the archives time inside a call's 600 s; what each phase finished is kept. The matrix
     # times CPU against GPU (the speedups); the bench adds the GPU's fast modes and floor
     # (the CPU's are in the committed records). $OUT gets contact.log,
