@@ -192,6 +192,7 @@ class FastMLP:
             self.k = _kernels(cupy, self.loss.kind)
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.pool = cupy.cuda.MemoryPool()  # the temporaries a captured graph refers to live here only
+            self.graphs_refused: str | None = None  # why the step is not captured, where CuPy refuses it
             self.step = xp.zeros(1, np.int64)  # the device-side step counter
             if self.gathered:
                 order = data["order"]
@@ -421,6 +422,13 @@ class FastMLP:
                 self.stream.begin_capture()
                 try:
                     self._step(ws, None)
+                except NotImplementedError as exc:
+                    # CuPy refuses every cuBLAS call in a capture (cupy_backends/cuda/libs/cublas.pyx,
+                    # setStream, as of 14.2; seen on the first GPU contact): the step's kernels are
+                    # then launched one by one, from the same buffers, and the record says so
+                    self.stream.end_capture()  # the part captured is dropped: nothing of it ran
+                    self.graphs_refused = f"CuPy would not capture the step in a CUDA graph ({exc}): its kernels are launched one by one"
+                    break
                 except Exception as exc:
                     self.stream.end_capture()
                     raise RuntimeError(f"capturing the fast step (batch size {n}) in a CUDA graph failed: {exc}") from exc
@@ -462,7 +470,9 @@ def describe(device: str) -> str:
             "(out=, in place), the network oracle's operations in the network oracle's order (bitwise equal to eager)"
         )
     return (
-        "CuPy, one CUDA graph per batch size replayed once per step (no host sync): fused "
+        "CuPy, one CUDA graph per batch size replayed once per step (no host sync) where CuPy "
+        "captures one; CuPy (14.2) refuses any cuBLAS call during a capture, so a step with products "
+        "launches its kernels one by one from the same buffers instead: fused "
         "element-wise kernels (--fmad=false) for bias+activation, its derivative, the loss gradient "
         "and SGD/Adam; cuBLAS products and CuPy reductions into preallocated buffers; device step "
         "counter indexes Adam's bias corrections, the loss log and the batch rows"

@@ -220,6 +220,29 @@ def test_a_local_executor_runs_one_gpu_cell_at_a_time_beside_cpu_cells(kind, mos
     assert executor.most["all"] >= 2  # CPU cells ran beside a GPU cell
 
 
+def test_an_interrupt_during_the_wait_is_a_keyboard_interrupt_and_the_handler_comes_back():
+    """SIGINT while the driver waits on its jobs: a KeyboardInterrupt raised at the driver's
+    next check (the CLI keeps the finished runs on it), not one raised inside the futures'
+    lock handling (the first GPU contact saw `RuntimeError: release unlocked lock`); Python's
+    own handler is back afterwards."""
+    import os
+    import signal
+    import threading
+
+    from harness.core.registry import RunKey
+    from harness.execute import schedule
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("this process does not have Python's Ctrl-C handler (started with SIGINT ignored)")
+    planned = [jobs.Job("torch@cpu", jobs.FRAMEWORK, ((RunKey("torch", "cpu"), "torch@cpu"),), cost=1.0)]
+    executor = _Recording(capacity.LOCAL, jobs=1)
+    executor.submit = lambda cell, call, *args: executor.pool.submit(threading.Event().wait, 2)  # a job that outlasts the interrupt
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        schedule.execute(planned, None, executor, Console(file=io.StringIO()), total_steps=10)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_math_paritys_cells_skip_the_whole_set_predictions():
     """Math parity's reference and float64 members compare curves and probe outputs only:
     their cells skip the final predictions over the whole sets (most of a CNN member's

@@ -256,3 +256,16 @@ def test_compile_works_where_torch_compile_has_no_recompile_limit_keyword(adapte
         assert config.recompile_limit == torch_fast.RECOMPILE_LIMIT
     finally:
         config.recompile_limit = before
+
+
+def test_the_gpu_fast_mode_skips_a_spec_with_dropout_before_touching_the_gpu(adapter):
+    """The first GPU contact's smoke failed cnn_norm_mnist torch@gpu:fast with a ValueError;
+    a documented limit of the mode is a skipped run (errors.Unsupported) with its reason,
+    said before the model is put on a device (so this holds on a CPU-only host too)."""
+    from harness.core.errors import Unsupported
+    from harness.smoke import smoke_problem
+
+    problem = smoke_problem(load_spec(SPECS_DIR / "cnn_norm_mnist.yaml", "quick").spec)
+    assert problem.masks, "cnn_norm_mnist's smoke problem has dropout masks"
+    with pytest.raises(Unsupported, match="does not take dropout masks yet; cnn_norm_mnist has dropout"):
+        adapter.build(problem, {}, RunKey("torch", "gpu", mode="fast"))

@@ -172,7 +172,11 @@ def test_gpu_fast_mode_repeats_bitwise_and_replays_graphs():
     assert_bitwise(trained(problem, "gpu", "float32", "fast"), first)
     trainer = trainer_of(xp_adapter, problem, "gpu", "float32", "fast")
     xp_adapter.warm_up(trainer, runner.chunk_plan(problem))
-    assert all(ws.graph is not None for ws in trainer.fast.spaces.values())
+    graphs = [ws.graph is not None for ws in trainer.fast.spaces.values()]
+    if trainer.fast.graphs_refused:  # CuPy refused the capture (cuBLAS in the step): no graph, and why
+        assert "cuBLAS" in trainer.fast.graphs_refused and not any(graphs)
+    else:
+        assert all(graphs)
 
 
 # 300 steps: the oracle keeps anchor states. Moons on 250 of its quick profile's 1,000 points:

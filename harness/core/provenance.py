@@ -39,6 +39,12 @@ class Host(Frozen):
     blas: list[str] = []
     cpu_flags: str | None = None  # sha256 (16 hex) of the CPU's feature flags: kernels follow them
 
+    @property
+    def label(self) -> str:
+        """The host as the report names and groups it: its hostname and cores. A hostname alone
+        does not tell machines apart (the lent GPU machine and this project's VM are both `vm`)."""
+        return f"{self.hostname} ({self.cores} cores)"
+
 
 class Git(Frozen):
     commit: str | None

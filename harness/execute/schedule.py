@@ -8,7 +8,11 @@ other's timings."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
+import threading
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +62,37 @@ def _died(job: Job, reason: str) -> dict[RunKey, Outcome]:
     return {key: Outcome(key, "failed", f"{key.label}: {reason}") for key in job.keys}
 
 
+class _Interrupt:
+    """Ctrl-C (or a lease's INT) as a flag that the driver turns into KeyboardInterrupt
+    between its waits. Raised inside concurrent.futures.wait's lock handling, the interrupt
+    surfaced as `RuntimeError: release unlocked lock` instead (the first GPU contact's port
+    phase), and the CLI, which keeps the finished runs on KeyboardInterrupt, printed a
+    traceback. Jobs run in this process (Inline) keep Python's own handler: they are
+    interrupted where they are, as before."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def check(self) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def between_waits(self, inline: bool) -> Iterator[_Interrupt]:
+        own = not inline and threading.current_thread() is threading.main_thread()
+        if not own or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, self._flag)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _flag(self, *_: object) -> None:
+        self.hit = True
+
+
 def execute(
     jobs: list[Job],
     source: Source,
@@ -105,36 +140,40 @@ def execute(
             if path is not None and outcome.status == "ok":
                 workdir.keep(path, outcome, console)
 
-    while waiting or running:
-        gpu_busy = local and any(c.gpu for c in running.values())
-        for job in list(waiting):
-            if not all(n in done for n in job.needs):
-                continue
-            if job.gpu and gpu_busy:
-                continue
-            if local and len(running) >= executor.slots.jobs:
-                break
-            waiting.remove(job)
-            start(job)
+    with _Interrupt().between_waits(isinstance(executor, Inline)) as interrupt:
+        while waiting or running:
+            interrupt.check()
             gpu_busy = local and any(c.gpu for c in running.values())
-        if not running:
-            if waiting and not any(all(n in done for n in c.needs) for c in waiting):
-                raise RuntimeError("jobs wait on jobs that never run")  # a planning bug, never an input
-            continue
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for future in finished:
-            job = running.pop(future)
-            try:
-                result: Finished = future.result()
-                outcomes = result.outcomes
-                for outcome in outcomes.values():
-                    outcome.worker = result.host
-            except ProcessDied:
-                outcomes = _died(job, PROCESS_DIED)
-            except Exception as exc:  # the job raised in its worker (inputs refused, an executor's error)
-                outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
-            _report(console, job, outcomes)
-            finish(job, outcomes)
+            for job in list(waiting):
+                if not all(n in done for n in job.needs):
+                    continue
+                if job.gpu and gpu_busy:
+                    continue
+                if local and len(running) >= executor.slots.jobs:
+                    break
+                waiting.remove(job)
+                start(job)
+                gpu_busy = local and any(c.gpu for c in running.values())
+            if not running:
+                if waiting and not any(all(n in done for n in c.needs) for c in waiting):
+                    raise RuntimeError("jobs wait on jobs that never run")  # a planning bug, never an input
+                continue
+            finished, _ = wait(list(running), timeout=0.25, return_when=FIRST_COMPLETED)
+            for future in finished:
+                job = running.pop(future)
+                try:
+                    result: Finished = future.result()
+                    outcomes = result.outcomes
+                    for outcome in outcomes.values():
+                        outcome.worker = result.host
+                except ProcessDied:
+                    if interrupt.hit:  # its process got the same INT (its process group's): no failure to report
+                        continue
+                    outcomes = _died(job, PROCESS_DIED)
+                except Exception as exc:  # the job raised in its worker (inputs refused, an executor's error)
+                    outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
+                _report(console, job, outcomes)
+                finish(job, outcomes)
     return done
 
 

@@ -115,7 +115,7 @@ def cell_of(record: Record, with_host: bool = False) -> Cell:
         record.precision_mode,
         record.dtype,
         record.mode,
-        record.host.hostname if with_host else "",
+        record.host.label if with_host else "",
     )
 
 
@@ -143,7 +143,7 @@ def framework_rank(framework: str) -> tuple[int, str]:
 def record_order(record: Record) -> tuple:
     return (
         record.spec.name,
-        record.host.hostname,
+        record.host.label,
         record.data.n_train,
         framework_rank(record.framework),
         record.device.kind,

@@ -203,12 +203,16 @@ def speed_section(doc: Document, records: list[Record], profile: str, figures) -
         lambda: figures.time_per_step_bars(rows),
         figures.png,
     )
-    claims = {name: current_spec(name).claims.gpu_speedup for name in {row.cell.spec for row in rows} if current_spec(name)}
+    # the speedups where there are some: the rows of a host and spec with GPU records
+    paired = [row for row in rows if row.gpu is not None] or rows
+    unpaired = sorted({row.cell.spec for row in rows} - {row.cell.spec for row in paired})
+    elsewhere = f" Not yet run on a GPU: {', '.join(unpaired)}." if unpaired else ""
+    claims = {name: current_spec(name).claims.gpu_speedup for name in {row.cell.spec for row in paired} if current_spec(name)}
     doc.figure(
         "speedup",
         "GPU-over-CPU speedup per spec and framework, without and with transfers (log scale), "
-        f"beside the article's claim (shaded band or line).{gpu_note} From {provenance(rows_of(rows))}.",
-        lambda: figures.speedup_bars(rows, claims),
+        f"beside the article's claim (shaded band or line).{gpu_note}{elsewhere} From {provenance(rows_of(paired))}.",
+        lambda: figures.speedup_bars(paired, claims),
         figures.png,
     )
 
@@ -300,7 +304,7 @@ def peaks_panels(records: list[Record]) -> tuple[Record, Record, str]:
     ]
     ok.sort(key=record_order)
     for cpu in (r for r in ok if r.device.kind == "cpu"):
-        gpu = next((r for r in ok if r.device.kind == "gpu" and r.framework == cpu.framework and r.host.hostname == cpu.host.hostname), None)
+        gpu = next((r for r in ok if r.device.kind == "gpu" and r.framework == cpu.framework and r.host.label == cpu.host.label), None)
         if gpu is not None:
             return cpu, gpu, "the CPU-trained and the GPU-trained net of one framework, as in the article"
     cpus = []  # the first CPU run of each framework

@@ -48,7 +48,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 def provenance(records: Iterable[Record]) -> str:
     """Which records a table or figure comes from: count, hosts, commits, run ids."""
     records = list(records)
-    hosts = sorted({r.host.hostname for r in records})
+    hosts = sorted({r.host.label for r in records})
     commits = sorted({(r.git.commit or "unknown")[:10] + ("+dirty" if r.git.dirty else "") for r in records})
     runs = sorted({r.run_id for r in records})
     return f"{len(records)} record{'s' * (len(records) != 1)}; host {', '.join(hosts)}; commit {', '.join(commits)}; run {', '.join(runs)}"
@@ -99,7 +99,7 @@ def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
 def matrix_of(record: Record) -> Cell:
     """The cell of a record's whole matrix: spec, profile, size and host (every framework,
     device, precision and mode)."""
-    return Cell(record.spec.name, record.spec.profile, n_train=record.data.n_train, host=record.host.hostname)
+    return Cell(record.spec.name, record.spec.profile, n_train=record.data.n_train, host=record.host.label)
 
 
 def oracle_of(record: Record, records: list[Record]) -> Record | None:
@@ -136,7 +136,7 @@ def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
     rows = []
     for r in records:
         row = [r.spec.name, r.framework, r.device.kind, r.precision_mode, r.mode, r.dtype]
-        row += [r.host.hostname] if with_host else []
+        row += [r.host.label] if with_host else []
         row += [
             status(r),
             fmt(r.metrics.final_loss if r.metrics else None, ".6g"),
@@ -151,7 +151,7 @@ def verdict_rows(records: list[Record], with_host: bool) -> list[list[str]]:
 
 
 def verdict_markdown(records: list[Record]) -> str:
-    with_host = len({r.host.hostname for r in records}) > 1
+    with_host = len({r.host.label for r in records}) > 1
     header = ["spec", "framework", "device", "precision", "mode", "dtype", *(["host"] * with_host), "status", "final loss"]
     header += ["accuracy", "loss-curve horizon vs oracle", "final loss rel. error vs oracle", "checks pass / fail / known / skip", "run-to-run"]
     return md_table(header, verdict_rows(records, with_host))
@@ -163,7 +163,7 @@ def problem_checks(records: Iterable[Record]) -> list[tuple[Record, CheckRecord]
     found, seen = [], set()
     for r in records:
         for c in r.checks:
-            pair = (r.spec.name, r.host.hostname, c.name, c.tensor, frozenset((run_label(r), c.against)))
+            pair = (r.spec.name, r.host.label, c.name, c.tensor, frozenset((run_label(r), c.against)))
             if c.verdict in (Verdict.FAIL, Verdict.KNOWN) and pair not in seen:
                 seen.add(pair)
                 found.append((r, c))
@@ -326,7 +326,7 @@ def floor_inputs(records: list[Record]) -> list[str]:
         seen.add(key)
         launch = "" if f.launch_latency_s is None else f", launches {f.launch_s * 1e6:.3g} us"
         lines.append(
-            f"- {r.spec.name} ({r.spec.profile}, {r.data.n_train:,} points) on {r.host.hostname} {r.device.kind}"
+            f"- {r.spec.name} ({r.spec.profile}, {r.data.n_train:,} points) on {r.host.label} {r.device.kind}"
             + ("" if r.precision_mode == STRICT else f" {r.precision_mode}")
             + f": {f.flops_per_step / 1e6:.4g} MFLOP, {f.bytes_per_step / 1e6:.3g} MB fewest "
             f"({f.unfused_bytes_per_step / 1e6:.3g} MB unfused), {f.launches_per_step} launches per step; "
@@ -341,13 +341,13 @@ def curve_pairs(records: list[Record]) -> tuple[list[tuple[Record, Record]], lis
     framework. The float64 twins are left out: they run the first steps only, and are judged
     by math parity, not by the float32 envelope these curves are drawn against."""
     ok = [r for r in records if r.status == "ok" and r.artifacts is not None and r.precision_mode != FLOAT64]
-    oracles = {r.host.hostname: r for r in ok if r.framework == ORACLE}
+    oracles = {r.host.label: r for r in ok if r.framework == ORACLE}
     runs = [r for r in ok if r.framework != ORACLE]
-    vs_oracle = [(r, oracles[r.host.hostname]) for r in runs if r.host.hostname in oracles]
+    vs_oracle = [(r, oracles[r.host.label]) for r in runs if r.host.label in oracles]
     between = []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
-            if a.host.hostname != b.host.hostname or a.dtype != b.dtype:
+            if a.host.label != b.host.label or a.dtype != b.dtype:
                 continue
             same_device = a.device.kind == b.device.kind and a.precision_mode == b.precision_mode
             cpu_gpu = a.framework == b.framework and a.device.kind != b.device.kind

@@ -52,7 +52,7 @@ def _cell(record: Record, precision: str) -> Cell:
         framework=code_name(record.framework),
         precision=precision,
         mode=record.mode,
-        host=record.host.hostname,
+        host=record.host.label,
     )
 
 

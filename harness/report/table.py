@@ -189,10 +189,14 @@ def speed_table(written: list) -> Table | None:
 def bench_table(written: list) -> Table:
     """The report's eager-and-fast table (harness.report.rows.bench_rows), in the terminal."""
     table = Table(title="Eager and fast modes against the hardware floor (median time per step, compile excluded)")
-    for column in BENCH_HEADER:
-        table.add_column(column, justify="right" if "ms" in column or "/" in column else "left")
-    for row in bench_rows(written):
-        table.add_row(*(cell.replace("**", "") for cell in row))  # markdown bold means nothing here
+    rows = bench_rows(written)
+    host = BENCH_HEADER.index("host")
+    shown = [i for i, _ in enumerate(BENCH_HEADER) if i != host or len({row[host] for row in rows}) > 1]  # one host: said below
+    for i in shown:
+        column = BENCH_HEADER[i]
+        table.add_column(column, justify="right" if "ms" in column or "/" in column else "left", no_wrap="/" in column)
+    for row in rows:
+        table.add_row(*(row[i].replace("**", "") for i in shown))  # markdown bold means nothing here
     return table
 
 
