@@ -252,14 +252,58 @@ def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     loss = _loss(torch, spec.loss, model, trainer.n_examples, model(x, masks), y)
     loss.backward()
     if spec.optimizer.clip_global_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_global_norm)
+        _clip(torch, trainer.problem, list(model.parameters()), spec.optimizer.clip_global_norm)
     restore = _as_library(trainer.problem, optimizer, step)
+    before = _kept_for_rounding(torch, trainer.problem, model, step)
     optimizer.step()
     for group, saved in zip(optimizer.param_groups, restore):
         group.update(saved)
+    if before is not None:
+        _round_update(torch, trainer.problem, optimizer, before, step)
     if scheduler is not None:
         scheduler.step()
     return loss.detach()
+
+
+def _kept_for_rounding(torch, problem, model, step: int):
+    """A port's calibration member over its jittered steps (adapters/torch_port.py rounds
+    every module's output and gradient once more): the parameters before the update, for
+    _round_update. None for every other run."""
+    if problem.port is None or problem.jitter_seed is None or not problem.jittered(step):
+        return None
+    return [(p, p.detach().clone()) for p in model.parameters()]
+
+
+def _round_update(torch, problem, optimizer, before, step: int) -> None:
+    """The optimizer's arithmetic rounded once more, as the array-module members round their
+    update's every array (harness.reference.network.jitter_function): each parameter's
+    update and each of its optimizer moments moved at random (seeded by the member and the
+    step) by at most two units in their last place. torch.optim's own step is untouched;
+    another implementation (XLA's fused and contracted update) rounds it otherwise."""
+    rng = np.random.default_rng((problem.jitter_seed, step))
+    with torch.no_grad():
+        for p, old in before:
+            eps = torch.finfo(p.dtype).eps
+            update = p - old
+            p.copy_(old + update + update * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+            for moment in optimizer.state.get(p, {}).values():
+                if torch.is_tensor(moment) and moment.is_floating_point() and moment.shape == p.shape:
+                    moment.add_(moment * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+
+
+TORCH_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6) (harness/known_differences.yaml)
+
+
+def _clip(torch, problem, parameters: list, max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_. A port's reference or member computing another
+    library's clipping (`problem.port_clip_eps`, optax's 0: max_norm / norm, the spec's)
+    passes torch's clip_grads_with_norm_ the max_norm that turns its max_norm / (norm + 1e-6)
+    into max_norm / (norm + eps); the clamp at 1 then clips where norm + eps > max_norm."""
+    if problem.port_clip_eps is None:
+        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm * (norm + TORCH_CLIP_EPS) / (norm + problem.port_clip_eps), norm)
 
 
 def _as_library(problem, optimizer, step: int) -> list[dict[str, float]]:
@@ -287,7 +331,7 @@ def _as_library(problem, optimizer, step: int) -> list[dict[str, float]]:
         lr = group["lr"]
         group["lr"] = lr * c1 / (c1_32 * k)
         group["eps"] = opt.eps / k
-        if opt.kind == "adamw":
+        if opt.kind == "adamw" and group["lr"]:  # at a rate of 0 (a warmup's first step) nothing decays either way
             group["weight_decay"] = opt.weight_decay * lr / group["lr"]
     return saved
 

@@ -4,10 +4,11 @@ torch module and flax module, made by the adapters' own translations of its laye
 through `model: {python: ...}`. An honest port must show no failing check.
 
 A port takes what a spec of layers takes but dropout (each framework's own masks), an L2
-penalty and the catalogued behaviours torch's reference cannot compute (optax's Adam bias
-corrections and schedule, clipping's eps, dampening): such draws are adapted (no penalty,
-SGD at the drawn rate scale) or drawn again (dropout, recipes, a batch norm storing the
-biased variance)."""
+penalty and label smoothing: such draws are adapted (no penalty) or drawn again (dropout,
+label smoothing, a batch norm storing the biased variance). Every optimizer and recipe is
+kept as drawn: torch's reference and members compute the catalogued behaviours of optax
+(its float32 Adam bias corrections and schedule, no dampening) and clip as optax does where
+they stand for it (harness/calibrate/roles.py PORT_SCHEME)."""
 
 from __future__ import annotations
 
@@ -73,22 +74,16 @@ def portable(doc: dict) -> bool:
     layers = doc["model"]["layers"]
     if any(layer.get("kind") == "dropout" or layer.get("running_var") == "biased" for layer in layers):
         return False
-    opt = doc["optimizer"]
-    return not any(k in opt for k in ("schedule", "clip_global_norm", "weight_decay", "dampening")) and not doc["loss"].get("label_smoothing")
+    return not doc["loss"].get("label_smoothing")
 
 
 def port_of(doc: dict, folder: Path) -> Path:
     """The spec `doc` written as a port in `folder` (its network in port.py, the spec naming
-    it with the seed alone; no penalty, and SGD where it drew Adam); the spec's path."""
+    it with the seed alone; no penalty); the spec's path."""
     (folder / "port.py").write_text(PORT.format(doc=json.dumps(doc)))
     model = {k: v for k, v in doc["model"].items() if k != "layers"}
     port = {**doc, "name": "generated_port", "model": {**model, "python": "port.py"}, "init": {"seed": doc["init"]["seed"]}}
     port["loss"] = {k: v for k, v in doc["loss"].items() if k != "l2"}
-    if doc["optimizer"]["kind"] != "sgd":
-        scale = (
-            1.0 if doc["loss"]["reduction"] == "mean" else 1.0 / (doc["training"]["batch_size"] if doc["training"]["batch_size"] != "full" else 100)
-        )
-        port["optimizer"] = {"kind": "sgd", "lr": 0.05 * scale}
     path = folder / "generated_port.yaml"
     path.write_text(yaml.safe_dump(port, sort_keys=False))
     return path

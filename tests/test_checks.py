@@ -95,6 +95,21 @@ def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
     assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")], REACHED)] == ["fail"]
 
 
+def test_a_library_entry_never_explains_a_check_of_a_run_whose_twin_computes_other_math():
+    """Within its members' reach but with the framework's float64 twin failing math parity,
+    a covered float32 check stays a failure, diagnosed implementation: the run computes
+    other math than the spec's, which no catalogued behaviour explains, and a real bug as
+    small as the library's behaviour would otherwise pass as `known` (a flax layer-norm eps
+    slip under optax's Adam did, on a port, before this rule)."""
+    within = fake_check("fail")  # 3.0 <= 10 x 0.5: known on its own
+    assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [within, _parity("pass", "jax")], REACHED)][0] == "known"
+    marked = diagnosis.apply_known_differences(ADAM, [within, _parity("fail", "jax")], REACHED)
+    assert marked[0].verdict == "fail"
+    assert diagnosis.diagnose(ADAM, marked)[0].diagnosis.startswith("implementation: the float64 twin of jax@cpu differs from the oracle too")
+    other = diagnosis.apply_known_differences(ADAM, [within, _parity("fail", "torch")], REACHED)  # another framework's twin: no matter
+    assert other[0].verdict == "known"
+
+
 def test_a_library_entry_explains_a_check_only_as_far_as_its_members_reach():
     """Beyond factor x what the members computing the library's behaviour reach, a covered
     check fails, saying how far beyond, diagnosed as any failing check: implementation

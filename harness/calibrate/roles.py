@@ -27,6 +27,7 @@ from harness.inputs.members import reordered
 from harness.inputs.problem import Problem, truncated
 from harness.run import anchored
 from harness.spec import catalogue
+from harness.spec.known import LibraryFormula
 from harness.spec.load import LoadedSpec
 
 
@@ -47,9 +48,12 @@ ORACLE_SCHEME = Scheme(reference=ORACLE_KEY, member=CALIBRATION_KEY, reference64
 # the reference and the twins' reference, torch's float32 and float64 runs with the
 # examples of each batch permuted (members.reordered: a port has no units the harness may
 # move, nor roundings it may jitter) the members. Of the libraries' formulas, torch computes
-# the variance a batch norm stores (adapters/torch_port.py); an entry that needs another
-# explains nothing on a port (no members computing it run).
-PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, reference64=PORT_REFERENCE_KEY, computes=frozenset({"running_var"}))
+# the variance a batch norm stores (adapters/torch_port.py), SGD's dampening (torch.optim's
+# own), a schedule's rates and Adam's float32 bias corrections, and the clipping of another
+# eps (adapters/torch_adapter.py _as_library and _clip); an entry that needs another explains
+# nothing on a port (no members computing it run).
+PORT_COMPUTES = frozenset({"running_var", "dampening", "rates", "bias_corrections", "clip_eps"})
+PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, reference64=PORT_REFERENCE_KEY, computes=PORT_COMPUTES)
 
 
 def scheme_of(problem: Problem) -> Scheme:
@@ -134,11 +138,11 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             at = anchored.anchored_key(key)
             label = f"{name} {at.label} (float64 twin, re-anchored)"
             found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost))
-        formula = computable(resolved(catalogue.library_formula(problem.spec, key), problem), scheme) if scheme.libraries else None
+        formula = computable(resolved(twin_formula(problem.spec, key, scheme), problem), scheme) if scheme.libraries else None
         ref = library_reference(key, scheme)
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
-        label = f"{name} {ref.label} (the oracle with {key.framework}'s formula)"
+        label = f"{name} {ref.label} (the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {key.framework}'s formula)"
         found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
         # that formula's own rounding spread: the reference's members computing it
         library_members = [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
@@ -147,13 +151,28 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
         if states:
             at = anchored.anchored_key(ref)
-            label = f"{name} {at.label} (the oracle with {key.framework}'s formula, re-anchored)"
+            label = f"{name} {at.label} (the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {key.framework}'s formula, re-anchored)"
             found.append(_job(LIBRARY_ANCHORED, at, label, formula=formula, needs=states, cost=anchored_cost))
             for mk, seed in library_members:
                 at = anchored.anchored_key(mk)
                 label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
                 found.append(_job(LIBRARY_ANCHORED_MEMBER, at, label, member=seed, formula=formula, needs=states, cost=anchored_cost))
     return found
+
+
+def twin_formula(spec, twin: RunKey, scheme: Scheme) -> LibraryFormula | None:
+    """The library formula the reference computes for `twin` (catalogue.library_formula). On a
+    port the reference is torch's own run, which computes torch's catalogued formulas: where
+    torch's clipping differs from the spec (its eps) and the twin's library's does not, the
+    reference standing for that library clips as the spec does (eps 0), so that the twin is
+    judged on its own library's math, not torch's."""
+    formula = catalogue.library_formula(spec, twin)
+    if scheme.reference.framework == ORACLE_KEY.framework or twin.framework == scheme.reference.framework:
+        return formula
+    own = catalogue.library_formula(spec, replace(twin, framework=scheme.reference.framework))
+    if own is None or own.clip_eps is None or (formula is not None and formula.clip_eps is not None):
+        return formula
+    return (formula or LibraryFormula()).model_copy(update={"clip_eps": 0.0})
 
 
 def library_reference(twin: RunKey, scheme: Scheme = ORACLE_SCHEME) -> RunKey:
@@ -166,10 +185,8 @@ def computable(formula, scheme: Scheme):
     (the entry then explains nothing: no members computing it run)."""
     if formula is None or scheme.computes is None:
         return formula
-    kept = {k: v for k, v in formula.model_dump(exclude_none=True).items() if k in scheme.computes}
-    if len(kept) != len(formula.model_dump(exclude_none=True)):
-        return None  # a part it cannot compute: members computing the rest would not bound the whole
-    return type(formula)(**kept)
+    # a part it cannot compute: members computing the rest would not bound the whole
+    return formula if set(formula.model_dump(exclude_none=True)) <= scheme.computes else None
 
 
 def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None, scheme: Scheme = ORACLE_SCHEME) -> list[tuple[RunKey, int]]:

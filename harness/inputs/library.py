@@ -14,12 +14,10 @@ def library_problem(problem: Problem, formula) -> Problem:
     `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
     The oracle on it is the reference of that library's float64 twin. A port's reference,
     torch's own run, computes the variance its batch norms store alone."""
-    if problem.port is not None:  # a port's torch reference: the formulas it computes (roles.PORT_SCHEME)
-        return replace(problem, port_running_var=formula.running_var)
     doc = problem.spec.model_dump()
     if formula.dampening is not None and "dampening" in doc["optimizer"] and doc["optimizer"].get("momentum"):
         doc["optimizer"]["dampening"] = formula.dampening
-    if formula.running_var is not None:
+    if formula.running_var is not None and problem.port is None:
         for layer in doc["model"]["layers"]:
             if layer.get("kind") == "batch_norm":
                 layer["running_var"] = formula.running_var
@@ -27,11 +25,10 @@ def library_problem(problem: Problem, formula) -> Problem:
     rates = formula.rates if isinstance(formula.rates, tuple) else None
     if formula.rates is not None and rates is None:
         raise ValueError(f"library_problem: the rates of {formula.rates!r} were not computed (harness/calibrate/roles.py resolved)")
-    return replace(
-        problem,
-        spec=spec,
-        clip_eps=formula.clip_eps or 0.0,
-        rates=rates,
-        float32_corrections=formula.bias_corrections == "float32",
-        sequential_loss=formula.loss_sum == "sequential",
-    )
+    computed = {"spec": spec, "rates": rates, "float32_corrections": formula.bias_corrections == "float32"}
+    if problem.port is not None:
+        # a port's torch reference or member (roles.PORT_SCHEME): torch.optim with the library's
+        # dampening, rates and bias corrections and torch's clipping with its eps
+        # (adapters/torch_adapter.py), the variance its batch norms store (adapters/torch_port.py)
+        return replace(problem, **computed, port_running_var=formula.running_var, port_clip_eps=formula.clip_eps)
+    return replace(problem, **computed, clip_eps=formula.clip_eps or 0.0, sequential_loss=formula.loss_sum == "sequential")

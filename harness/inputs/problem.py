@@ -104,6 +104,8 @@ class Problem:
     # A port's torch reference computing a library's formula (harness/inputs/library.py):
     # its batch norms store this variance ("biased": flax's). None: torch's own.
     port_running_var: str | None = None
+    # ... and its clipping's eps (optax's 0: max_norm / norm, as the spec; torch's own: 1e-6)
+    port_clip_eps: float | None = None
 
     @property
     def reference_key(self) -> RunKey:
