@@ -87,3 +87,30 @@ def port_of(doc: dict, folder: Path) -> Path:
     path = folder / "generated_port.yaml"
     path.write_text(yaml.safe_dump(port, sort_keys=False))
     return path
+
+
+def drawn(count: int, seed: int | None = None) -> list[dict]:
+    """`count` drawn specs a port can take (tests/family.py spec_documents, kept where
+    portable): derandomized (the slow test's), or from a hypothesis seed
+    (tools/port_family.py)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as seeded
+    from hypothesis import strategies as st
+
+    from tests import family
+
+    docs: list[dict] = []
+
+    @settings(
+        max_examples=count, deadline=None, derandomize=seed is None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    )
+    @given(st.data())
+    def draw(data):
+        for _ in range(100):
+            doc = data.draw(family.spec_documents(), label="spec")
+            if portable(doc):
+                docs.append(doc)
+                return
+
+    (draw if seed is None else seeded(seed)(draw))()
+    return docs

@@ -324,23 +324,9 @@ def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
     """Each drawn spec (tests/family.py) that a port can take, written as one
     (tests/port_family.py): flax's and torch's translations of its layers, judged through
     model.python. Honest, so no check may fail."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    from tests import port_family
 
-    from tests import family, port_family
-
-    docs = []
-
-    @settings(max_examples=PORT_FAMILY, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def draw(data):
-        for _ in range(100):
-            doc = data.draw(family.spec_documents(), label="spec")
-            if port_family.portable(doc):
-                docs.append(doc)
-                return
-
-    draw()
+    docs = port_family.drawn(PORT_FAMILY)
     failed = []
     for i, doc in enumerate(docs):
         folder = tmp_path / str(i)

@@ -1,0 +1,50 @@
+"""The generated family written as ports, at scale (docs/measurements.md, "Ports"): draws N
+specs a port can take (tests/family.py, tests/port_family.py portable) with a hypothesis
+seed, runs the slice [A, B) of them through model.python (torch and JAX on the CPU) and
+appends one JSON line per port to OUT (its checks' counts, failing checks with their
+diagnosis, known entries, seconds); ports already in OUT are skipped, so slices can run
+side by side into files of their own and a stopped run goes on.
+
+    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl
+"""
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.core.registry import Verdict  # noqa: E402
+from tests import port_family  # noqa: E402
+from tests.test_port import counted, judged  # noqa: E402
+
+N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+docs = port_family.drawn(N, SEED)
+done = set()
+if out.exists():
+    done = {json.loads(line)["i"] for line in out.read_text().splitlines() if line.strip()}
+for i in range(a, min(b, len(docs))):
+    if i in done:
+        continue
+    doc = docs[i]
+    folder = out.parent / f"{out.stem}-ports" / f"{SEED}-{i}"
+    folder.mkdir(parents=True, exist_ok=True)
+    began = time.time()
+    kinds = [layer.get("kind") or next(iter(layer)) for layer in doc["model"]["layers"]]
+    row = {"i": i, "seed": SEED, "optimizer": doc["optimizer"], "layers": kinds}
+    try:
+        result = judged(port_family.port_of(doc, folder))
+        row["statuses"] = {k.label: o.status for k, o in result.outcomes.items() if o.status != "ok"}
+        row["reasons"] = {k.label: o.reason for k, o in result.outcomes.items() if o.status != "ok"}
+        row["counts"] = counted(result.checks)
+        row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:300]) for c in result.checks if c.verdict == Verdict.FAIL]
+        row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis})
+        row["worst_pass"] = max([c.ratio for c in result.checks if c.verdict == Verdict.PASS and c.ratio is not None] or [0])
+    except Exception:  # noqa: BLE001 - a port that raises is a row saying so
+        row["error"] = traceback.format_exc()[-800:]
+    row["s"] = round(time.time() - began, 1)
+    with out.open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    print(i, row.get("counts"), len(row.get("failed", [])), row.get("error", "")[-200:], flush=True)
+print("drawn", len(docs))
