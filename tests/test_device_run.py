@@ -38,6 +38,7 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "RESULTS": str(results),
         "REHEARSAL": "1",
         "SMOKE_S": "3",  # runs out: interrupted, most likely before its first row (then it writes no JSON)
+        "SMOKE_FRAMEWORKS": "torch,jax,numpy",  # (the contact's default, CuPy, runs on a GPU only)
         "SMOKE_SPECS": str(spec),
         "MATRIX_S": "240",
         "MATRIX_SPECS": str(spec),

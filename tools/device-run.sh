@@ -38,10 +38,10 @@ if [ -d "$carry/wheelhouse" ]; then
     fi
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-gpu=gpu both=cpu,gpu need=(--require-gpu)
+gpu=gpu both=cpu,gpu need=(--require-gpu) smoked=${SMOKE_FRAMEWORKS:-cupy}
 if [ -n "${REHEARSAL:-}" ]; then
     echo "REHEARSAL: on this machine's CPU; nothing here is a GPU figure"
-    gpu=cpu both=cpu need=()
+    gpu=cpu both=cpu need=() smoked=${SMOKE_FRAMEWORKS:-numpy}  # CuPy's code on the CPU
 fi
 mkdir -p "$work"
 [ -f "$carry/work.tar.gz" ] && tar -xzf "$carry/work.tar.gz" -C "$carry"
@@ -79,15 +79,18 @@ archives() {
 contact() {
     summary=()
     python3 -c 'import sys, torch, jax, numpy; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda, "jax", jax.__version__, jax.devices(), "numpy", numpy.__version__)' || true
-    phase smoke "${SMOKE_S:-115}" python3 -m harness smoke --devices "$gpu" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
-    phase matrix "${MATRIX_S:-240}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
-        --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-mnist_mlp peaks_mlp lenet_mnist cnn_norm_mnist mnist_adamw}
+    # After the first contact (docs/gpu-machine.md): the smoke's rows it did not reach
+    # (CuPy's, its fast mode without graphs among them; torch's and JAX's ran), and the
+    # matrix of the first specs without GPU records, 8 cells at a time on a 16-core host
+    phase smoke "${SMOKE_S:-60}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
+    phase matrix "${MATRIX_S:-300}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) / 2 < 1 ? 1 : ($(nproc) / 2 > 8 ? 8 : $(nproc) / 2) ))}" \
+        --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-lenet_mnist cnn_norm_mnist mnist_adamw}
     # a user's own model (issue 42): the two committed ports, torch and flax, CPU and GPU
-    phase port "${PORT_S:-60}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
+    phase port "${PORT_S:-45}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
         --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml}
-    phase bench "${BENCH_S:-60}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
+    phase bench "${BENCH_S:-70}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
         --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
-    phase gpu-tests "${TESTS_S:-35}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
+    phase gpu-tests "${TESTS_S:-30}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
     archives
     printf 'phase exit-code seconds: %s\n' "${summary[@]}"
 }
@@ -95,7 +98,7 @@ contact() {
 if [ "${1:-}" = contact ]; then
     # The whole first contact in one call, for a lease of 15 device minutes (a machine's
     # start, this call of at most 600 s, a second call only while it is still warm). The
-    # budgets add up to 510 s (560 with every phase killed 10 s after its INT), which leaves
+    # budgets add up to 505 s (555 with every phase killed 10 s after its INT), which leaves
     # the archives time inside a call's 600 s; what each phase finished is kept. The matrix
     # times CPU against GPU (the speedups); the bench adds the GPU's fast modes and floor
     # (the CPU's are in the committed records). $OUT gets contact.log,
