@@ -269,7 +269,7 @@ def _kept_for_rounding(torch, problem, model, step: int):
     """A port's calibration member over its jittered steps (adapters/torch_port.py rounds
     every module's output and gradient once more): the parameters before the update, for
     _round_update. None for every other run."""
-    if problem.port is None or problem.jitter_seed is None or not problem.jittered(step):
+    if problem.port is None or not problem.jittered(step):  # jittered: a member's steps only
         return None
     return [(p, p.detach().clone()) for p in model.parameters()]
 

@@ -142,7 +142,8 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
         ref = library_reference(key, scheme)
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
-        label = f"{name} {ref.label} (the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {key.framework}'s formula)"
+        computing = f"the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {key.framework}'s formula"
+        label = f"{name} {ref.label} ({computing})"
         found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
         # that formula's own rounding spread: the reference's members computing it
         library_members = [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
@@ -151,7 +152,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
         if states:
             at = anchored.anchored_key(ref)
-            label = f"{name} {at.label} (the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {key.framework}'s formula, re-anchored)"
+            label = f"{name} {at.label} ({computing}, re-anchored)"
             found.append(_job(LIBRARY_ANCHORED, at, label, formula=formula, needs=states, cost=anchored_cost))
             for mk, seed in library_members:
                 at = anchored.anchored_key(mk)

@@ -11,9 +11,10 @@ from harness.inputs.problem import Problem
 def library_problem(problem: Problem, formula) -> Problem:
     """The problem as a library computes it where its formula differs from the spec's and
     the oracle can compute the library's exactly (harness/known_differences.yaml,
-    `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores.
-    The oracle on it is the reference of that library's float64 twin. A port's reference,
-    torch's own run, computes the variance its batch norms store alone."""
+    `formula`): its clipping eps, its SGD dampening, the variance its batch norm stores,
+    its schedule's rates, its float32 bias corrections. The oracle on it is the reference
+    of that library's float64 twin. A port's reference, torch's own run, computes all but
+    the sequential loss sum (roles.PORT_SCHEME)."""
     doc = problem.spec.model_dump()
     if formula.dampening is not None and "dampening" in doc["optimizer"] and doc["optimizer"].get("momentum"):
         doc["optimizer"]["dampening"] = formula.dampening
@@ -28,7 +29,7 @@ def library_problem(problem: Problem, formula) -> Problem:
     computed = {"spec": spec, "rates": rates, "float32_corrections": formula.bias_corrections == "float32"}
     if problem.port is not None:
         # a port's torch reference or member (roles.PORT_SCHEME): torch.optim with the library's
-        # dampening, rates and bias corrections and torch's clipping with its eps
+        # dampening, rates and bias corrections, torch's clipping turned to the library's eps
         # (adapters/torch_adapter.py), the variance its batch norms store (adapters/torch_port.py)
         return replace(problem, **computed, port_running_var=formula.running_var, port_clip_eps=formula.clip_eps)
     return replace(problem, **computed, clip_eps=formula.clip_eps or 0.0, sequential_loss=formula.loss_sum == "sequential")
