@@ -167,11 +167,14 @@ def _go_fast(trainer: Trainer) -> None:
 
 
 def warm_up(trainer: Trainer, plan=()) -> None:
-    """Nothing to compile; on the GPU, one throwaway step loads the kernels. The fast mode
-    compiles its kernels and captures its graphs (on the GPU), then restores the state."""
+    """Nothing to compile; on the GPU, one throwaway step loads the kernels, but for a
+    calibration member's (nothing times it, and its step would draw from the seeded
+    roundings its steps take: a member on the GPU rounds as the same member on the CPU).
+    The fast mode compiles its kernels and captures its graphs (on the GPU), then restores
+    the state."""
     if trainer.fast is not None:
         trainer.fast.warm_up(plan)
-    elif trainer.device != "cpu":
+    elif trainer.device != "cpu" and trainer.problem.jitter_seed is None:
         _update(trainer, trainer.params, trainer.opt_state, 0)
 
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from harness.core.paths import REFERENCE_DIR, RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, REFERENCE_DEVICES
 from harness.execute.capacity import LOCAL, RAY
 from harness.inputs import resources
 from harness.spec import model as spec_mod
@@ -139,6 +139,13 @@ def limits(args: argparse.Namespace) -> resources.Limits:
 
 def gpu_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf32", action="store_true", help="also run each framework on the GPU with TF32 allowed (measured, not gated)")
+    p.add_argument(
+        "--references",
+        choices=REFERENCE_DEVICES,
+        default="cpu",
+        help="where the float64 oracle, its calibration run and members run: cpu (NumPy, the default) or gpu (the same code on CuPy, "
+        "where the CPU's would take longer than the GPU runs they judge); each record says where",
+    )
     p.add_argument("--require-gpu", action="store_true", help="stop with one line, before any run, if no framework finds a GPU")
     p.add_argument(
         "--work-dir",

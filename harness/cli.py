@@ -18,7 +18,18 @@ from harness import arguments
 from harness.core.atomic import atomic_write, ensure_replaceable
 from harness.core.errors import DataError, HarnessError
 from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, CALIBRATION_KEY, DEVICES, ONLY_ON, ORACLE_KEY, PORT_REFERENCE_KEY, STRICT, runs_on
+from harness.core.registry import (
+    ADAPTERS,
+    CALIBRATION_KEY,
+    DEVICES,
+    GPU_CALIBRATION_KEY,
+    GPU_ORACLE_KEY,
+    ONLY_ON,
+    ORACLE_KEY,
+    PORT_REFERENCE_KEY,
+    STRICT,
+    runs_on,
+)
 from harness.inputs import resources
 from harness.records import schema, write
 from harness.run import progress
@@ -66,7 +77,12 @@ def _prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, l
         raise HarnessError("--require-gpu: add gpu to --devices")
     if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
         probe.require_gpu(args.frameworks)
-    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes))
+    if args.references == "gpu":  # every check is judged against the oracle there
+        try:
+            probe.require_gpu([GPU_CALIBRATION_KEY.framework])
+        except HarnessError as exc:
+            raise HarnessError(f"--references gpu: the oracle runs through CuPy: {exc}") from None
+    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes), references=args.references)
     return results_dir, keys
 
 
@@ -93,9 +109,10 @@ def _also_runs(frameworks: list[str], keys: list, console: Console, ports: list[
         )
     if not layers:  # ports alone: no array-module code runs
         return
-    also = [] if CALIBRATION_KEY.framework in frameworks else [f"{CALIBRATION_KEY.label} (the float32 calibration run, recorded)"]
+    oracle, member = (ORACLE_KEY, CALIBRATION_KEY) if ORACLE_KEY in keys else (GPU_ORACLE_KEY, GPU_CALIBRATION_KEY)
+    also = [] if member.framework in frameworks else [f"{member.label} (the float32 calibration run, recorded)"]
     also += [
-        f"{ORACLE_KEY.label} (the float64 reference, recorded)",
+        f"{oracle.label} (the float64 reference, recorded)",
         "the calibration members (~orderN, shown in the table, not recorded)",
         "a float64 twin of each framework and device (+float64, its first steps, recorded)",
     ]

@@ -8,7 +8,7 @@ per run, made and written (harness/records/)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import ORACLE_KEY, RunKey
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, RunKey
 from harness.execute import executors, hosts, jobs, plan, schedule
 from harness.hardware.floor import Floor, Rates, floor_of
 from harness.inputs.problem import Problem
@@ -95,6 +95,8 @@ def run_spec(
             own.shutdown()
     if problem.port is not None:  # no oracle nor array-module code: torch's float64 run is the reference
         keys = plan.port_keys(keys)
+    elif GPU_ORACLE_KEY in keys:  # the oracle and its members on the GPU (harness run --references gpu)
+        problem = replace(problem, references="gpu")
     scheme = roles.scheme_of(problem)
     planned = plan_jobs(loaded, problem, keys, repeats, twins)
     planned = hosts.spread(planned, executor.places)  # a framework job at each place asked for

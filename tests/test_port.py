@@ -331,12 +331,35 @@ def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
     for i, doc in enumerate(docs):
         folder = tmp_path / str(i)
         folder.mkdir()
-        result = judged(port_family.port_of(doc, folder))
+        result = judged(port_family.port_of(doc, folder)[0])
         assert result.checks and all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
         failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
         shape = doc["model"].get("input_shape") or doc["model"]["input_width"]
         print(f"port {i}: input {shape}, {len(doc['model']['layers'])} layers: {counted(result.checks)}")  # pytest -s: the family's rows
     assert docs and not failed, failed
+
+
+@pytest.mark.slow
+def test_slips_written_into_a_generated_port_are_caught_with_the_module_named(tmp_path):
+    """The first drawn port (seed 20261126) whose layers take at least three of the classic
+    slips (tests/port_family.py SLIPS), written with each: every one fails, diagnosed
+    `implementation`, its diagnosis naming the module the slip is in, or the first one
+    after it (a GELU is no module). tools/port_family.py measures it over the family."""
+    from tests import port_family
+
+    doc = next(d for d in port_family.drawn(200, 20261126) if sum(port_family.port_source(d, s)[1] is not None for s in port_family.SLIPS) >= 3)
+    missed = []
+    for slip in port_family.SLIPS:
+        folder = tmp_path / slip
+        folder.mkdir()
+        path, written = port_family.port_of(doc, folder, slip)
+        if written is None:
+            continue
+        failing = [c for c in judged(path).checks if c.verdict == Verdict.FAIL]
+        named = [c for c in failing if c.diagnosis.startswith("implementation") and any(f"{written.named}{end}" in c.diagnosis for end in " ,")]
+        if not named:
+            missed.append((slip, written, [(c.name, c.diagnosis[:200]) for c in failing]))
+    assert not missed, missed
 
 
 # --- another library's optimizer on a port: torch computes it (roles.PORT_SCHEME) -----------

@@ -83,8 +83,13 @@ contact() {
     # (CuPy's, its fast mode without graphs among them; torch's and JAX's ran), and the
     # matrix of the first specs without GPU records, 8 cells at a time on a 16-core host
     phase smoke "${SMOKE_S:-60}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
-    phase matrix "${MATRIX_S:-300}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) / 2 < 1 ? 1 : ($(nproc) / 2 > 8 ? 8 : $(nproc) / 2) ))}" \
+    phase matrix "${MATRIX_S:-265}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) / 2 < 1 ? 1 : ($(nproc) / 2 > 8 ? 8 : $(nproc) / 2) ))}" \
         --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-lenet_mnist cnn_norm_mnist mnist_adamw}
+    # the oracle, its members and the calibration run on the GPU through CuPy (--references
+    # gpu; tested on the CPU with NumPy standing in, tests/test_gpu_references.py): peaks'
+    # quick profile, its verdict's time against the CPU references' in the records
+    phase references "${REFS_S:-35}" python3 -m harness run --references "$gpu" --devices "$gpu" "${need[@]}" --frameworks "$smoked" \
+        --profile quick --results "$results" ${REFS_SPECS:-peaks_mlp}
     # a user's own model (issue 42): the two committed ports, torch and flax, CPU and GPU
     phase port "${PORT_S:-45}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
         --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml}

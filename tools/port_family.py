@@ -5,7 +5,12 @@ appends one JSON line per port to OUT (its checks' counts, failing checks with t
 diagnosis, known entries, seconds); ports already in OUT are skipped, so slices can run
 side by side into files of their own and a stopped run goes on.
 
-    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl
+    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl [slips]
+
+With `slips`, each port is written again with each classic slip its layers can take
+(tests/port_family.py SLIPS), one row per slip: whether a check fails, diagnosed
+`implementation`, and whether its diagnosis names the module the slip is in (or the first
+one after it).
 """
 
 import json
@@ -20,31 +25,42 @@ from tests import port_family  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
 N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+slips = sys.argv[6:] == ["slips"]
 docs = port_family.drawn(N, SEED)
 done = set()
 if out.exists():
-    done = {json.loads(line)["i"] for line in out.read_text().splitlines() if line.strip()}
-for i in range(a, min(b, len(docs))):
-    if i in done:
+    done = {(row["i"], row.get("slip")) for row in map(json.loads, out.read_text().splitlines()) if row}
+todo = [(i, slip) for i in range(a, min(b, len(docs))) for slip in (port_family.SLIPS if slips else [None])]
+for i, slip in todo:
+    if (i, slip) in done:
         continue
     doc = docs[i]
-    folder = out.parent / f"{out.stem}-ports" / f"{SEED}-{i}"
+    folder = out.parent / f"{out.stem}-ports" / f"{SEED}-{i}" / (slip or "honest")
     folder.mkdir(parents=True, exist_ok=True)
+    path, written = port_family.port_of(doc, folder, slip)
+    if slip and written is None:
+        continue
     began = time.time()
     kinds = [layer.get("kind") or next(iter(layer)) for layer in doc["model"]["layers"]]
-    row = {"i": i, "seed": SEED, "optimizer": doc["optimizer"], "layers": kinds}
+    row = {"i": i, "seed": SEED, "optimizer": doc["optimizer"], "layers": kinds, "slip": slip}
     try:
-        result = judged(port_family.port_of(doc, folder))
+        result = judged(path)
         row["statuses"] = {k.label: o.status for k, o in result.outcomes.items() if o.status != "ok"}
         row["reasons"] = {k.label: o.reason for k, o in result.outcomes.items() if o.status != "ok"}
         row["counts"] = counted(result.checks)
         row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:300]) for c in result.checks if c.verdict == Verdict.FAIL]
         row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis})
         row["worst_pass"] = max([c.ratio for c in result.checks if c.verdict == Verdict.PASS and c.ratio is not None] or [0])
+        if written is not None:
+            row["named"] = written.named
+            failing = [c for c in result.checks if c.verdict == Verdict.FAIL]
+            row["caught"] = any(c.diagnosis.startswith("implementation") for c in failing)
+            row["diagnoses"] = sorted({c.diagnosis.split(":")[0] for c in failing})
+            row["caught_named"] = any(f"{written.named} " in c.diagnosis or f"{written.named}," in c.diagnosis for c in failing)
     except Exception:  # noqa: BLE001 - a port that raises is a row saying so
         row["error"] = traceback.format_exc()[-800:]
     row["s"] = round(time.time() - began, 1)
     with out.open("a") as f:
         f.write(json.dumps(row, default=str) + "\n")
-    print(i, row.get("counts"), len(row.get("failed", [])), row.get("error", "")[-200:], flush=True)
+    print(i, slip or "", row.get("counts"), len(row.get("failed", [])), row.get("caught_named", ""), row.get("error", "")[-200:], flush=True)
 print("drawn", len(docs))

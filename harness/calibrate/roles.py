@@ -20,7 +20,18 @@ from dataclasses import dataclass, replace
 
 from adapters.protocol import ComputesScheduleRates
 from harness.core import registry
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, PORT_MEMBER_KEY, PORT_REFERENCE_KEY, RunKey
+from harness.core.registry import (
+    CALIBRATION_KEY,
+    FLOAT32,
+    FLOAT64,
+    GPU_CALIBRATION_KEY,
+    GPU_ORACLE_KEY,
+    ORACLE,
+    ORACLE_KEY,
+    PORT_MEMBER_KEY,
+    PORT_REFERENCE_KEY,
+    RunKey,
+)
 from harness.execute import plan
 from harness.execute.jobs import Job, cost
 from harness.inputs.members import reordered
@@ -44,6 +55,10 @@ class Scheme:
 
 
 ORACLE_SCHEME = Scheme(reference=ORACLE_KEY, member=CALIBRATION_KEY, reference64=ORACLE_KEY)
+# The same on the GPU (`harness run --references gpu`): the oracle, its members and the
+# float32 calibration run are the array-module code on CuPy, in float64 and float32; where
+# the CPU's oracle and members would take longer than the GPU runs they judge.
+GPU_ORACLE_SCHEME = Scheme(reference=GPU_ORACLE_KEY, member=GPU_CALIBRATION_KEY, reference64=GPU_ORACLE_KEY)
 # A user's port (model.python): no array-module code, so no oracle. torch's float64 run is
 # the reference and the twins' reference, torch's float32 and float64 runs with the
 # examples of each batch permuted (members.reordered: a port has no units the harness may
@@ -57,8 +72,10 @@ PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, refer
 
 
 def scheme_of(problem: Problem) -> Scheme:
-    """Who calibrates whom on a problem: the oracle's scheme, or a port's."""
-    return ORACLE_SCHEME if problem.port is None else PORT_SCHEME
+    """Who calibrates whom on a problem: the oracle's scheme (on the CPU or the GPU), or a port's."""
+    if problem.port is not None:
+        return PORT_SCHEME
+    return ORACLE_SCHEME if problem.references == "cpu" else GPU_ORACLE_SCHEME
 
 
 # The roles of calibration's jobs, in the order the tables name them.
@@ -168,7 +185,7 @@ def twin_formula(spec, twin: RunKey, scheme: Scheme) -> LibraryFormula | None:
     reference standing for that library clips as the spec does (eps 0), so that the twin is
     judged on its own library's math, not torch's."""
     formula = catalogue.library_formula(spec, twin)
-    if scheme.reference.framework == ORACLE_KEY.framework or twin.framework == scheme.reference.framework:
+    if scheme.reference.framework == ORACLE or twin.framework == scheme.reference.framework:
         return formula
     own = catalogue.library_formula(spec, replace(twin, framework=scheme.reference.framework))
     if own is None or own.clip_eps is None or (formula is not None and formula.clip_eps is not None):

@@ -182,7 +182,7 @@ class Calibration:
     @property
     def reference_name(self) -> str:
         """The reference in a check's prose: "the oracle", or its run's label."""
-        return "the oracle" if self.reference == ORACLE_KEY else self.reference.label
+        return "the oracle" if self.reference.framework == ORACLE else self.reference.label
 
     def reference_of(self, twin: RunKey) -> Outcome | None:
         """What a twin's first steps are judged against: the oracle's, or the oracle

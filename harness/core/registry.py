@@ -67,7 +67,10 @@ class RunKey:
 
     @property
     def adapter(self) -> str:
-        return "numpy" if self.framework == ORACLE else self.framework
+        """The adapter that runs it: the oracle is the array-module code, NumPy's or CuPy's."""
+        if self.framework == ORACLE:
+            return "numpy" if self.device == "cpu" else "cupy"
+        return self.framework
 
     @property
     def dtype(self) -> str:
@@ -91,11 +94,20 @@ class RunKey:
 LABEL = re.compile(r"([\w-]+)@([a-z]+)(?:\+(\w+))?(?::(\w+))?(?:~([\w-]+))?")
 ORACLE_KEY = RunKey(ORACLE, "cpu")
 CALIBRATION_KEY = RunKey(CALIBRATION, "cpu")
+# The same array-module code on the GPU through CuPy (`harness run --references gpu`): the
+# oracle in float64 and its float32 calibration run, where the CPU's would take longer than
+# the GPU runs they judge.
+GPU_ORACLE_KEY = RunKey(ORACLE, "gpu")
+GPU_CALIBRATION_KEY = RunKey("cupy", "gpu")
+REFERENCE_DEVICES = ("cpu", "gpu")
 # A user's port (model.python) has no oracle: torch's float64 run is its reference, and
 # torch's float32 run with the examples of each batch permuted its envelope's members.
 PORT_REFERENCE_KEY = RunKey("torch", "cpu", precision=FLOAT64)
 PORT_MEMBER_KEY = RunKey("torch", "cpu")
 PORT_FRAMEWORKS = ("torch", "jax")
+# Each scheme's float32 run whose members make the envelope, with the reference it measures
+# them from: that pair defines the envelope and is not judged by it.
+CALIBRATION_PAIRS = ({CALIBRATION_KEY, ORACLE_KEY}, {GPU_CALIBRATION_KEY, GPU_ORACLE_KEY}, {PORT_MEMBER_KEY, PORT_REFERENCE_KEY})
 
 
 def gates(a: RunKey, b: RunKey) -> bool:

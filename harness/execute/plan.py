@@ -9,6 +9,8 @@ from dataclasses import replace
 from harness.core.registry import (
     CALIBRATION_KEY,
     EAGER,
+    GPU_CALIBRATION_KEY,
+    GPU_ORACLE_KEY,
     ORACLE,
     ORACLE_KEY,
     PORT_FRAMEWORKS,
@@ -26,17 +28,20 @@ from harness.spec.load import LoadedSpec
 GPU_MIN_REPEATS = 2
 
 
-def matrix_keys(frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,)) -> list[RunKey]:
+def matrix_keys(
+    frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,), references: str = "cpu"
+) -> list[RunKey]:
     """The chosen jobs in each mode, each framework on the devices it runs on (and with
     `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
-    (numpy@cpu) and the oracle, which the checks need, both eager; the oracle runs last, as
-    it is the slowest."""
+    and the oracle, which the checks need, both eager, on the `references` device (numpy@cpu
+    and oracle@cpu, or cupy@gpu and oracle@gpu); the oracle runs last, as it is the slowest."""
     keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
         keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
-    if CALIBRATION_KEY not in keys:
-        keys.append(CALIBRATION_KEY)
-    keys.append(ORACLE_KEY)
+    member, oracle = (CALIBRATION_KEY, ORACLE_KEY) if references == "cpu" else (GPU_CALIBRATION_KEY, GPU_ORACLE_KEY)
+    if member not in keys:
+        keys.append(member)
+    keys.append(oracle)
     return keys
 
 
@@ -67,8 +72,8 @@ def framework_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], rep
     for group in alternation_groups(keys):
         # The oracle's speed is nobody's question: it runs once. A GPU run is repeated at
         # least twice, so that run-to-run determinism on the device is measured.
-        runs = 1 if group in ([ORACLE_KEY], [PORT_REFERENCE_KEY]) else repeats or loaded.spec.timing.repeats
-        if group[0].device == "gpu":
+        runs = 1 if group in ([ORACLE_KEY], [GPU_ORACLE_KEY], [PORT_REFERENCE_KEY]) else repeats or loaded.spec.timing.repeats
+        if group[0].device == "gpu" and group[0].framework != ORACLE:
             runs = max(runs, GPU_MIN_REPEATS)
         labels = tuple((key, f"{loaded.name} {key.label}") for key in group)
         found.append(Job(group[0].label, FRAMEWORK, labels, runs, cost=sum(cost(k, problem.total_steps, runs) for k in group)))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.core.errors import DataError
-from harness.core.registry import ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.inputs import data, resources
 from harness.layers import dropout, initial_tensors
 from harness.spec.load import LoadedSpec
@@ -106,12 +106,17 @@ class Problem:
     port_running_var: str | None = None
     # ... and its clipping's eps (optax's 0: max_norm / norm, as the spec; torch's own: 1e-6)
     port_clip_eps: float | None = None
+    # Where the oracle, its float32 calibration run and their members run: "cpu" (NumPy) or
+    # "gpu" (CuPy; `harness run --references gpu`). A port has no oracle and ignores it.
+    references: str = "cpu"
 
     @property
     def reference_key(self) -> RunKey:
-        """The run every other is judged against: the float64 oracle, or for a port (which
-        has no array-module code) torch's float64 run."""
-        return ORACLE_KEY if self.port is None else PORT_REFERENCE_KEY
+        """The run every other is judged against: the float64 oracle (on the CPU, or on the
+        GPU), or for a port (which has no array-module code) torch's float64 run."""
+        if self.port is not None:
+            return PORT_REFERENCE_KEY
+        return ORACLE_KEY if self.references == "cpu" else GPU_ORACLE_KEY
 
     @property
     def jitter_steps(self) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 
 from harness.calibrate.spread import Calibration
 from harness.core.provenance import Provenance
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, GPU_CALIBRATION_KEY, ORACLE, RunKey
 from harness.hardware.floor import Floor
 from harness.inputs.problem import Problem
 from harness.records import schema
@@ -21,10 +21,12 @@ from harness.verdict.checks import Check
 
 def implementation(key: RunKey, describe: dict) -> str:
     if key.framework == ORACLE:
-        return "array-module MLP on NumPy, float64 (reference oracle)"
+        return f"array-module MLP on {'NumPy' if key.device == 'cpu' else 'CuPy (on the GPU)'}, float64 (reference oracle)"
     if key.precision == FLOAT64:
         return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps)"
     fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
+    if key == GPU_CALIBRATION_KEY:
+        return f"array-module MLP on CuPy, float32 (calibrates the envelope: the references ran on the GPU){fast}"
     if key.adapter == "numpy":
         calibrates = "; calibrates the envelope" if key == CALIBRATION_KEY else ""
         return f"array-module MLP on NumPy, float32 (the CuPy code's CPU path{calibrates}){fast}"

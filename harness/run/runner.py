@@ -18,7 +18,7 @@ import numpy as np
 from adapters.protocol import KeepsTrainingState, RecordsLayerOutputs
 from harness.core import load, registry
 from harness.core.errors import Unsupported
-from harness.core.registry import FLOAT64, RunKey
+from harness.core.registry import FLOAT64, ORACLE, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
 
@@ -185,8 +185,10 @@ class _Trial:
     def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None, metrics: bool = True):
         self.adapter, self.problem, self.key, self.progress, self.metrics = adapter, problem, key, progress, metrics
         self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
-        # the reference (the oracle, a port's torch float64 run) keeps its state at each anchor and at each segment's end (harness/run/anchored.py)
-        self.anchors = set(problem.anchors) if key == problem.reference_key and isinstance(adapter, KeepsTrainingState) else set()
+        # the reference (the oracle, on either device; a port's torch float64 run) keeps its
+        # state at each anchor and at each segment's end (harness/run/anchored.py)
+        reference = key == problem.reference_key or (key.framework == ORACLE and not key.variant)
+        self.anchors = set(problem.anchors) if reference and isinstance(adapter, KeepsTrainingState) else set()
         self.ends = {a + problem.spec.checks.math_parity.steps: a for a in self.anchors}
         self.plan = chunk_plan(problem, tuple(self.ends))
         self.transfer: list[float] = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.calibrate.spread import TINY, Spread, relative_curve_distance, tensors
-from harness.core.registry import CALIBRATION_KEY, FLOAT32, FLOAT64, ORACLE_KEY, PORT_MEMBER_KEY, PORT_REFERENCE_KEY, RunKey, Verdict
+from harness.core.registry import CALIBRATION_PAIRS, FLOAT32, FLOAT64, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
@@ -237,7 +237,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
     names = ["loss_curve_envelope", "final_outputs", *(f"final_{m}" for m in sorted(b.metrics))]
     if cal is None:
         return skipped(names, a.key, b.key, "envelope rule", NO_CALIBRATION)
-    if {a.key, b.key} in ({CALIBRATION_KEY, ORACLE_KEY}, {PORT_MEMBER_KEY, PORT_REFERENCE_KEY}):
+    if {a.key, b.key} in CALIBRATION_PAIRS:
         return skipped(names, a.key, b.key, "envelope rule", "this pair is the calibration that defines the envelope")
     checks = [
         curve_check(

@@ -208,7 +208,7 @@ def _over(check: Check) -> str:
 
 def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], reference: RunKey = ORACLE_KEY) -> str:
     ratio = _over(check)
-    ref = "the oracle" if reference == ORACLE_KEY else reference.label
+    ref = "the oracle" if reference.framework == ORACLE else reference.label
     if check.name.startswith(MATH):
         how = f" ({ratio})" if ratio else f" ({check.reason})" if check.reason else ""
         return f"implementation: the float64 twin differs from {ref}{how}: different math, not rounding{_forward(check)}"
@@ -261,7 +261,7 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
                 why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"
             else:
                 why = _diagnosis(check, parity, reference)
-            where = _where(check, pair, "the oracle" if reference == ORACLE_KEY else reference.label)
+            where = _where(check, pair, "the oracle" if reference.framework == ORACLE else reference.label)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
     return out

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from harness.calibrate.spread import Calibration, Segments
-from harness.core.registry import FLOAT64, ORACLE_KEY, Verdict
+from harness.core.registry import FLOAT64, ORACLE, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, tensor_check
@@ -82,7 +82,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             spread,
         )
     )
-    shared_only = cal.reference != ORACLE_KEY  # a port: torch's modules against flax's, by path
+    shared_only = cal.reference.framework != ORACLE  # a port: torch's modules against flax's, by path
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
 

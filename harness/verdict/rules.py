@@ -20,11 +20,11 @@ from itertools import combinations
 from typing import Protocol
 
 from harness.calibrate.spread import Calibration, Spread
-from harness.core.registry import FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
-from harness.verdict.checks import MATH, Check, envelope_checks, horizon_check, short_horizon_checks
+from harness.verdict.checks import MATH, NO_CALIBRATION, Check, envelope_checks, horizon_check, short_horizon_checks
 from harness.verdict.parity import anchored_parity_check, math_parity_checks
 
 FLOAT32_PAIRS = "float32 pairs"
@@ -121,9 +121,15 @@ def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACL
     return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
 
 
-def _stamped(rule: Rule, checks: Iterable[Check]) -> list[Check]:
-    """Each check with the rule that made it named in its bound."""
-    return [dataclasses.replace(c, bound=dataclasses.replace(c.bound or Bound("", "none"), rule=rule.name)) for c in checks]
+def _stamped(rule: Rule, checks: Iterable[Check], cal: Calibration | None = None) -> list[Check]:
+    """Each check with the rule that made it named in its bound; a check skipped for want
+    of a calibration names the calibration run of `cal`'s scheme (cupy@gpu where the
+    references ran on the GPU)."""
+    found = [dataclasses.replace(c, bound=dataclasses.replace(c.bound or Bound("", "none"), rule=rule.name)) for c in checks]
+    if cal is None or cal.member == CALIBRATION_KEY:
+        return found
+    named = NO_CALIBRATION.replace(CALIBRATION_KEY.label, cal.member.label)
+    return [dataclasses.replace(c, reason=named) if c.reason == NO_CALIBRATION else c for c in found]
 
 
 def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration, rules: tuple[Rule, ...] = RULES) -> list[Check]:
@@ -135,10 +141,10 @@ def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration, rul
         for runs in groups(over, outcomes, cal.reference):
             for rule in rules:
                 if rule.over == over:
-                    found.extend(_stamped(rule, rule.judge(spec, runs, cal)))
+                    found.extend(_stamped(rule, rule.judge(spec, runs, cal), cal))
     return found
 
 
 def pair_checks(spec: Spec, a: Outcome, b: Outcome, cal: Calibration) -> list[Check]:
     """Every check of float32 run a against run b (b is the reference where it is the oracle)."""
-    return [c for rule in RULES if rule.over == FLOAT32_PAIRS for c in _stamped(rule, rule.judge(spec, (a, b), cal))]
+    return [c for rule in RULES if rule.over == FLOAT32_PAIRS for c in _stamped(rule, rule.judge(spec, (a, b), cal), cal)]
