@@ -261,7 +261,8 @@ def _functions(problem):
             per_example = cross_entropy(out, y)
         value = per_example.mean() if spec.loss.reduction == "mean" else per_example.sum()
         if l2:
-            value = value + l2 * sum(jnp.sum(w * w) for w in jax_layers.kernels(spec, params))
+            weights = jax_port.penalized(problem, params) if problem.port is not None else jax_layers.kernels(spec, params)
+            value = value + l2 * sum(jnp.sum(w * w) for w in weights)
         return value, new_stats
 
     tx = transformation(spec.optimizer)

@@ -94,6 +94,47 @@ def tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
+def penalized(problem, params: dict[str, Any]) -> list[Any]:
+    """The leaves of flax's `params` an L2 penalty sums: those torch_to_flax moves the
+    penalized torch weights to (problem.port_penalized), each wholly; a leaf holding some of
+    a penalized weight and some of another tensor is refused (PortError)."""
+    import jax
+
+    paths = _penalized_paths(problem)
+    found = jax.tree_util.tree_flatten_with_path(_plain({"params": params}))[0]
+    return [leaf for path, leaf in found if jax.tree_util.keystr(path) in paths]
+
+
+def _penalized_paths(problem) -> frozenset[str]:
+    shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
+    return _penalized_leaves(problem.port, port.module(problem.port), shapes, problem.port_penalized)
+
+
+@functools.cache
+def _penalized_leaves(path, module, shapes, names: tuple[str, ...]) -> frozenset[str]:
+    """The paths of flax's leaves (jax.tree_util.keystr of the whole variables) that hold the
+    torch tensors `names`, each wholly (_index_map: where each torch element lands)."""
+    where, positions, _ = _index_map(path, module, shapes)
+    made = port.call(path, "torch_to_flax(state)", module.torch_to_flax, {name: np.zeros(shape) for name, shape in shapes})
+    sizes = [int(np.prod(np.shape(leaf))) for _, leaf in _leaves(made)]
+    leaf_of = np.repeat(np.arange(len(where)), sizes)  # each flat position's leaf
+    chosen = np.zeros(positions.size, dtype=bool)
+    at = 0
+    for name, shape in shapes:
+        size = int(np.prod(shape))
+        chosen[positions[at : at + size]] = name in names
+        at += size
+    found = set()
+    for i, leaf in enumerate(where):
+        inside = chosen[leaf_of == i]
+        if inside.any() and not inside.all():
+            what = "part of a Linear or convolution weight and part of another tensor"
+            raise port.PortError(f"{path}: flax's {leaf} holds {what}: loss.l2 cannot sum it")
+        if inside.size and inside.all():
+            found.add(leaf)
+    return frozenset(found)
+
+
 def _inverse(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]]]:
     shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
     return _index_map(problem.port, port.module(problem.port), shapes)

@@ -233,9 +233,15 @@ def tensors(model, spec) -> dict[str, np.ndarray]:
     return found
 
 
+def penalized(torch) -> tuple[type, ...]:
+    """The modules whose weight an L2 penalty sums: Linear and every convolution."""
+    return (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+
+
 def objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets, smoothing: float = 0.0):
     """The spec's loss of `outputs` (torch.nn.functional's mse_loss or cross_entropy, with
-    label smoothing), plus `scale` times the sum of the Linear and Conv2d weights' squares."""
+    label smoothing), plus `scale` times the sum of the Linear and convolution weights' squares (a port's
+    modules too: harness/inputs/port.py penalized)."""
     f = torch.nn.functional
     if outputs.ndim == 3:  # a text's (batch, positions, classes): every position a row
         outputs, targets = outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
@@ -244,6 +250,6 @@ def objective(torch, kind: str, reduction: str, scale: float | None, model, outp
     else:
         value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
     if scale:
-        weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+        weights = [m.weight for m in model.modules() if isinstance(m, penalized(torch))]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
     return value

@@ -10,9 +10,10 @@ padding and flatten are functions, as ports usually write them. The weights are 
 harness's initial tensors of the spec (torch_model loads them), so that the drawn rates
 train the networks they were drawn for.
 
-A port takes what a spec of layers takes but dropout (each framework's own masks), an L2
-penalty and label smoothing: such draws are adapted (no penalty) or drawn again (dropout,
-label smoothing, a batch norm storing the biased variance). Every optimizer and recipe is
+A port takes what a spec of layers takes but dropout (each framework's own masks): such
+draws are drawn again, as are those of a batch norm storing the biased variance (torch's
+stores the unbiased). An L2 penalty sums the Linear and convolution weights, as the spec's
+sums its dense and conv layers'; label smoothing is the loss's. Every optimizer and recipe is
 kept as drawn: torch's reference and members compute the catalogued behaviours of optax
 (its float32 Adam bias corrections and schedule, no dampening) and clip as optax does where
 they stand for it (harness/calibrate/roles.py PORT_SCHEME)."""
@@ -203,22 +204,18 @@ def _out(pads, shape, conv) -> tuple[int, int]:
 
 
 def portable(doc: dict) -> bool:
-    """Whether a drawn spec can be a port once adapted (port_of)."""
-    layers = doc["model"]["layers"]
-    if any(layer.get("kind") == "dropout" or layer.get("running_var") == "biased" for layer in layers):
-        return False
-    return not doc["loss"].get("label_smoothing")
+    """Whether a drawn spec can be a port: no dropout, no batch norm storing the biased variance."""
+    return not any(layer.get("kind") == "dropout" or layer.get("running_var") == "biased" for layer in doc["model"]["layers"])
 
 
 def port_of(doc: dict, folder: Path, slip: str | None = None) -> tuple[Path, Slip | None]:
     """The spec `doc` written as a port in `folder` (its network in port.py, with `slip`
-    where a layer takes it; the spec naming it with the seed alone; no penalty): the spec's
-    path, and the slip written."""
+    where a layer takes it; the spec naming it with the seed alone): the spec's path, and
+    the slip written."""
     source, written = port_source(doc, slip)
     (folder / "port.py").write_text(source)
     model = {k: v for k, v in doc["model"].items() if k != "layers"}
     port = {**doc, "name": "generated_port", "model": {**model, "python": "port.py"}, "init": {"seed": doc["init"]["seed"]}}
-    port["loss"] = {k: v for k, v in doc["loss"].items() if k != "l2"}
     path = folder / "generated_port.yaml"
     path.write_text(yaml.safe_dump(port, sort_keys=False))
     return path, written

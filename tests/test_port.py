@@ -79,7 +79,6 @@ def test_a_port_spec_gives_python_instead_of_layers_and_the_seed_alone(tmp_path)
 
     refused({"model": {"layers": [{"width": 2}]}}, "give layers .* or python")
     refused({"init": {"weights": "glorot_uniform"}}, "init: a port's weights are its torch module's own")
-    refused({"loss": {"l2": {"coefficient": 0.1, "divide_by_examples": False}}}, "loss.l2: not taken on a port")
     refused({"model": {"python": "../mlp_port.py"}}, "model.python")
     refused({"model": {"python": "mlp_port.txt"}}, "model.python")
 
@@ -245,6 +244,41 @@ def test_flax_variables_read_back_by_torch_names_and_layout():
     assert list(back) == list(problem.initial_params)
     for name, value in problem.initial_params.items():
         np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+L2 = {"loss": {"l2": {"coefficient": 0.01, "divide_by_examples": False}}}
+
+
+def test_an_l2_penalty_on_a_port_sums_the_linear_and_conv_weights_in_both_libraries(tmp_path):
+    """loss.l2 on a port: torch's Linear and convolution weights (by class), and the flax
+    leaves torch_to_flax moves them to; not biases, nor a norm's scale. The two penalties
+    agree on the initial weights."""
+    pytest.importorskip("jax")
+    import torch
+
+    from adapters import jax_port, torch_layers
+
+    for example, weights in ((MLP, {"fc1.weight", "fc2.weight"}), (CNN, {"conv.weight", "fc.weight"})):
+        folder = tmp_path / example.name
+        folder.mkdir()
+        problem = build_problem(load_spec(copied(example, folder, spec=L2)))
+        assert set(problem.port_penalized) == weights
+        params = jax_port.variables(problem, problem.initial_params, "float64")["params"]
+        flax = sum(float(np.sum(np.asarray(w, np.float64) ** 2)) for w in jax_port.penalized(problem, params))
+        torch_side = sum(float(np.sum(problem.initial_params[n].astype(np.float64) ** 2)) for n in weights)
+        assert flax == pytest.approx(torch_side, rel=1e-12) and len(jax_port.penalized(problem, params)) == len(weights)
+        assert torch_layers.penalized(torch) == (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+
+
+@pytest.mark.slow
+def test_an_honest_port_with_an_l2_penalty_and_label_smoothing_passes(tmp_path):
+    """The CNN port trained with an L2 penalty and label smoothing: no check fails (the
+    batch norm's stored variance `known`, as without them)."""
+    pytest.importorskip("jax")
+    loss = {"l2": {"coefficient": 0.01, "divide_by_examples": False}, "label_smoothing": 0.1}
+    result = judged(copied(CNN, tmp_path, spec={"loss": loss}))
+    counts = counted(result.checks)
+    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
 
 
 # --- the verdict ----------------------------------------------------------------------------

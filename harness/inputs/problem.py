@@ -101,6 +101,9 @@ class Problem:
     # initial_params (torch's state_dict names and layout), and its output width.
     port: Path | None = None
     port_outputs: int | None = None
+    # ... and the tensors an L2 penalty sums (loss.l2): its Linear and convolution weights
+    # by torch's names (port.penalized); flax's leaves holding them (adapters/jax_port.py)
+    port_penalized: tuple[str, ...] = ()
     # A port's torch reference computing a library's formula (harness/inputs/library.py):
     # its batch norms store this variance ("biased": flax's). None: torch's own.
     port_running_var: str | None = None
@@ -234,7 +237,9 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Proble
         raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {int(problem.y_train.max(initial=0))}")
     options = port.layer_options(path, spec.init.seed)
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": options})})
-    return replace(problem, spec=spec, initial_params=port.initial_state(path, spec.init.seed), port=path, port_outputs=width)
+    penalized = port.penalized(path, spec.init.seed) if spec.loss.l2 is not None else ()
+    initial = port.initial_state(path, spec.init.seed)
+    return replace(problem, spec=spec, initial_params=initial, port=path, port_outputs=width, port_penalized=penalized)
 
 
 def truncated(problem: Problem, steps: int) -> Problem:

@@ -411,12 +411,11 @@ class Spec(Strict):
         return self
 
     def _port_consistent(self) -> None:
-        """A port: its module's initialisers make the weights, and the penalty of an L2 term
-        would need to know which of its tensors are weights."""
+        """A port: its module's initialisers make the weights. (An L2 term sums the weights
+        of its torch module's Linear and convolution modules, and of the flax leaves its
+        converter moves them to: harness/inputs/port.py penalized.)"""
         if self.init.weights is not None or self.init.biases is not None:
             raise ValueError("init: a port's weights are its torch module's own (torch.manual_seed(init.seed)): give seed alone")
-        if self.loss.l2 is not None:
-            raise ValueError("loss.l2: not taken on a port (which of its tensors a penalty sums is the port's to say)")
 
     def _text_consistent(self) -> None:
         tokens, text = self.model.tokens, self.data.kind == "text"
