@@ -279,13 +279,23 @@ def _round_update(torch, problem, optimizer, before, step: int) -> None:
     update's every array (harness.reference.network.jitter_function): each parameter's
     update and each of its optimizer moments moved at random (seeded by the member and the
     step) by at most two units in their last place. torch.optim's own step is untouched;
-    another implementation (XLA's fused and contracted update) rounds it otherwise."""
+    another implementation (XLA's fused and contracted update) rounds it otherwise. Under a
+    decoupled decay (AdamW), the parameter itself too, at its own size: torch.optim.AdamW
+    rounds it there twice (p * (1 - lr wd), then its step), optax once (p + its update), as
+    the array-module AdamW's members round the decayed parameter (harness/optimizers/adam.py);
+    an update a thousand times smaller than the parameter rounds it nowhere else (a port
+    of AdamW's members then kept its parameters within 1e-17 of the reference's over 30
+    steps, 2026-11-26)."""
     rng = np.random.default_rng((problem.jitter_seed, step))
+    opt = problem.spec.optimizer
+    decoupled = opt.kind == "adamw" and opt.weight_decay != 0
     with torch.no_grad():
         for p, old in before:
             eps = torch.finfo(p.dtype).eps
             update = p - old
             p.copy_(old + update + update * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+            if decoupled:
+                p.add_(p * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
             for moment in optimizer.state.get(p, {}).values():
                 if torch.is_tensor(moment) and moment.is_floating_point() and moment.shape == p.shape:
                     moment.add_(moment * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))

@@ -238,15 +238,39 @@ def penalized(torch) -> tuple[type, ...]:
     return (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
 
 
+def cross_entropy_rounded(torch, outputs, targets, reduction: str, smoothing: float, rounded):
+    """The cross-entropy as z - lse, lse = max + log(sum(exp(z - max))) moved by `rounded`
+    (once more, at random, at its own size): as jax.nn.logsumexp and optax round it, where
+    the label's logit is the largest and the loss nears 0, lse - z cancels and its rounding
+    is a few ulps of the logit, not of the loss (harness.reference.network.log_softmax, the
+    array-module members' rounding of the same). torch's own rounds 1 + sum of the others'
+    exp, the loss's precision there; a member rounding its logits alone left the loss and
+    its gradient bitwise torch's over whole runs (a port of Adam at 0.03, 2026-11-26)."""
+    top = outputs.detach().max(dim=1, keepdim=True).values
+    logp = outputs - rounded(top + torch.log(torch.exp(outputs - top).sum(dim=1, keepdim=True)))
+    if smoothing:
+        classes = outputs.shape[1]
+        wanted = torch.nn.functional.one_hot(targets, classes).to(outputs.dtype) * (1 - smoothing) + smoothing / classes
+        per_example = -(wanted * logp).sum(dim=1)
+    else:
+        per_example = -logp.gather(1, targets[:, None])[:, 0]
+    return per_example.mean() if reduction == "mean" else per_example.sum()
+
+
 def objective(torch, kind: str, reduction: str, scale: float | None, model, outputs, targets, smoothing: float = 0.0):
     """The spec's loss of `outputs` (torch.nn.functional's mse_loss or cross_entropy, with
-    label smoothing), plus `scale` times the sum of the Linear and convolution weights' squares (a port's
-    modules too: harness/inputs/port.py penalized)."""
+    label smoothing), plus `scale` times the sum of the Linear and convolution weights'
+    squares (a port's modules too: harness/inputs/port.py penalized). A port's calibration
+    member on its jittered steps (`model.round_loss`, adapters/torch_port.py) takes the
+    cross-entropy as z - lse with lse rounded once more at its own size (cross_entropy_rounded)."""
     f = torch.nn.functional
     if outputs.ndim == 3:  # a text's (batch, positions, classes): every position a row
         outputs, targets = outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
+    rounded = getattr(model, "round_loss", None)
     if kind == "mse":
         value = f.mse_loss(outputs, targets, reduction=reduction)
+    elif rounded is not None:
+        value = cross_entropy_rounded(torch, outputs, targets, reduction, smoothing, rounded)
     else:
         value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
     if scale:

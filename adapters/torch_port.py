@@ -5,9 +5,13 @@ tensors), which is the port's layout everywhere in the harness."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import numpy as np
 
 from harness.inputs import port
+from harness.layers.activations import GELU_TANH_CUBIC, SQRT_2_OVER_PI, TANH_ULPS
 
 
 def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
@@ -24,12 +28,20 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             super().__init__()
             self.inner = inner
             self.step = 0  # the training step of the next training pass (a member's jitter)
+            self.rounds = None  # a member's rounding once more (_jitter), for its loss's lse
+            self.round_loss = None  # ... on this pass's jittered step (torch_layers.objective)
+            self.rounding = None  # a member's TorchFunctionMode rounding the activations otherwise (_jitter)
 
         def forward(self, x, masks, outputs=None):
             x = x.reshape((x.shape[0], *shape))
             if outputs is None:
+                # a member rounds otherwise on its jittered steps, and in every prediction
+                # (evaluation mode), as the array-module members' predict does
+                jittered = self.rounds is not None and (not self.training or problem.jittered(self.step))
+                self.round_loss = self.rounds if jittered and self.training else None
                 try:
-                    return port.call(problem.port, "the torch module's forward", self.inner, x)
+                    with self.rounding if jittered else contextlib.nullcontext():
+                        return port.call(problem.port, "the torch module's forward", self.inner, x)
                 finally:
                     self.step += self.training
             hooks = [m.register_forward_hook(_keeper(outputs, name.replace(".", "/"))) for name, m in self.inner.named_modules() if name]
@@ -63,7 +75,11 @@ def _jitter(torch, model, problem) -> None:
     touching the user's code: over the member's jittered steps, every leaf module's output
     in a training pass, and the gradient that comes back through it, moved at random
     (seeded) by at most two units in its last place, as the array-module code's members
-    round every intermediate array once more (harness.reference.network.jitter_function)."""
+    round every intermediate array once more (harness.reference.network.jitter_function);
+    its activations (_activations_rounded) and its loss's lse (torch_layers.objective) too;
+    and in evaluation mode, every prediction, as the array-module members' predict rounds
+    (a port's initial outputs were otherwise its members' bitwise: a tanh MLP's float64
+    twin failed them at 1.02x, 2026-11-26)."""
     rng = np.random.default_rng(problem.jitter_seed)
 
     class Jitter(torch.autograd.Function):
@@ -77,18 +93,55 @@ def _jitter(torch, model, problem) -> None:
             (backward_u,) = ctx.saved_tensors
             return grad + grad * backward_u, None, None
 
-    def draw(like):
-        eps = torch.finfo(like.dtype).eps
+    def draw(like, ulps: float = 1.0):
+        eps = torch.finfo(like.dtype).eps * ulps
         return torch.from_numpy(rng.uniform(-eps, eps, tuple(like.shape))).to(like.device, like.dtype)
 
+    def moved(value, ulps: float = 1.0):
+        return Jitter.apply(value, draw(value, ulps), draw(value, ulps))
+
     def rounded(module, inputs, output):
-        if not (module.training and problem.jittered(model.step)) or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        if (module.training and not problem.jittered(model.step)) or not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return None
-        return Jitter.apply(output, draw(output), draw(output))
+        return moved(output)
+
+    model.rounds = moved  # the loss's lse too (torch_layers.cross_entropy_rounded)
 
     for part in model.inner.modules():
         if not list(part.children()):
             part.register_forward_hook(rounded)
+    model.rounding = _activations_rounded(torch, moved)
+
+
+def _activations_rounded(torch, moved):
+    """A TorchFunctionMode under which a member's forward rounds its activations as the
+    array-module members round theirs (harness/layers/activations.py), however the user
+    wrote them (a module or a function): tanh's values TANH_ULPS otherwise (XLA's tanh lands
+    up to 4 ulps from the exact value, torch's 1), and a GELU as 0.5 z (1 + t) with t, its
+    tanh or its erf, rounded otherwise before the sum, where it cancels for negative z (two
+    libraries' GELUs differ there by thousands of ulps of the result). The same function in
+    exact arithmetic; its derivative is autograd's of that formula. (A tanh MLP port's
+    initial outputs in float64: XLA's at 1.02x the spread of members that left tanh as
+    torch rounds it, 2026-11-26.)"""
+    functional = torch.nn.functional
+    tanhs = {torch.tanh, torch.Tensor.tanh, functional.tanh}
+
+    class Rounded(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in tanhs:
+                return moved(func(*args, **kwargs), TANH_ULPS)
+            if func is functional.gelu:
+                z = args[0]
+                approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+                if approximate == "tanh":
+                    t = moved(torch.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS)
+                else:
+                    t = moved(torch.erf(z / math.sqrt(2)))
+                return 0.5 * z * (1 + t)
+            return func(*args, **kwargs)
+
+    return Rounded()
 
 
 def _store_biased_variance(torch, model, path) -> None:

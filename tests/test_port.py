@@ -533,6 +533,79 @@ def test_a_porting_slip_under_optaxs_recipe_is_still_caught():
     assert failing(result, "final_outputs").diagnosis.startswith("implementation")
 
 
+def test_a_port_members_loss_rounds_its_lse_at_its_own_size():
+    """A port's member takes the cross-entropy as z - lse with lse rounded once more
+    (torch_layers.cross_entropy_rounded): without the rounding, torch's own loss (label
+    smoothing, sum and mean alike); with it, where the softmax saturates, a loss that torch's
+    formula rounds to the same value under a one-ulp move of every logit moves (a port's
+    members otherwise logged the reference's loss bitwise over whole runs, 2026-11-26)."""
+    torch = pytest.importorskip("torch")
+    from adapters import torch_layers
+
+    rng = np.random.default_rng(0)
+    z = torch.tensor(rng.normal(size=(32, 4)) * 3, dtype=torch.float64)
+    y = torch.tensor(rng.integers(0, 4, 32))
+    f = torch.nn.functional
+    for smoothing in (0.0, 0.1):
+        for reduction in ("sum", "mean"):
+            mine = torch_layers.cross_entropy_rounded(torch, z, y, reduction, smoothing, lambda a: a)
+            torch.testing.assert_close(mine, f.cross_entropy(z, y, reduction=reduction, label_smoothing=smoothing), rtol=1e-13, atol=0)
+    saturated = z.clone()
+    saturated[torch.arange(32), y] += 12.0  # the label's logit far the largest: the loss near 0
+    eps = np.finfo(np.float64).eps
+    moved = saturated + saturated * torch.tensor(rng.uniform(-eps, eps, saturated.shape))
+    assert f.cross_entropy(moved, y, reduction="sum") == f.cross_entropy(saturated, y, reduction="sum")  # torch's: quantized
+
+    def rounded(a):
+        return a + a * torch.tensor(rng.uniform(-eps, eps, a.shape))
+
+    losses = {float(torch_layers.cross_entropy_rounded(torch, saturated, y, "sum", 0.0, rounded)) for _ in range(4)}
+    assert len(losses) > 1 and all(abs(v / float(f.cross_entropy(saturated, y, reduction="sum")) - 1) < 1e-9 for v in losses)
+
+
+def test_a_port_members_activations_are_rounded_however_the_user_wrote_them():
+    """tanh and GELU, as functions, methods or modules, computed under a member's mode
+    (torch_port._activations_rounded): each rounded once more (tanh TANH_ULPS, GELU's inner
+    term before 1 + t), the same values as torch's to float64 rounding without the move."""
+    torch = pytest.importorskip("torch")
+    from adapters import torch_port
+
+    calls = []
+
+    def moved(value, ulps=1.0):
+        calls.append(ulps)
+        return value
+
+    x = torch.linspace(-5, 5, 101, dtype=torch.float64)
+    f = torch.nn.functional
+    wanted = [f.gelu(x), f.gelu(x, approximate="tanh"), torch.tanh(x), f.gelu(x), torch.tanh(x), torch.tanh(x)]
+    with torch_port._activations_rounded(torch, moved):
+        got = [f.gelu(x), f.gelu(x, approximate="tanh"), torch.tanh(x), torch.nn.GELU()(x), x.tanh(), torch.nn.Tanh()(x)]
+    assert calls == [1.0, 4.0, 4.0, 1.0, 4.0, 4.0]
+    for a, b in zip(got, wanted):
+        torch.testing.assert_close(a, b, rtol=0, atol=4e-16)
+
+
+def test_a_port_members_predictions_are_rounded_too():
+    """A member's forward in evaluation mode (its initial and final outputs) rounds as on its
+    jittered training steps, as the array-module members' predict does: within a few ulps
+    of the plain run's outputs, and not bitwise them."""
+    torch = pytest.importorskip("torch")
+    from adapters import torch_port
+    from harness.inputs.members import reordered
+
+    problem = build_problem(load_spec(MLP / "mlp_port.yaml"))
+    params = {k: v.astype(np.float64) for k, v in problem.initial_params.items()}
+    x = torch.from_numpy(problem.probe.astype(np.float64))
+    out = {}
+    for name, p in (("plain", problem), ("member", reordered(problem, seed=2))):
+        model = torch_port.network(torch, p, params, "cpu", torch.float64).eval()
+        with torch.no_grad():
+            out[name] = model(x, {}).numpy()
+    assert not np.array_equal(out["plain"], out["member"])
+    np.testing.assert_allclose(out["member"], out["plain"], rtol=1e-13, atol=1e-15)
+
+
 def test_a_port_members_update_is_rounded_once_more_within_two_ulps():
     """A port's calibration member rounds torch.optim's update and moments once more over its
     jittered steps (as the array-module members round their update's arrays): each moved by at
@@ -553,12 +626,19 @@ def test_a_port_members_update_is_rounded_once_more_within_two_ulps():
             torch_adapter._round_update(torch, problem, optimizer, before, 0)
         return w.detach().numpy().copy(), optimizer.state[w]["exp_avg"].numpy().copy()
 
-    plain = SimpleNamespace(port=Path("p.py"), jitter_seed=None, jittered=lambda step: False)
-    member = SimpleNamespace(port=Path("p.py"), jitter_seed=3, jittered=lambda step: step == 0)
+    adam = SimpleNamespace(optimizer=SimpleNamespace(kind="adam", weight_decay=0.0))
+    plain = SimpleNamespace(port=Path("p.py"), jitter_seed=None, jittered=lambda step: False, spec=adam)
+    member = SimpleNamespace(port=Path("p.py"), jitter_seed=3, jittered=lambda step: step == 0, spec=adam)
     (w0, m0), (w1, m1) = stepped(plain), stepped(member)
     start, eps = np.linspace(-1.0, 1.0, 64), np.finfo(np.float64).eps
     assert not np.array_equal(w0, w1) and not np.array_equal(m0, m1)
     assert np.all(np.abs(w1 - w0) <= 2 * eps * np.abs(w0 - start) + 2 * eps * np.abs(w0))
     assert np.all(np.abs(m1 - m0) <= 2 * eps * np.abs(m0))
     assert np.array_equal(stepped(member)[0], w1)  # seeded
+    # under AdamW's decoupled decay, the parameter is rounded once more at its own size too
+    # (torch.optim.AdamW rounds it there twice, optax once): within two more of its ulps
+    decayed = SimpleNamespace(port=Path("p.py"), jitter_seed=3, jittered=lambda step: step == 0)
+    decayed.spec = SimpleNamespace(optimizer=SimpleNamespace(kind="adamw", weight_decay=0.1))
+    w2, _ = stepped(decayed)
+    assert np.any(np.abs(w2 - w1) > 4 * eps * np.abs(w0 - start)) and np.all(np.abs(w2 - w1) <= 2 * eps * np.abs(w1) + 1e-300)
     assert torch_adapter._kept_for_rounding(torch, SimpleNamespace(port=None, jitter_seed=3, jittered=lambda s: True), None, 0) is None
