@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.inputs.port import penalized_kinds
 from harness.layers import residual_tree, windows
 
 # torch's name for each of the spec's tensor names, per kind
@@ -233,11 +234,6 @@ def tensors(model, spec) -> dict[str, np.ndarray]:
     return found
 
 
-def penalized(torch) -> tuple[type, ...]:
-    """The modules whose weight an L2 penalty sums: Linear and every convolution."""
-    return (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
-
-
 def cross_entropy_rounded(torch, outputs, targets, reduction: str, smoothing: float, rounded):
     """The cross-entropy as z - lse, lse = max + log(sum(exp(z - max))) moved by `rounded`
     (once more, at random, at its own size): as jax.nn.logsumexp and optax round it, where
@@ -274,6 +270,6 @@ def objective(torch, kind: str, reduction: str, scale: float | None, model, outp
     else:
         value = f.cross_entropy(outputs, targets, reduction=reduction, label_smoothing=smoothing)
     if scale:
-        weights = [m.weight for m in model.modules() if isinstance(m, penalized(torch))]
+        weights = [m.weight for m in model.modules() if isinstance(m, penalized_kinds(torch))]
         value = value + scale * sum(w.pow(2).sum() for w in weights)
     return value

@@ -256,7 +256,8 @@ def test_an_l2_penalty_on_a_port_sums_the_linear_and_conv_weights_in_both_librar
     pytest.importorskip("jax")
     import torch
 
-    from adapters import jax_port, torch_layers
+    from adapters import jax_port
+    from harness.inputs import port
 
     for example, weights in ((MLP, {"fc1.weight", "fc2.weight"}), (CNN, {"conv.weight", "fc.weight"})):
         folder = tmp_path / example.name
@@ -267,7 +268,7 @@ def test_an_l2_penalty_on_a_port_sums_the_linear_and_conv_weights_in_both_librar
         flax = sum(float(np.sum(np.asarray(w, np.float64) ** 2)) for w in jax_port.penalized(problem, params))
         torch_side = sum(float(np.sum(problem.initial_params[n].astype(np.float64) ** 2)) for n in weights)
         assert flax == pytest.approx(torch_side, rel=1e-12) and len(jax_port.penalized(problem, params)) == len(weights)
-        assert torch_layers.penalized(torch) == (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+        assert port.penalized_kinds(torch) == (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
 
 
 @pytest.mark.slow

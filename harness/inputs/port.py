@@ -144,17 +144,19 @@ def layer_options(path: Path, seed: int) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def penalized_kinds(torch) -> tuple[type, ...]:
+    """The modules whose weight an L2 penalty sums: Linear and every convolution (a spec's
+    dense and conv layers, and a port's modules of those classes)."""
+    return (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+
+
 def penalized(path: Path, seed: int) -> tuple[str, ...]:
     """The state_dict names of the weights an L2 penalty sums (loss.l2): those of the torch
-    module's Linear and convolution modules, as a spec's penalty sums its dense and conv
-    layers' (adapters/torch_layers.py objective sums them on torch's side)."""
+    module's penalized_kinds, as adapters/torch_layers.py objective sums them on torch's side."""
     import torch
 
-    from adapters import torch_layers
-
     made = torch_module(path, seed)
-    kinds = torch_layers.penalized(torch)
-    return tuple(f"{name}.weight" if name else "weight" for name, part in made.named_modules() if isinstance(part, kinds))
+    return tuple(f"{name}.weight" if name else "weight" for name, part in made.named_modules() if isinstance(part, penalized_kinds(torch)))
 
 
 def output_width(path: Path, seed: int, in_shape: tuple[int, ...]) -> int:
