@@ -106,6 +106,10 @@ def run_spec(
     found = calibration.gather(planned, done, chosen, scheme)
     outcomes = {**{key: chosen[key] for key in keys}, **found.twins}
     checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)
+    looked = calibration.math_second_look(loaded, problem, planned, done, chosen, diagnosis.math_doubted(checks), driver.run, console, scheme)
+    if looked is not None:
+        planned, done, found = looked
+        checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
         found, checks = wider, diagnosis.verdicts(problem.spec, outcomes, wider.calibration)

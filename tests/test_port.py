@@ -375,6 +375,23 @@ def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
 
 
 @pytest.mark.slow
+def test_math_paritys_second_look_measures_a_ports_float64_spread_on_more_members(tmp_path):
+    """Draw 45 of seed 20261127 (two 1x1 convolutions and tanh, plain SGD at 0.1): flax's
+    honest twin failed its parameters after step 10 at 1.44x the spread of torch's three
+    float64 members. Judged again on 16 (calibration.math_second_look), it passes, and the
+    record of that spread counts them."""
+    from tests import port_family
+
+    doc = port_family.drawn(100, 20261127)[45]
+    assert [layer.get("kind", "dense") for layer in doc["model"]["layers"]] == ["conv2d", "conv2d", "flatten", "dense"]
+    result = judged(port_family.port_of(doc, tmp_path)[0])
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.ratio) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert len(result.members64) == doc["checks"].get("long_run", {}).get("second_look", 16)
+    math = next(c for c in result.checks if c.name == "math_params_after_step_10")
+    assert math.verdict == Verdict.PASS and math.bound.members == 16
+
+
+@pytest.mark.slow
 def test_slips_written_into_a_generated_port_are_caught_with_the_module_named(tmp_path):
     """The first drawn port (seed 20261126) whose layers take at least three of the classic
     slips (tests/port_family.py SLIPS), written with each: every one fails, diagnosed
@@ -531,7 +548,11 @@ def test_a_porting_slip_under_optaxs_recipe_is_still_caught():
     # flax's twin is judged against the reference computing optax's formula (torch@cpu+float64~as-jax)
     found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == "math_initial_outputs" and c.a.framework == "jax"]
     assert found and "first differs at module norm " in found[0].diagnosis, [(c.name, c.b.label, c.diagnosis) for c in found]
-    assert failing(result, "final_outputs").diagnosis.startswith("implementation")
+    assert failing(result, "initial_outputs").diagnosis.startswith("implementation")
+    # no optax entry excuses a check of the run whose twin differs (the twin rule); its
+    # final outputs after Adam lie within the float32 envelope of members that round as XLA
+    # does, and pass (they failed on members that rounded less)
+    assert not [c.name for c in result.checks if c.verdict == Verdict.KNOWN and "jax" in (c.a.framework, c.b.framework)]
 
 
 def test_a_port_members_loss_rounds_its_lse_at_its_own_size():

@@ -28,7 +28,7 @@ from rich.console import Console
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
 from harness.calibrate.spread import Calibration, measure, measure_segments, measure_segments_against
-from harness.core.registry import FLOAT32, FLOAT64, RunKey
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, RunKey
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
 from harness.inputs.problem import Problem
@@ -115,6 +115,41 @@ class Doubt(Protocol):
     a: RunKey
     b: RunKey
     ratio: float | None
+
+
+def math_second_look(
+    loaded: LoadedSpec,
+    problem: Problem,
+    planned: list[Job],
+    done: Done,
+    runs: dict[RunKey, Outcome],
+    doubted: list[Doubt],
+    run: Callable[[list[Job]], Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> tuple[list[Job], Done, Calibrated] | None:
+    """Math parity's second look before a float64 twin's failure over its first steps stands
+    (`doubted`), on a port's scheme: its float64 spread comes from torch's own members, which
+    round less everywhere than the array-module members do, and three of them undershot it
+    (a twin at 1.44x of three members' spread came to 0.36x of twelve's, 2026-11-26). The
+    members after the first look's, up to long_run.second_look in all (and as many computing
+    each doubted twin's library formula), run by `run`, and everything gathered again from
+    both looks' jobs: the planned jobs, their outcomes and the calibration; None where nothing
+    is doubted or the scheme is the oracle's, whose members reach XLA's rounding (no
+    honest twin of the generated families failed there)."""
+    if not doubted or scheme.reference64.framework == ORACLE:
+        return None
+    twins = list(dict.fromkeys(c.a for c in doubted))
+    again = roles.math_second_look_jobs(loaded, problem, twins, scheme, problem.spec.checks.long_run.second_look)
+    if not again:
+        return None
+    worst = max(doubted, key=lambda c: c.ratio or 0)
+    console.print(
+        f"  {loaded.name}: {len(doubted)} math-parity checks fail ({worst.a.label}: {worst.name}, {worst.ratio:.3g}x); "
+        f"measuring the float64 spread again with {len(again)} more members"
+    )
+    planned, done = [*planned, *again], {**done, **run(again)}
+    return planned, done, gather(planned, done, runs, scheme)
 
 
 def second_look(

@@ -164,9 +164,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
         found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
         # that formula's own rounding spread: the reference's members computing it
         library_members = [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
-        for mk, seed in library_members:
-            label = f"{name} {mk.label} (math parity's calibration, {key.framework}'s formula)"
-            found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
+        found += _library_member_jobs(name, key.framework, library_members, formula, first_steps)
         if states:
             at = anchored.anchored_key(ref)
             label = f"{name} {at.label} ({computing}, re-anchored)"
@@ -175,6 +173,44 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
                 at = anchored.anchored_key(mk)
                 label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
                 found.append(_job(LIBRARY_ANCHORED_MEMBER, at, label, member=seed, formula=formula, needs=states, cost=anchored_cost))
+    return found
+
+
+def _library_member_jobs(name: str, framework: str, members: list[tuple[RunKey, int]], formula, first_steps: int) -> list[Job]:
+    found = []
+    for mk, seed in members:
+        label = f"{name} {mk.label} (math parity's calibration, {framework}'s formula)"
+        found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
+    return found
+
+
+def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunKey], scheme: Scheme, upto: int) -> list[Job]:
+    """Math parity's second look (harness/calibrate/calibration.py math_second_look): the
+    float64 members after the first look's, up to `upto` in all, over the twins' first
+    steps, and as many of the reference's members computing the formula of each library
+    among `twins` that has one."""
+    name, first_steps = loaded.name, twin_problem(problem).total_steps
+    seeds = member_seeds(problem, FLOAT64, upto=upto, scheme=scheme)
+    found = [
+        _job(
+            MEMBER64,
+            key,
+            f"{name} {key.label} (math parity's calibration, second look)",
+            steps=first_steps,
+            member=seed,
+            cost=cost(key, first_steps),
+            metrics=False,
+        )
+        for key, seed in seeds
+    ]
+    for framework in dict.fromkeys(t.framework for t in twins if t.framework != scheme.reference64.framework):
+        key = next(t for t in twins if t.framework == framework)
+        formula = computable(resolved(twin_formula(problem.spec, key, scheme), problem), scheme) if scheme.libraries else None
+        if formula is not None:
+            ref = library_reference(key, scheme)
+            found += _library_member_jobs(
+                name, framework, [(replace(scheme.reference64, variant=f"{ref.variant}-{k.variant}"), s) for k, s in seeds], formula, first_steps
+            )
     return found
 
 

@@ -248,6 +248,22 @@ def on_rounding_alone(checks: list[Check]) -> list[Check]:
     ]
 
 
+def math_doubted(checks: list[Check]) -> list[Check]:
+    """The failing math-parity checks of the twins' first steps judged on a calibrated
+    spread: those math parity's second look (harness/calibrate/calibration.py
+    math_second_look) judges again on more float64 members, on a port."""
+    return [
+        c
+        for c in checks
+        if c.verdict == Verdict.FAIL
+        and c.name.startswith(MATH)
+        and not c.name.startswith(f"{MATH}anchored")
+        and c.a.precision == FLOAT64
+        and c.bound is not None
+        and c.bound.factor is not None
+    ]
+
+
 def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> list[Check]:
     """A diagnosis on every failing check (known ones keep theirs), with where it starts."""
     parity = _parity(checks)
