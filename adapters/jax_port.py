@@ -82,7 +82,7 @@ def _leaves(tree) -> list[tuple[str, Any]]:
 def tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
     """The port's tensors by torch's names and layout, from flax's variables (or a tree of
     the same shape, an optimizer moment's)."""
-    where, names, shapes = _inverse(problem)
+    where, names, shapes, _ = _inverse(problem)
     leaves = dict(_leaves(tree))
     flat = np.concatenate([np.ravel(np.asarray(leaves[path])) for path in where])
     values = flat[names]
@@ -114,9 +114,7 @@ def _penalized_paths(problem) -> frozenset[str]:
 def _penalized_leaves(path, module, shapes, names: tuple[str, ...]) -> frozenset[str]:
     """The paths of flax's leaves (jax.tree_util.keystr of the whole variables) that hold the
     torch tensors `names`, each wholly (_index_map: where each torch element lands)."""
-    where, positions, _ = _index_map(path, module, shapes)
-    made = port.call(path, "torch_to_flax(state)", module.torch_to_flax, {name: np.zeros(shape) for name, shape in shapes})
-    sizes = [int(np.prod(np.shape(leaf))) for _, leaf in _leaves(made)]
+    where, positions, _, sizes = _index_map(path, module, shapes)
     leaf_of = np.repeat(np.arange(len(where)), sizes)  # each flat position's leaf
     chosen = np.zeros(positions.size, dtype=bool)
     at = 0
@@ -135,16 +133,16 @@ def _penalized_leaves(path, module, shapes, names: tuple[str, ...]) -> frozenset
     return frozenset(found)
 
 
-def _inverse(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]]]:
+def _inverse(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:
     shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
     return _index_map(problem.port, port.module(problem.port), shapes)
 
 
 @functools.cache
-def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]]]:
+def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:
     """Where each element of each torch tensor lands among flax's leaves: the leaves' paths
-    in order, and for the torch tensors' elements in order (`shapes`), their positions in
-    those leaves flattened and joined."""
+    in order, for the torch tensors' elements in order (`shapes`) their positions in those
+    leaves flattened and joined, the shapes, and each leaf's size."""
     ids, at = {}, 1
     for name, shape in shapes:
         size = int(np.prod(shape))
@@ -164,4 +162,4 @@ def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[
         )
     positions = np.empty(total, dtype=np.int64)
     positions[index - 1] = np.arange(total)
-    return [p for p, _ in leaves], positions, list(shapes)
+    return [p for p, _ in leaves], positions, list(shapes), [int(np.size(leaf)) for _, leaf in leaves]

@@ -289,16 +289,20 @@ def _round_update(torch, problem, optimizer, before, step: int) -> None:
     rng = np.random.default_rng((problem.jitter_seed, step))
     opt = problem.spec.optimizer
     decoupled = opt.kind == "adamw" and opt.weight_decay != 0
+
+    def u(p):  # one relative move per element, within an ulp of 1
+        eps = torch.finfo(p.dtype).eps
+        return torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype)
+
     with torch.no_grad():
         for p, old in before:
-            eps = torch.finfo(p.dtype).eps
             update = p - old
-            p.copy_(old + update + update * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+            p.copy_(old + update + update * u(p))
             if decoupled:
-                p.add_(p * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+                p.add_(p * u(p))
             for moment in optimizer.state.get(p, {}).values():
                 if torch.is_tensor(moment) and moment.is_floating_point() and moment.shape == p.shape:
-                    moment.add_(moment * torch.from_numpy(rng.uniform(-eps, eps, tuple(p.shape))).to(p.device, p.dtype))
+                    moment.add_(moment * u(p))
 
 
 TORCH_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6) (harness/known_differences.yaml)

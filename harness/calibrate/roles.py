@@ -138,9 +138,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     label = f"{name} {first.label} (math parity's reference)"
     found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
     seeds = member_seeds(problem, FLOAT64, scheme=scheme)
-    for key, seed in seeds:
-        label = f"{name} {key.label} (math parity's calibration)"
-        found.append(_job(MEMBER64, key, label, steps=first_steps, member=seed, cost=cost(key, first_steps), metrics=False))
+    found += _member64_jobs(name, seeds, first_steps, "math parity's calibration")
     states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
     anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
     if states:
@@ -155,7 +153,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             at = anchored.anchored_key(key)
             label = f"{name} {at.label} (float64 twin, re-anchored)"
             found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost))
-        formula = computable(resolved(twin_formula(problem.spec, key, scheme), problem), scheme) if scheme.libraries else None
+        formula = _computed_formula(problem, key, scheme)
         ref = library_reference(key, scheme)
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
             continue
@@ -163,7 +161,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
         label = f"{name} {ref.label} ({computing})"
         found.append(_job(LIBRARY, ref, label, steps=first_steps, formula=formula, cost=cost(ref, first_steps), metrics=False))
         # that formula's own rounding spread: the reference's members computing it
-        library_members = [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
+        library_members = _library_members(ref64, ref, seeds)
         found += _library_member_jobs(name, key.framework, library_members, formula, first_steps)
         if states:
             at = anchored.anchored_key(ref)
@@ -174,6 +172,25 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
                 label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
                 found.append(_job(LIBRARY_ANCHORED_MEMBER, at, label, member=seed, formula=formula, needs=states, cost=anchored_cost))
     return found
+
+
+def _member64_jobs(name: str, seeds: list[tuple[RunKey, int]], first_steps: int, why: str) -> list[Job]:
+    """Math parity's float64 members over the twins' first steps, one job each."""
+    return [
+        _job(MEMBER64, key, f"{name} {key.label} ({why})", steps=first_steps, member=seed, cost=cost(key, first_steps), metrics=False)
+        for key, seed in seeds
+    ]
+
+
+def _computed_formula(problem: Problem, twin: RunKey, scheme: Scheme):
+    """The library formula the scheme's reference computes for `twin`, resolved; None where
+    it computes none."""
+    return computable(resolved(twin_formula(problem.spec, twin, scheme), problem), scheme) if scheme.libraries else None
+
+
+def _library_members(ref64: RunKey, ref: RunKey, seeds: list[tuple[RunKey, int]]) -> list[tuple[RunKey, int]]:
+    """The keys and seeds of the reference's members computing the library formula of `ref`."""
+    return [(replace(ref64, variant=f"{ref.variant}-{k.variant}"), seed) for k, seed in seeds]
 
 
 def _library_member_jobs(name: str, framework: str, members: list[tuple[RunKey, int]], formula, first_steps: int) -> list[Job]:
@@ -191,26 +208,13 @@ def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunK
     among `twins` that has one."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     seeds = member_seeds(problem, FLOAT64, upto=upto, scheme=scheme)
-    found = [
-        _job(
-            MEMBER64,
-            key,
-            f"{name} {key.label} (math parity's calibration, second look)",
-            steps=first_steps,
-            member=seed,
-            cost=cost(key, first_steps),
-            metrics=False,
-        )
-        for key, seed in seeds
-    ]
+    found = _member64_jobs(name, seeds, first_steps, "math parity's calibration, second look")
     for framework in dict.fromkeys(t.framework for t in twins if t.framework != scheme.reference64.framework):
         key = next(t for t in twins if t.framework == framework)
-        formula = computable(resolved(twin_formula(problem.spec, key, scheme), problem), scheme) if scheme.libraries else None
+        formula = _computed_formula(problem, key, scheme)
         if formula is not None:
-            ref = library_reference(key, scheme)
-            found += _library_member_jobs(
-                name, framework, [(replace(scheme.reference64, variant=f"{ref.variant}-{k.variant}"), s) for k, s in seeds], formula, first_steps
-            )
+            members = _library_members(scheme.reference64, library_reference(key, scheme), seeds)
+            found += _library_member_jobs(name, framework, members, formula, first_steps)
     return found
 
 
