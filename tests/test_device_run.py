@@ -43,7 +43,9 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "MATRIX_S": "240",
         "MATRIX_SPECS": str(spec),
         "REFS_S": "240",  # the references on the GPU: here NumPy's on the CPU, as a rehearsal cannot do otherwise
+        "REFS_CPU_S": "240",  # ... and the CPU's, judging the same run
         "REFS_SPECS": str(spec),
+        "REFS_PROFILE": "quick",
         "PORT_S": "3",  # runs out too: a user's port, interrupted, keeps what it finished
         "PORT_SPECS": "examples/mlp_port/mlp_port.yaml",
         "BENCH_S": "240",
@@ -56,9 +58,9 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
     assert done.returncode == 0, done.stdout + done.stderr
     assert "REHEARSAL" in done.stdout
     codes = dict(re.findall(r"^== (\S+): exit code (\d+) after", log, flags=re.M))
-    assert list(codes) == ["smoke", "matrix", "references", "port", "bench", "gpu-tests"], log
+    assert list(codes) == ["smoke", "matrix", "references", "references-cpu", "port", "bench", "gpu-tests"], log
     assert codes["smoke"] in ("130", "124") and codes["port"] in ("130", "124"), log
-    assert codes["matrix"] == "0" and codes["references"] == "0" and codes["bench"] == "0", log
+    assert {codes[name] for name in ("matrix", "references", "references-cpu", "bench")} == {"0"}, log
     assert codes["gpu-tests"] == "5", log  # no test of test_smoke.py is marked gpu: none collected
 
     files = sorted(p.name for p in out.rglob("*"))
@@ -68,7 +70,11 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         assert json.loads((out / "smoke.json").read_text())["interrupted"] is True
     with tarfile.open(out / "records.tar.gz") as archive:
         records = [m.name for m in archive.getmembers() if m.name.endswith(".json")]
-    # the matrix's, the references phase's and the bench's
-    assert all(any(f"_{profile}_" in name for name in records) for profile in ("full", "quick", "bench")), records
+    # the matrix's, the references phase's and the bench's; the same run judged by the CPU's
+    # references in a folder of their own
+    mine = [name for name in records if name.startswith(f"{results.name}/")]
+    assert all(any(f"_{profile}_" in name for name in mine) for profile in ("full", "quick", "bench")), records
+    apart = [name for name in records if name.startswith(f"{results.name}-cpu-references/")]
+    assert apart and all("_quick_" in name for name in apart), records
     with tarfile.open(out / "work.tar.gz") as archive:
         assert any(m.name.startswith("work/") for m in archive.getmembers())

@@ -8,7 +8,8 @@
 # than one call completes over several.
 #
 #   tools/device-run.sh contact              a lease's one call (about 9 minutes): smoke, matrix,
-#                                            bench, GPU tests, each with a budget of its own
+#                                            references (GPU, then CPU), port, bench, GPU tests,
+#                                            each with a budget of its own
 #   tools/device-run.sh smoke [SPEC ...]     first: a minute or two, $OUT/smoke.json
 #   tools/device-run.sh [bench] [harness options, e.g. moons_net]
 #
@@ -68,7 +69,11 @@ phase() {
 # only where the device tool brings the file back (16 MiB a file): a warm machine keeps
 # them in $work for the next call anyway.
 archives() {
-    if [ -d "$results" ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "$(basename "$results")"; fi
+    local kept=()
+    for folder in "$results" "$results-cpu-references"; do
+        if [ -d "$folder" ]; then kept+=("$(basename "$folder")"); fi
+    done
+    if [ "${#kept[@]}" -gt 0 ]; then tar -czf "$OUT/records.tar.gz" -C "$(dirname "$results")" "${kept[@]}"; fi
     tar -czf "$OUT/work.tar.gz" -C "$carry" work
     if [ "$(stat -c %s "$OUT/work.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
         rm "$OUT/work.tar.gz"
@@ -78,18 +83,23 @@ archives() {
 
 contact() {
     summary=()
+    local jobs=${JOBS:-$(( $(nproc) / 2 < 1 ? 1 : ($(nproc) / 2 > 8 ? 8 : $(nproc) / 2) ))}  # half the cores, at most 8
     python3 -c 'import sys, torch, jax, numpy; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda, "jax", jax.__version__, jax.devices(), "numpy", numpy.__version__)' || true
     # After the first contact (docs/gpu-machine.md): the smoke's rows it did not reach
     # (CuPy's, its fast mode without graphs among them; torch's and JAX's ran), and the
     # matrix of the first specs without GPU records, 8 cells at a time on a 16-core host
-    phase smoke "${SMOKE_S:-60}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
-    phase matrix "${MATRIX_S:-265}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "${JOBS:-$(( $(nproc) / 2 < 1 ? 1 : ($(nproc) / 2 > 8 ? 8 : $(nproc) / 2) ))}" \
+    phase smoke "${SMOKE_S:-55}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
+    phase matrix "${MATRIX_S:-235}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "$jobs" \
         --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-lenet_mnist cnn_norm_mnist mnist_adamw}
     # the oracle, its members and the calibration run on the GPU through CuPy (--references
-    # gpu; tested on the CPU with NumPy standing in, tests/test_gpu_references.py): peaks'
-    # quick profile, its verdict's time against the CPU references' in the records
+    # gpu; tested on the CPU with NumPy standing in, tests/test_gpu_references.py): peaks on
+    # its whole 40,000-point grid for 100 steps (its sweep profile); then the same CuPy run
+    # judged by the CPU's references (NumPy), into a folder of its own: the verdict's cost on
+    # each device, taken in one call with the same jobs, and whether the verdicts agree
     phase references "${REFS_S:-35}" python3 -m harness run --references "$gpu" --devices "$gpu" "${need[@]}" --frameworks "$smoked" \
-        --profile quick --results "$results" ${REFS_SPECS:-peaks_mlp}
+        --jobs "$jobs" --profile "${REFS_PROFILE:-sweep}" --results "$results" ${REFS_SPECS:-peaks_mlp}
+    phase references-cpu "${REFS_CPU_S:-35}" python3 -m harness run --references cpu --devices "$gpu" "${need[@]}" --frameworks "$smoked" \
+        --jobs "$jobs" --profile "${REFS_PROFILE:-sweep}" --results "$results-cpu-references" ${REFS_SPECS:-peaks_mlp}
     # a user's own model (issue 42): the two committed ports, torch and flax, CPU and GPU
     phase port "${PORT_S:-45}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
         --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml}
@@ -103,11 +113,12 @@ contact() {
 if [ "${1:-}" = contact ]; then
     # The whole first contact in one call, for a lease of 15 device minutes (a machine's
     # start, this call of at most 600 s, a second call only while it is still warm). The
-    # budgets add up to 505 s (555 with every phase killed 10 s after its INT), which leaves
+    # budgets add up to 505 s (575 with every phase killed 10 s after its INT), which leaves
     # the archives time inside a call's 600 s; what each phase finished is kept. The matrix
-    # times CPU against GPU (the speedups); the bench adds the GPU's fast modes and floor
-    # (the CPU's are in the committed records). $OUT gets contact.log,
-    # smoke.json, pytest-gpu.xml, records.tar.gz and work.tar.gz.
+    # times CPU against GPU (the speedups); the references phases time the verdict on either
+    # device; the bench adds the GPU's fast modes and floor (the CPU's are in the committed
+    # records). $OUT gets contact.log, smoke.json, pytest-gpu.xml, records.tar.gz (the
+    # records, and those judged by the CPU's references apart) and work.tar.gz.
     contact 2>&1 | tee "$OUT/contact.log"
     exit 0
 fi
