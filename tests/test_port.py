@@ -392,6 +392,24 @@ def test_math_paritys_second_look_measures_a_ports_float64_spread_on_more_member
 
 
 @pytest.mark.slow
+def test_torchs_clipping_eps_on_a_lone_gradient_is_known_in_flaxs_checks(tmp_path):
+    """Draw 12 of seed 20261216 (2 -> 1 -> 1 with a dead ReLU, SGD clipped at 0.05): the
+    output bias's gradient is the only one that is not 0, its norm 0.092, so torch's eps
+    shortens every step by 1.1e-5 relative, 3.7x the float32 tolerance of that bias after
+    step 1. flax's run failed there, a false alarm: the float32 members standing for optax
+    clipped with torch's eps, and torch's entry did not cover flax's run against torch's
+    reference. Now they clip as optax does, and the checks are known within their reach."""
+    from tests import port_family
+
+    doc = port_family.drawn(150, 20261216)[12]
+    assert doc["optimizer"] == {"kind": "sgd", "lr": 0.01, "clip_global_norm": 0.05}
+    result = judged(port_family.port_of(doc, tmp_path)[0])
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    flax = [c for c in result.checks if c.name == "params_after_step_1" and {c.a, c.b} == {RunKey("jax", "cpu"), PORT_REFERENCE_KEY}]
+    assert flax and flax[0].verdict == Verdict.KNOWN and "torch-clip-grad-norm-eps" in flax[0].diagnosis and flax[0].ratio > 1
+
+
+@pytest.mark.slow
 def test_slips_written_into_a_generated_port_are_caught_with_the_module_named(tmp_path):
     """The first drawn port (seed 20261126) whose layers take at least three of the classic
     slips (tests/port_family.py SLIPS), written with each: every one fails, diagnosed
@@ -497,6 +515,41 @@ def test_a_ports_reference_for_flax_clips_without_torchs_eps(tmp_path):
     torch_twin = replace(twin, framework="torch")
     assert roles.twin_formula(spec, torch_twin, roles.PORT_SCHEME) == catalogue.library_formula(spec, torch_twin)
     assert roles.twin_formula(spec, twin, roles.ORACLE_SCHEME) == catalogue.library_formula(spec, twin)
+
+
+def test_torchs_clipping_eps_on_a_port_is_borne_by_the_other_librarys_members_and_covers_its_checks(tmp_path):
+    """On a port torch's clipping eps moves the reference itself (torch's float64 run), so it
+    carries flax's runs away from it: the float32 members standing for optax clip as optax
+    does (eps 0, with its other behaviours), and torch's entry covers a check of flax's
+    float32 run against the reference, bounded by those members' reach. On a spec of layers
+    (the oracle computes the spec's math) neither changes."""
+    from harness.calibrate import roles
+    from harness.execute.plan import port_keys
+    from harness.spec import catalogue
+    from harness.verdict import diagnosis
+    from harness.verdict.checks import Check
+
+    loaded = load_spec(copied(MLP, tmp_path, spec={"optimizer": {"kind": "sgd", "lr": 0.01, "clip_global_norm": 0.05}}))
+    problem = build_problem(loaded, None)
+    keys = port_keys(matrix_keys(["torch", "jax"], ["cpu"]))
+    jobs = roles.library32_jobs(loaded, problem, keys, roles.PORT_SCHEME)
+    assert jobs and all(job.formula.clip_eps == 0.0 and "as-jax" in job.name for job in jobs)
+    # the oracle computes the spec's clipping: members stand for torch's eps, none for optax's SGD
+    assert {job.formula.clip_eps for job in roles.library32_jobs(loaded, problem, keys, roles.ORACLE_SCHEME) if "as-jax" in job.name} == set()
+
+    entry = next(e for e in catalogue.library_differences() if e.id == "torch-clip-grad-norm-eps")
+    jax32 = RunKey("jax", "cpu")
+    check = Check("params_after_step_1", jax32, PORT_REFERENCE_KEY, Verdict.FAIL, "per tensor", ratio=3.7)
+    assert diagnosis.covers(entry, check, PORT_REFERENCE_KEY) and not diagnosis.covers(entry, check)
+    twins = Check("params_after_step_1", RunKey("jax", "cpu", precision="float64"), PORT_REFERENCE_KEY, Verdict.FAIL, "per tensor", ratio=3.7)
+    assert not diagnosis.covers(entry, twins, PORT_REFERENCE_KEY)  # float64 against float64: no library entry
+    inductor = next(e for e in catalogue.library_differences() if e.id == "inductor-cross-entropy-sum")
+    curve = Check("loss_curve_envelope", jax32, PORT_REFERENCE_KEY, Verdict.FAIL, "envelope", ratio=3.7)
+    assert not diagnosis.covers(inductor, curve, PORT_REFERENCE_KEY)  # torch's fast mode: not what the reference computes
+    spec = loaded.spec
+    reached = {"jax": {"params_after_step_1": 0.5}}
+    assert diagnosis._explained(spec, check, [entry], reached, PORT_REFERENCE_KEY) == spec.checks.long_run.factor * 0.5
+    assert diagnosis._explained(spec, check, [entry], {}, PORT_REFERENCE_KEY) == 0.0  # no members: it explains nothing
 
 
 RECIPES = {

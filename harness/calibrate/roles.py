@@ -119,7 +119,9 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
     ours = (scheme.reference.framework, scheme.member.framework)
     frameworks = dict.fromkeys(k.framework for k in keys if k.framework not in ours and k.precision != FLOAT64)
     for framework in frameworks:
-        behaviour = computable(resolved(catalogue.library_behaviour(problem.spec, framework, keys), problem), scheme)
+        run = next(k for k in keys if k.framework == framework and k.precision != FLOAT64)
+        behaviour = catalogue.library_behaviour(problem.spec, framework, keys)
+        behaviour = computable(resolved(standing_for(problem.spec, run, behaviour, scheme), problem), scheme)
         if behaviour is None:
             continue
         for key, seed in member_seeds(problem, FLOAT32, scheme=scheme):
@@ -219,15 +221,22 @@ def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunK
 
 
 def twin_formula(spec, twin: RunKey, scheme: Scheme) -> LibraryFormula | None:
-    """The library formula the reference computes for `twin` (catalogue.library_formula). On a
-    port the reference is torch's own run, which computes torch's catalogued formulas: where
-    torch's clipping differs from the spec (its eps) and the twin's library's does not, the
-    reference standing for that library clips as the spec does (eps 0), so that the twin is
-    judged on its own library's math, not torch's."""
-    formula = catalogue.library_formula(spec, twin)
-    if scheme.reference.framework == ORACLE or twin.framework == scheme.reference.framework:
+    """The library formula the reference computes for `twin` (catalogue.library_formula, as
+    standing_for says)."""
+    return standing_for(spec, twin, catalogue.library_formula(spec, twin), scheme)
+
+
+def standing_for(spec, run: RunKey, formula: LibraryFormula | None, scheme: Scheme) -> LibraryFormula | None:
+    """`formula`, what `run`'s library computes, as the scheme's code computes it to stand for
+    that library. On a port the reference and its members are torch's own code, which
+    computes torch's catalogued formulas: where torch's clipping differs from the spec (its
+    eps) and `run`'s library's does not, they clip as the spec does (eps 0), so that a twin
+    is judged on its own library's math, not torch's, and the float32 members computing its
+    library's behaviour (library32_jobs) reach as far as that library's runs are carried from
+    torch's reference."""
+    if scheme.reference.framework == ORACLE or run.framework == scheme.reference.framework:
         return formula
-    own = catalogue.library_formula(spec, replace(twin, framework=scheme.reference.framework))
+    own = catalogue.library_formula(spec, replace(run, framework=scheme.reference.framework))
     if own is None or own.clip_eps is None or (formula is not None and formula.clip_eps is not None):
         return formula
     return (formula or LibraryFormula()).model_copy(update={"clip_eps": 0.0})

@@ -31,15 +31,19 @@ from harness.verdict.rules import check_all, pair_checks
 FLOAT32_ROUNDING = "rounding: float32 only"  # how _diagnosis begins where on_rounding_alone is true
 
 
-def covers(entry: KnownDifference, check: Check) -> bool:
+def covers(entry: KnownDifference, check: Check, reference: RunKey = ORACLE_KEY) -> bool:
     """Whether an entry explains a check: its name, framework, device and mode. Math parity
     (the float64 twins) is never covered: where a library's math differs, its twin is
-    judged against the oracle computing the library's formula."""
+    judged against the oracle computing the library's formula. A port's reference, torch's
+    float64 run, computes torch's catalogued formulas: torch's entries also cover a check
+    of another library's float32 run against it."""
     if check.name.startswith(MATH) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
         return False
-    return any(
-        k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64 for k in (check.a, check.b)
-    )
+    sides = (check.a, check.b)
+    if any(k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64 for k in sides):
+        return True
+    ours = entry.framework == reference.framework and reference.device in entry.devices and reference.mode in entry.modes
+    return ours and reference in sides and any(k.precision != FLOAT64 for k in sides)
 
 
 def _label(entry: KnownDifference) -> str:
@@ -82,7 +86,11 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     for side in (check.a, check.b):
         if side.framework == ORACLE or side == reference:
             continue
-        if side.framework == reference.framework or not any(isinstance(e, LibraryDifference) and e.framework == side.framework for e in entries):
+        # a port's reference computes its own library's formulas: an entry of that library
+        # carries the other libraries' runs from it, as far as their members computing their
+        # formula as the reference stands for them reach (roles.standing_for)
+        carrying = (side.framework, reference.framework)
+        if side.framework == reference.framework or not any(isinstance(e, LibraryDifference) and e.framework in carrying for e in entries):
             total += 1.0
             continue
         ratio = reached.get(side.framework, {}).get(check.name)
@@ -109,7 +117,7 @@ def apply_known_differences(
     differing = {side for side, failed in _parity(checks).items() if failed and side != (reference.framework, reference.device)}
     marked = []
     for check in checks:
-        covering = [e for e in entries if covers(e, check)]
+        covering = [e for e in entries if covers(e, check, reference)]
         if any((side.framework, side.device) in differing for side in (check.a, check.b) if side.precision != FLOAT64):
             covering = [e for e in covering if not isinstance(e, LibraryDifference)]
         if covering and check.verdict == Verdict.FAIL:
@@ -134,7 +142,7 @@ def apply_known_differences(
                 )
         marked.append(check)
     for known in entries:
-        judged = [c for c in checks if covers(known, c) and c.verdict != Verdict.SKIPPED]
+        judged = [c for c in checks if covers(known, c, reference) and c.verdict != Verdict.SKIPPED]
         if known.strict and judged and not any(c.verdict == Verdict.FAIL for c in judged):
             first = judged[0]
             marked.append(
