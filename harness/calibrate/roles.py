@@ -117,9 +117,11 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
     reference is how far those entries can explain a check (diagnosis.reach)."""
     found = []
     ours = (scheme.reference.framework, scheme.member.framework)
-    frameworks = dict.fromkeys(k.framework for k in keys if k.framework not in ours and k.precision != FLOAT64)
-    for framework in frameworks:
-        run = next(k for k in keys if k.framework == framework and k.precision != FLOAT64)
+    runs: dict[str, RunKey] = {}  # each framework's first float32 run, in the keys' order
+    for k in keys:
+        if k.framework not in ours and k.precision != FLOAT64:
+            runs.setdefault(k.framework, k)
+    for framework, run in runs.items():
         behaviour = catalogue.library_behaviour(problem.spec, framework, keys)
         behaviour = computable(resolved(standing_for(problem.spec, run, behaviour, scheme), problem), scheme)
         if behaviour is None:
