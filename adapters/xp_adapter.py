@@ -184,7 +184,13 @@ def _update(trainer: Trainer, params, opt_state, step: int):
     member = problem.jittered(step)
     jitter = trainer.jitter if member else network.plain
     masks = problem.step_masks(trainer.data, step)
-    ctx = network.Context(jitter=jitter, masks=masks, reorder=trainer.reorder if member else None, sequential_loss=problem.sequential_loss)
+    ctx = network.Context(
+        jitter=jitter,
+        masks=masks,
+        reorder=trainer.reorder if member else None,
+        sequential_loss=problem.sequential_loss,
+        autodiff_loss=problem.jitter_seed is not None,
+    )
     corrections = adam.float32_bias_corrections if problem.float32_corrections else None
     return network.train_step(
         trainer.xp, trainer.placed, params, opt_state, x, y, problem.spec, len(problem.x_train), ctx, problem.clip_eps, problem.rates, corrections

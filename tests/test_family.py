@@ -272,6 +272,44 @@ def test_the_members_round_label_smoothings_targets_as_torch_does():
         assert error(jax.grad(optax_loss)(jax.numpy.asarray(logits), labels)) <= max(members)
 
 
+def test_the_members_take_a_smoothed_gradient_through_the_log_softmax_as_both_libraries_do():
+    """Issue 56: over a batch of 128 MNIST-like rows (10 classes, smoothing 0.1), the sum of
+    the output bias's float32 gradient over the classes (0 in exact arithmetic) is one
+    signed shift, made again on every step: torch's and optax's autodiff (g - p * sum(g)
+    through the log-softmax) shift it by -1.7e-8 to -4.7e-8, the members' plain p - q by
+    +3.6e-8 to +5.5e-8, the other way. A member's gradient over its whole run
+    (autodiff=True) is p * sum(q) - q, and shifts as the libraries do: on an AdamW MNIST
+    recipe both libraries' float32 runs ended 7x further from the oracle than members
+    computing p - q, and as far as members computing it this way."""
+    import optax
+    import torch
+
+    from adapters.jax_adapter import _jax
+    from harness.reference import network
+
+    jax = _jax("float32")
+    classes = 10
+
+    def optax_loss(logits, labels):
+        targets = optax.smooth_labels(jax.nn.one_hot(labels, classes, dtype=logits.dtype), 0.1)
+        return optax.softmax_cross_entropy(logits, targets).mean()
+
+    section = SimpleNamespace(kind="cross_entropy", reduction="mean", label_smoothing=0.1)
+    for trial in range(5):
+        rng = np.random.default_rng(trial)
+        logits, labels = rng.normal(0, 3, (128, classes)).astype(np.float32), rng.integers(0, classes, 128)
+        z = torch.tensor(logits, requires_grad=True)
+        torch.nn.functional.cross_entropy(z, torch.tensor(labels), label_smoothing=0.1).backward()
+        shift = {
+            "plain": network.data_loss(np, logits, labels, section)[1],
+            "member": network.data_loss(np, logits, labels, section, autodiff=True)[1],
+            "torch": z.grad.numpy(),
+            "optax": np.asarray(jax.grad(optax_loss)(jax.numpy.asarray(logits), labels)),
+        }
+        shift = {k: float(np.asarray(v, np.float64).sum()) for k, v in shift.items()}
+        assert shift["plain"] > 1e-8 and all(shift[k] < -1e-8 for k in ("member", "torch", "optax")), shift
+
+
 # --- the envelope's second look ---------------------------------------------------------
 
 # A workload of the first image draw (2026-11-24; tests/family.py's image_patterns seed 79): a

@@ -37,6 +37,9 @@ class Context:
     # The logged loss summed one example after another (a library's few partial sums,
     # harness/known_differences.yaml `loss_sum`); its gradient is unchanged.
     sequential_loss: bool = False
+    # A calibration member's gradient of a label-smoothed loss, over its whole run: through
+    # the log-softmax's backward as autodiff takes it (harness/reference/network.py data_loss).
+    autodiff_loss: bool = False
     # A residual's input, kept where its body starts until the residual adds it (by the
     # residual's name); going back, the residual's gradient until the body's start adds it.
     skips: dict[str, Array] = field(default_factory=dict)

@@ -114,14 +114,18 @@ def _summed(xp, terms: Array, sequential: bool) -> Array:
     return terms.sum()
 
 
-def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain, sequential: bool = False) -> tuple[Array, Array]:
+def data_loss(
+    xp, outputs: Array, targets: Array, loss_section, jitter: Jitter = plain, sequential: bool = False, autodiff: bool = False
+) -> tuple[Array, Array]:
     """The data term of the loss and its gradient with respect to the outputs; with
-    `sequential`, the loss's terms summed one example after another (its gradient alike).
-    Outputs (batch, positions, classes), a text's, are (batch * positions) rows, each
-    position's target its own: the mean is over every position of every example (torch's
-    cross_entropy of the flattened logits)."""
+    `sequential`, the loss's terms summed one example after another (its gradient alike);
+    with `autodiff` (a calibration member, over its whole run), a label-smoothed loss's
+    gradient as torch's and JAX's autodiff take it (below). Outputs (batch, positions,
+    classes), a text's, are (batch * positions) rows, each position's target its own: the
+    mean is over every position of every example (torch's cross_entropy of the flattened
+    logits)."""
     if outputs.ndim == 3:
-        loss, d_out = data_loss(xp, outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), loss_section, jitter, sequential)
+        loss, d_out = data_loss(xp, outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), loss_section, jitter, sequential, autodiff)
         return loss, d_out.reshape(outputs.shape)
     n = outputs.shape[0]
     if loss_section.kind == "mse":
@@ -145,7 +149,16 @@ def data_loss(xp, outputs: Array, targets: Array, loss_section, jitter: Jitter =
             q = xp.full(outputs.shape, off, dtype=outputs.dtype)
             q[rows, targets] += on
             total = _summed(xp, -(q * logp), sequential)  # negation is exact: the same bits as -(sum)
-            d_out = jitter(xp.exp(logp)) - q
+            if autodiff:
+                # torch's and JAX's autodiff take the gradient through the log-softmax's
+                # backward, g - p * sum(g) with g = -q: p * sum(q) - q, where sum(q) is the
+                # rounded sum of the rounded targets, 1 + delta, the same in every row and on
+                # every step. Exactly p - q, but the softmax scaled by 1 + delta on every step
+                # drifts a long run systematically: both libraries' float32 runs of an AdamW
+                # MNIST recipe ended 7x beyond members computing p - q (issue 56).
+                d_out = jitter(xp.exp(logp)) * jitter(q.sum(axis=1, keepdims=True)) - q
+            else:
+                d_out = jitter(xp.exp(logp)) - q
         else:
             total = _summed(xp, -logp[rows, targets], sequential)
             d_out = jitter(xp.exp(logp))
@@ -170,7 +183,7 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     jitter = ctx.jitter
     ctx.l2_scale = l2_scale(loss_section, n_examples)
     outputs, caches = forward(xp, placed, params, x, ctx)
-    loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter, ctx.sequential_loss)
+    loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter, ctx.sequential_loss, ctx.autodiff_loss)
     d_a = jitter(d_a)
     found: dict[str, Array] = {}
     starts = residual_starts(placed)
