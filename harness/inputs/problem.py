@@ -129,12 +129,19 @@ class Problem:
     def anchors(self) -> list[int]:
         """The steps the re-anchored twins start from (harness/run/anchored.py): every
         math_parity.every steps after the first, where a whole segment of math_parity.steps
-        still fits; by default at most 4, evenly spaced. None in a truncated problem."""
+        still fits; by default at most 4, evenly spaced. None in a truncated problem. A
+        port's segments tile its whole run (issue 52: a jump at step 97 of 104 went unjudged):
+        one every math_parity.steps at most, and a last one ending at the run's last step."""
         if self.step_limit is not None:
             return []
         parity, total = self.spec.checks.math_parity, self.total_steps
         every = parity.every or max(parity.steps, -(-total // DEFAULT_SEGMENTS))
-        return list(range(every, total - parity.steps + 1, every))
+        if self.port is None:
+            return list(range(every, total - parity.steps + 1, every))
+        found = list(range(min(every, parity.steps), total - parity.steps + 1, min(every, parity.steps)))
+        if total > parity.steps and (found[-1] if found else 0) + parity.steps < total:
+            found.append(total - parity.steps)
+        return found
 
     def jittered(self, step: int) -> bool:
         """Whether a calibration member rounds otherwise at this step."""
@@ -233,8 +240,10 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Proble
         wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
         if width != wanted:
             raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
-    elif width < 2 or int(problem.y_train.max(initial=0)) >= width:
-        raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {int(problem.y_train.max(initial=0))}")
+    else:  # the validation split's labels index the outputs too
+        top = max(int(y.max(initial=0)) for y in (problem.y_train, problem.y_val) if y is not None)
+        if width < 2 or top >= width:
+            raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {top}")
     options = port.layer_options(path, spec.init.seed)
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": options})})
     penalized = port.penalized(path, spec.init.seed) if spec.loss.l2 is not None else ()
@@ -304,9 +313,9 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
         raise DataError(f"{loaded.path}: {message}" if message.startswith(("data.", "model.")) else message) from None
     images, labels = (split.files[0].path, split.files[1].path) if len(split.files) == 2 else (source, source)
     check_images(loaded, images, split.example_shape)
-    n_classes = spec.model.n_outputs
+    n_classes = spec.model.n_outputs  # a port's (model.python) is known once its module is built: with_port checks it
     top = max(split.y_train.max(initial=0), split.y_val.max(initial=0) if split.y_val is not None else 0)
-    if top >= n_classes:  # the validation split too: its labels index the outputs as well
+    if n_classes is not None and top >= n_classes:  # the validation split too: its labels index the outputs as well
         raise DataError(f"{labels}: labels go up to {top}, but {loaded.path} gives the last of model.layers {n_classes} outputs")
     return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
 
@@ -369,14 +378,7 @@ def build_problem(
     steps, step = total_steps(spec.training, len(x_train)), spec.checks.params_after_steps.step
     if step > steps:  # the check would silently not be made
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
-    problem = in_memory(spec, x_train, y_train)
+    problem = replace(in_memory(spec, x_train, y_train), x_val=x_val, y_val=y_val, data_files=files, data_source=used_source)
     if loaded.port is not None:
         problem = with_port(problem, loaded.port, loaded.port_sha256)
-    return replace(
-        problem,
-        x_val=x_val,
-        y_val=y_val,
-        data_files=files,
-        data_source=used_source,
-        prep_seconds=time.perf_counter() - start,
-    )
+    return replace(problem, prep_seconds=time.perf_counter() - start)

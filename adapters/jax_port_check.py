@@ -1,0 +1,51 @@
+"""A port's converter checked before any run (issue 52): the user's torch_to_flax of the
+port's initial tensors against flax's own init of the user's module, so that a misnamed key
+is one line and exit 2 before the torch side and its members train, not a failed JAX run
+after them. Run in a fresh process (harness/matrix.py check_port_tree): JAX's thread pool
+never starts in the driver."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adapters import jax_port
+from adapters.jax_adapter import _jax
+from harness.inputs import port
+
+
+def check_converter(path, loaded_sha256: str, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...]) -> None:
+    """Before any run (in a fresh process: harness/matrix.py): the user's torch_to_flax of the
+    port's initial tensors against flax's own init of the user's module, leaf by leaf, every
+    collection but the captured intermediates: the same key paths, shapes and floating
+    dtypes. A PortError of one line naming the first leaf that differs, with both shapes."""
+    jax = _jax("float32")
+    port.check_loaded(path, loaded_sha256)
+    net = port.call(path, "flax_model()", port.module(path).flax_model)
+    x = np.zeros((1, *in_shape), dtype=np.float32)
+    if len(in_shape) == 3:  # flax takes images NHWC
+        x = x.transpose(0, 2, 3, 1)
+    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), x, train=False)
+    own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
+    made = port.call(path, "torch_to_flax(state)", port.module(path).torch_to_flax, {k: np.asarray(v) for k, v in tensors.items()})
+    if not isinstance(made, dict) or "params" not in made:
+        raise port.PortError(f"{path}: torch_to_flax(state) returned no dict of flax variables with 'params'")
+    theirs = {k: np.shape(v) for k, v in jax_port._leaves(own)}
+    ours = {k: np.shape(v) for k, v in jax_port._leaves(made)}
+    missing = [k for k in theirs if k not in ours]
+    extra = [k for k in ours if k not in theirs]
+    if missing or extra:
+        if missing and extra:
+            what = f"gives {extra[0]} (shape {ours[extra[0]]}) where flax's init has {missing[0]} (shape {theirs[missing[0]]})"
+        elif missing:
+            what = f"gives no {missing[0]} (flax's init has it, shape {theirs[missing[0]]})"
+        else:
+            what = f"gives {extra[0]} (shape {ours[extra[0]]}), which flax's init has not"
+        raise port.PortError(f"{path}: torch_to_flax(state) {what}")
+    for key, shape in theirs.items():
+        if ours[key] != shape:
+            raise port.PortError(f"{path}: torch_to_flax(state) gives {key} of shape {ours[key]}; flax's init has shape {shape}")
+        kind = np.asarray(dict(jax_port._leaves(made))[key]).dtype.kind
+        if kind != "f":
+            raise port.PortError(
+                f"{path}: torch_to_flax(state) gives {key} of dtype {np.asarray(dict(jax_port._leaves(made))[key]).dtype}, not floating"
+            )
