@@ -1,7 +1,30 @@
 """A multi-framework reproducibility harness for neural-network training.
 
 Importing this package imports no framework: torch, jax and cupy load only when an
-adapter runs (see harness.core.registry).
+adapter runs (see harness.core.registry). From Python (harness/api.py):
+
+    import harness
+    verdict = harness.run_spec("specs/peaks_mlp.yaml", profile="quick", frameworks=["torch", "jax"])
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+from harness.core.errors import SpecError
+
 __version__ = "0.1.0"
+__all__ = ["SpecError", "Verdict", "run_spec"]
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names, imported when first used (the package itself stays light)."""
+    if name == "run_spec":
+        from harness.api import run_spec
+
+        return run_spec
+    if name == "Verdict":
+        from harness.result import Verdict
+
+        return Verdict
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

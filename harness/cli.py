@@ -14,21 +14,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness import arguments
+from harness import arguments, session
 from harness.core.atomic import atomic_write, ensure_replaceable
-from harness.core.errors import DataError, HarnessError
+from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT, REFERENCE_DIR, SPECS_DIR
 from harness.core.registry import (
     ADAPTERS,
-    CALIBRATION_KEY,
     DEVICES,
-    GPU_CALIBRATION_KEY,
-    GPU_ORACLE_KEY,
-    ONLY_ON,
-    ORACLE_KEY,
-    PORT_REFERENCE_KEY,
-    STRICT,
-    runs_on,
 )
 from harness.inputs import resources
 from harness.records import schema, write
@@ -39,117 +31,6 @@ from harness.spec import model as spec_mod
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
-
-
-def _spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
-    if names:
-        return [spec_load.resolve_spec(n, specs_dir) for n in names]
-    paths = list(spec_load.spec_paths(specs_dir).values())
-    if not paths:
-        raise HarnessError(f"{specs_dir}: no spec files (*.yaml)")
-    return paths
-
-
-def _prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, list]:
-    """Checks shared by run, bench and sweep, before anything runs: repeats, the results
-    folder and each spec's folder in it (`names`), the GPU when it is required; then the
-    matrix's keys."""
-    from harness.execute import executors, plan, probe
-
-    if args.executor == executors.LOCAL and not getattr(args, "in_process", False):
-        executors.local_slots(args.jobs, args.threads)  # jobs and threads within the cores, said before any work
-    chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
-    for framework in chosen:  # by name: of all (the default), each runs where it can
-        if not any(runs_on(framework, device) for device in args.devices):
-            only = ONLY_ON[framework][0]
-            raise HarnessError(
-                f"--frameworks {framework}: {framework} runs on the {only} only (numpy and cupy are the same "
-                f"array-module code on the CPU and the GPU); add {only} to --devices"
-            )
-    results_dir = None if getattr(args, "no_records", False) else args.results
-    if results_dir is not None:
-        write.ensure_writable(results_dir)
-        for name in dict.fromkeys(names):
-            write.ensure_writable(results_dir / name, f"folder of {name}'s records")
-    if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
-        write.ensure_writable(args.work_dir, "work folder")
-    if args.require_gpu and "gpu" not in args.devices:
-        raise HarnessError("--require-gpu: add gpu to --devices")
-    if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
-        probe.require_gpu(args.frameworks)
-    if args.references == "gpu":  # every check is judged against the oracle there
-        try:
-            probe.require_gpu([GPU_CALIBRATION_KEY.framework])
-        except HarnessError as exc:
-            raise HarnessError(f"--references gpu: the oracle runs through CuPy: {exc}") from None
-    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes), references=args.references)
-    return results_dir, keys
-
-
-def _executor(args: argparse.Namespace, console: Console):
-    """The executor the options name (harness/execute/executors.py), its choice said."""
-    from harness.execute import executors
-
-    kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
-    executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
-    console.print(executor.slots.describe(), highlight=False)
-    return executor
-
-
-def _also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True) -> None:
-    """What runs besides the frameworks asked for, said before it runs: every verdict is
-    judged against these (README, "The verdict rule"). A port (`ports`, their names) runs
-    torch and JAX only, against torch's float64 run (README, "Checking your own port")."""
-    if ports:
-        console.print(
-            f"{', '.join(ports)}: a port, run in torch and JAX only, judged against {PORT_REFERENCE_KEY.label} (torch's float64 run, "
-            "recorded) with torch's runs with each batch's examples permuted as members",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if not layers:  # ports alone: no array-module code runs
-        return
-    oracle, member = (ORACLE_KEY, CALIBRATION_KEY) if ORACLE_KEY in keys else (GPU_ORACLE_KEY, GPU_CALIBRATION_KEY)
-    also = [] if member.framework in frameworks else [f"{member.label} (the float32 calibration run, recorded)"]
-    also += [
-        f"{oracle.label} (the float64 reference, recorded)",
-        "the calibration members (~orderN, shown in the table, not recorded)",
-        "a float64 twin of each framework and device (+float64, its first steps, recorded)",
-    ]
-    running = [f for f in frameworks if any(k.framework == f for k in keys)]  # not cupy on a CPU-only run
-    console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
-
-
-def _rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
-    """Each device's rates (per precision on the GPU), measured once, after every input was
-    found good and before any run; a device that cannot be measured is said so, and its
-    records carry no floor."""
-    from harness.hardware.rates import describe, measure
-
-    rates = {}
-    if args.no_floor:
-        return rates
-    for device, precision in sorted({(k.device, k.precision) for k in keys}):
-        try:
-            rates[device, precision] = found = measure(device, precision)
-        except HarnessError as exc:
-            console.print(f"floor: {exc}; its records carry no floor", style="yellow", soft_wrap=True, highlight=False)
-            continue
-        label = device if precision == STRICT else f"{device}+{precision}"
-        console.print(f"floor: {label} rates {describe(found)}", highlight=False)
-    return rates
-
-
-def skipped_runs(results: list) -> dict[str, tuple[list[str], str]]:
-    """Each run asked for that did not run (a framework not installed, no GPU), with the specs
-    it skipped and why: said in the summary, not only in a table row."""
-    found: dict[str, tuple[list[str], str]] = {}
-    for result in results:
-        for key, outcome in result.outcomes.items():
-            if outcome.status == "skipped":
-                specs, _ = found.setdefault(key.label, ([], outcome.reason or "skipped"))
-                specs.append(result.loaded.name)
-    return found
 
 
 def _finish_run(args: argparse.Namespace, console: Console, results: list, results_dir: Path | None, run_id: str, unread: list[str] = ()) -> int:
@@ -163,7 +44,7 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     if workers:
         console.print(workers, highlight=False)
     table.print_failures(console, results)
-    for label, (specs, reason) in skipped_runs(results).items():
+    for label, (specs, reason) in session.skipped_runs(results).items():
         console.print(f"SKIPPED {label} on {', '.join(specs)}: {reason}", style="yellow", highlight=False, soft_wrap=True)
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])
@@ -178,54 +59,15 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     return EXIT_BAD_INPUT if unread else 0
 
 
-def _run_matrix(args: argparse.Namespace, console: Console) -> tuple[list, Path | None, str, list[str]]:
-    from harness import matrix
-    from harness.inputs import problem as inputs
-    from harness.inputs.port import PortError
-
-    loaded = [spec_load.load_spec(p, args.profile) for p in _spec_paths(args.specs, args.specs_dir)]
-    results_dir, keys = _prepare(args, [spec.name for spec in loaded])
-    ports = [spec.name for spec in loaded if spec.port is not None]
-    _also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded))
-    problems, ready, unread = [], [], []
-    for spec in loaded:
-        try:
-            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
-            ready.append(spec)
-        except PortError as exc:  # the user's code failed before any run: the other specs run
-            if len(loaded) == 1:
-                raise
-            unread.append(spec.name)
-            console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
-        except DataError as exc:
-            if len(loaded) == 1:
-                raise
-            # one spec's data missing (offline, say) keeps the others from nothing: they run
-            unread.append(spec.name)
-            console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
-    loaded = ready
-    rates = _rates(args, keys, console)
-    run_id = write.new_id()
-    executor = _executor(args, console)
-    try:
-        results = [
-            matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor)
-            for spec, problem in zip(loaded, problems)
-        ]
-    finally:
-        executor.shutdown()
-    return results, results_dir, run_id, unread
-
-
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    results, results_dir, run_id, unread = _run_matrix(args, console)
+    results, results_dir, run_id, unread = session.run_matrix(args, console)
     return _finish_run(args, console, results, results_dir, run_id, unread)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.report import table
 
-    results, results_dir, run_id, unread = _run_matrix(args, console)
+    results, results_dir, run_id, unread = session.run_matrix(args, console)
     code = _finish_run(args, console, results, results_dir, run_id, unread)
     console.print(table.bench_table([record for r in results for record in r.records]))
     return code
@@ -236,7 +78,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from harness.inputs import problem as inputs
 
     points = []  # (the spec at one point of its sweep, the swept value); all valid before anything runs
-    for path in _spec_paths(args.specs, args.specs_dir):
+    for path in session.spec_paths(args.specs, args.specs_dir):
         spec = spec_load.load_spec(path).spec
         if spec.sweep is None:
             if args.specs:
@@ -247,11 +89,11 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             point = spec_load.load_spec(path, spec.sweep.profile, extra)
             resources.check(point, arguments.limits(args))
             points.append((point, value))
-    results_dir, keys = _prepare(args, [point.name for point, _ in points])
-    rates = _rates(args, keys, console)
+    results_dir, keys = session.prepare(args, [point.name for point, _ in points])
+    rates = session.measure_rates(args, keys, console)
     run_id = write.new_id()
     results = []
-    executor = _executor(args, console)
+    executor = session.make_executor(args, console)
     try:
         for i, (loaded, value) in enumerate(points, 1):
             problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args))
@@ -269,7 +111,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from harness.inputs import problem as inputs
 
-    for path in _spec_paths(args.specs, args.specs_dir):
+    for path in session.spec_paths(args.specs, args.specs_dir):
         loaded = spec_load.load_spec(path)
         checked = inputs.check_image_files(loaded, args.data_dir)  # the model's input against each image file here
         profiles = [spec_mod.FULL_PROFILE, *loaded.spec.profiles]
@@ -396,7 +238,7 @@ def cmd_smoke(args: argparse.Namespace, console: Console) -> int:
     from harness import smoke
     from harness.execute import probe
 
-    paths = _spec_paths(args.specs, args.specs_dir)
+    paths = session.spec_paths(args.specs, args.specs_dir)
     frameworks = args.frameworks or list(ADAPTERS)
     devices = args.devices
     if devices is None:

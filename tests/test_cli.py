@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import arguments, cli
+from harness import arguments, cli, session
 from harness.core import paths
 from harness.core.paths import SPECS_DIR
 from tests.conftest import ROOT
@@ -273,12 +273,11 @@ def test_the_first_line_names_only_the_frameworks_that_run_here():
 
     from rich.console import Console
 
-    from harness import cli
     from harness.core.registry import ADAPTERS
     from harness.execute import plan
 
     out = io.StringIO()
-    cli._also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400))
+    session.also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400))
     said = out.getvalue()
     assert said.startswith("besides torch, jax, numpy, this runs") and "cupy" not in said
 
@@ -288,7 +287,6 @@ def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypat
     line of the run's summary, with the reason, not only a table row."""
     from types import SimpleNamespace
 
-    from harness import cli
     from harness.core.registry import RunKey
     from harness.run.runner import Outcome
 
@@ -298,7 +296,7 @@ def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypat
             loaded=SimpleNamespace(name=name), outcomes={skipped.key: skipped, RunKey("numpy", "cpu"): Outcome(RunKey("numpy", "cpu"), "ok")}
         )
 
-    found = cli.skipped_runs([result("peaks_mlp"), result("moons_net")])
+    found = session.skipped_runs([result("peaks_mlp"), result("moons_net")])
     assert found == {"torch@cpu": (["peaks_mlp", "moons_net"], "torch is not installed")}
 
 

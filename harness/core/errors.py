@@ -6,8 +6,8 @@ class HarnessError(Exception):
     """A problem with the user's input or environment, reported without a traceback."""
 
 
-class SpecError(HarnessError):
-    """A spec file that does not parse or does not validate."""
+class SpecError(HarnessError, ValueError):
+    """A spec (a file, or the Python API's arguments) that does not parse or does not validate."""
 
 
 class DataError(HarnessError):

@@ -182,6 +182,22 @@ def load_spec(path: str | Path, profile: str = FULL_PROFILE, extra: dict[str, An
     return LoadedSpec(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest(), profile=profile, overrides=overrides, port_sha256=digest)
 
 
+def load_mapping(doc: Any, profile: str = FULL_PROFILE, folder: Path | None = None, what: str = "spec") -> LoadedSpec:
+    """A spec given as a mapping in the spec language (the Python API's), validated as a file
+    is; named `<what>` in its errors, its port's file (model.python) looked up in `folder`
+    (the working folder by default). Its sha256 is its canonical JSON's."""
+    path = (folder or Path.cwd()) / f"<{what}>"
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path.name}: a spec is a mapping of keys (a dict), got {type(doc).__name__}")
+    spec, overrides = validate_document(path, doc, profile)
+    try:
+        canonical = json.dumps(doc, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{path.name}: (document): {exc}") from None
+    digest = None if spec.model.python is None else hashlib.sha256(port_source(path, spec.model.python)).hexdigest()
+    return LoadedSpec(spec=spec, path=path, sha256=hashlib.sha256(canonical).hexdigest(), profile=profile, overrides=overrides, port_sha256=digest)
+
+
 def port_source(spec_path: Path, name: str) -> bytes:
     """The bytes of a port's file `name` (model.python), read and never run: a regular file
     in the spec's folder or under it, reached by no link that leads out of it, else

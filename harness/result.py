@@ -1,0 +1,118 @@
+"""A run's verdict as the Python API hands it over (harness.run_spec, harness.check_port):
+whether it passed, each failing check with its diagnosis as fields, the schema records as
+dicts, and the table and FAIL lines the command line prints, as its text."""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from harness.core.registry import Verdict as CheckVerdict
+from harness.records.store import run_label
+
+# The module or layer a diagnosis names: where a twin's forward pass first differs, else the
+# tensor whose difference is largest (harness/verdict/diagnosis.py).
+FIRST_APART = re.compile(r"first differs at (?:layer|module) (?P<name>[^\s;()]+)")
+LARGEST_IN = re.compile(r"largest in (?P<name>[^\s;()]+)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failing check: its name, the run judged and the run it is judged against, the
+    diagnosis's kind ("implementation", "rounding", "undiagnosed", ...) and its text, the
+    module (or layer) it names (None where it names none), the step where it starts (None
+    where it has none), and its error over its tolerance."""
+
+    check: str
+    run: str
+    reference: str
+    diagnosis: str
+    module: str | None
+    step: int | None
+    ratio: float | None
+    detail: str
+
+
+def diagnosis_kind(text: str) -> str:
+    """The first word of a diagnosis: implementation, rounding, undiagnosed, known, stale."""
+    if text.startswith("known"):
+        return "known"
+    if text.startswith("stale"):
+        return "stale"
+    return text.split(":", 1)[0].split(" ", 1)[0]
+
+
+def named_module(text: str, tensor: str | None) -> str | None:
+    """The module a diagnosis names: where the forward pass first differs, else the module of
+    the tensor whose difference is largest ("fc1.weight" -> "fc1")."""
+    found = FIRST_APART.search(text) or LARGEST_IN.search(text)
+    name = found["name"] if found else tensor
+    if name is None:
+        return None
+    name = name.strip("`'\".,")
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def _step(text: str, check) -> int | None:
+    starts = re.search(r"starts at step (\d+)", text)
+    if starts:
+        return int(starts.group(1))
+    return check.first_failure_step
+
+
+class Verdict:
+    """What a run of the matrix found, from Python: `passed` (no gating check failed and no
+    run failed), `failures` (each failing check, `Failure`), `records` (the schema records,
+    as dicts) and `str(verdict)`, the verdict table and the FAIL lines the command line prints."""
+
+    def __init__(self, results: list, text: str):
+        from harness.report.table import failed, problem_checks
+
+        self.results = results
+        self._text = text
+        self.passed = not failed(results)
+        found = []
+        for result in results:
+            for record, c in problem_checks(result.records):
+                if c.verdict != CheckVerdict.FAIL:
+                    continue
+                detail = c.diagnosis or ""
+                found.append(
+                    Failure(
+                        check=c.name,
+                        run=run_label(record),
+                        reference=c.against,
+                        diagnosis=diagnosis_kind(detail),
+                        module=named_module(detail, c.tensor),
+                        step=_step(detail, c),
+                        ratio=c.ratio,
+                        detail=detail,
+                    )
+                )
+        self.failures: list[Failure] = found
+        self.records: list[dict[str, Any]] = [r.model_dump(mode="json") for result in results for r in result.records]
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"<Verdict {'passed' if self.passed else 'failed'}: {len(self.records)} records, {len(self.failures)} failing checks>"
+
+
+def rendered(results: list, members: bool = False) -> str:
+    """The verdict table, the cross-host table, and the FAIL and KNOWN lines, as the command
+    line prints them, as text."""
+    from harness.report import table
+
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=False, color_system=None)
+    console.print(table.verdict_table(results, members=members))
+    across = table.cross_host_table(results)
+    if across is not None:
+        console.print(across)
+    table.print_failures(console, results)
+    return out.getvalue()

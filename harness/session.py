@@ -1,0 +1,182 @@
+"""A run of the matrix, as `harness run` and the Python API (harness/api.py) drive it: the
+options checked before any work, what runs besides the frameworks said, the devices' rates,
+the executor, and every spec's matrix run (harness/matrix.py). Nothing here parses a
+command line or prints a verdict."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import arguments
+from harness.core.errors import DataError, HarnessError
+from harness.core.registry import (
+    ADAPTERS,
+    CALIBRATION_KEY,
+    GPU_CALIBRATION_KEY,
+    GPU_ORACLE_KEY,
+    ONLY_ON,
+    ORACLE_KEY,
+    PORT_REFERENCE_KEY,
+    STRICT,
+    runs_on,
+)
+from harness.records import write
+from harness.spec import load as spec_load
+
+
+def spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
+    if names:
+        return [spec_load.resolve_spec(n, specs_dir) for n in names]
+    paths = list(spec_load.spec_paths(specs_dir).values())
+    if not paths:
+        raise HarnessError(f"{specs_dir}: no spec files (*.yaml)")
+    return paths
+
+
+def prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, list]:
+    """Checks shared by run, bench and sweep, before anything runs: repeats, the results
+    folder and each spec's folder in it (`names`), the GPU when it is required; then the
+    matrix's keys."""
+    from harness.execute import executors, plan, probe
+
+    if args.executor == executors.LOCAL and not getattr(args, "in_process", False):
+        executors.local_slots(args.jobs, args.threads)  # jobs and threads within the cores, said before any work
+    chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
+    for framework in chosen:  # by name: of all (the default), each runs where it can
+        if not any(runs_on(framework, device) for device in args.devices):
+            only = ONLY_ON[framework][0]
+            raise HarnessError(
+                f"--frameworks {framework}: {framework} runs on the {only} only (numpy and cupy are the same "
+                f"array-module code on the CPU and the GPU); add {only} to --devices"
+            )
+    results_dir = None if getattr(args, "no_records", False) else args.results
+    if results_dir is not None:
+        write.ensure_writable(results_dir)
+        for name in dict.fromkeys(names):
+            write.ensure_writable(results_dir / name, f"folder of {name}'s records")
+    if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
+        write.ensure_writable(args.work_dir, "work folder")
+    if args.require_gpu and "gpu" not in args.devices:
+        raise HarnessError("--require-gpu: add gpu to --devices")
+    if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
+        probe.require_gpu(args.frameworks)
+    if args.references == "gpu":  # every check is judged against the oracle there
+        try:
+            probe.require_gpu([GPU_CALIBRATION_KEY.framework])
+        except HarnessError as exc:
+            raise HarnessError(f"--references gpu: the oracle runs through CuPy: {exc}") from None
+    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes), references=args.references)
+    return results_dir, keys
+
+
+def make_executor(args: argparse.Namespace, console: Console):
+    """The executor the options name (harness/execute/executors.py), its choice said."""
+    from harness.execute import executors
+
+    kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
+    executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
+    console.print(executor.slots.describe(), highlight=False)
+    return executor
+
+
+def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True) -> None:
+    """What runs besides the frameworks asked for, said before it runs: every verdict is
+    judged against these (README, "The verdict rule"). A port (`ports`, their names) runs
+    torch and JAX only, against torch's float64 run (README, "Checking your own port")."""
+    if ports:
+        console.print(
+            f"{', '.join(ports)}: a port, run in torch and JAX only, judged against {PORT_REFERENCE_KEY.label} (torch's float64 run, "
+            "recorded) with torch's runs with each batch's examples permuted as members",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not layers:  # ports alone: no array-module code runs
+        return
+    oracle, member = (ORACLE_KEY, CALIBRATION_KEY) if ORACLE_KEY in keys else (GPU_ORACLE_KEY, GPU_CALIBRATION_KEY)
+    also = [] if member.framework in frameworks else [f"{member.label} (the float32 calibration run, recorded)"]
+    also += [
+        f"{oracle.label} (the float64 reference, recorded)",
+        "the calibration members (~orderN, shown in the table, not recorded)",
+        "a float64 twin of each framework and device (+float64, its first steps, recorded)",
+    ]
+    running = [f for f in frameworks if any(k.framework == f for k in keys)]  # not cupy on a CPU-only run
+    console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
+
+
+def measure_rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
+    """Each device's rates (per precision on the GPU), measured once, after every input was
+    found good and before any run; a device that cannot be measured is said so, and its
+    records carry no floor."""
+    from harness.hardware.rates import describe, measure
+
+    rates = {}
+    if args.no_floor:
+        return rates
+    for device, precision in sorted({(k.device, k.precision) for k in keys}):
+        try:
+            rates[device, precision] = found = measure(device, precision)
+        except HarnessError as exc:
+            console.print(f"floor: {exc}; its records carry no floor", style="yellow", soft_wrap=True, highlight=False)
+            continue
+        label = device if precision == STRICT else f"{device}+{precision}"
+        console.print(f"floor: {label} rates {describe(found)}", highlight=False)
+    return rates
+
+
+def skipped_runs(results: list) -> dict[str, tuple[list[str], str]]:
+    """Each run asked for that did not run (a framework not installed, no GPU), with the specs
+    it skipped and why: said in the summary, not only in a table row."""
+    found: dict[str, tuple[list[str], str]] = {}
+    for result in results:
+        for key, outcome in result.outcomes.items():
+            if outcome.status == "skipped":
+                specs, _ = found.setdefault(key.label, ([], outcome.reason or "skipped"))
+                specs.append(result.loaded.name)
+    return found
+
+
+def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None = None) -> tuple[list, Path | None, str, list[str]]:
+    """`harness run`'s matrix: the specs the arguments name (or `loaded`, specs already
+    loaded: the Python API's), their problems built, every run and check on the executor the
+    arguments choose; the results, the records' folder, the run's id and the specs not run
+    for want of their data."""
+    from harness import matrix
+    from harness.inputs import problem as inputs
+    from harness.inputs.port import PortError
+
+    if loaded is None:
+        loaded = [spec_load.load_spec(p, args.profile) for p in spec_paths(args.specs, args.specs_dir)]
+    results_dir, keys = prepare(args, [spec.name for spec in loaded])
+    ports = [spec.name for spec in loaded if spec.port is not None]
+    also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded))
+    problems, ready, unread = [], [], []
+    for spec in loaded:
+        try:
+            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
+            ready.append(spec)
+        except PortError as exc:  # the user's code failed before any run: the other specs run
+            if len(loaded) == 1:
+                raise
+            unread.append(spec.name)
+            console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
+        except DataError as exc:
+            if len(loaded) == 1:
+                raise
+            # one spec's data missing (offline, say) keeps the others from nothing: they run
+            unread.append(spec.name)
+            console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
+    loaded = ready
+    rates = measure_rates(args, keys, console)
+    run_id = write.new_id()
+    executor = make_executor(args, console)
+    try:
+        results = [
+            matrix.run_spec(spec, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor)
+            for spec, problem in zip(loaded, problems)
+        ]
+    finally:
+        executor.shutdown()
+    return results, results_dir, run_id, unread

@@ -1,0 +1,110 @@
+"""The harness from Python (issue 53, harness/api.py): `harness.run_spec` gives the matrix,
+checks and verdicts `harness run` gives, as a Verdict; bad arguments raise harness.SpecError
+(a ValueError) in one line naming the argument and the key, before anything runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import harness
+from harness.records.store import read_record
+from harness.result import diagnosis_kind, named_module
+from tests.conftest import ROOT
+from tests.helpers import tiny_moons
+
+
+def test_run_spec_gives_the_verdict_and_records_harness_run_gives(tmp_path):
+    """The same tiny spec from a path, by `harness run` and by harness.run_spec: the same
+    records, check for check (errors, ratios, diagnoses) and loss curve for loss curve,
+    bitwise; the Verdict passes, its text is the table, and its records are the schema's."""
+    spec = tiny_moons(tmp_path)
+    cli_dir, api_dir = tmp_path / "cli", tmp_path / "api"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(spec), "--frameworks", "numpy", "--results", str(cli_dir), "--no-floor"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = harness.run_spec(spec, frameworks=["numpy"], results=api_dir)
+    assert verdict.passed and verdict.failures == [] and "Verdicts" in str(verdict) and "numpy@cpu" in str(verdict)
+    assert {(r["framework"], r["precision_mode"]) for r in verdict.records} == {("numpy", "strict"), ("oracle", "strict"), ("numpy", "float64")}
+    cli = {(r.framework, r.precision_mode): r for r in map(read_record, (cli_dir / "moons_net").glob("*.json"))}
+    api = {(r.framework, r.precision_mode): r for r in map(read_record, (api_dir / "moons_net").glob("*.json"))}
+    assert cli.keys() == api.keys()
+    for key in cli:
+        a, b = cli[key].model_dump(mode="json"), api[key].model_dump(mode="json")
+        assert a["checks"] == b["checks"], key
+        curves = [
+            np.load(folder / "moons_net" / r.artifacts.file, allow_pickle=False)["losses"] for folder, r in ((cli_dir, cli[key]), (api_dir, api[key]))
+        ]
+        assert np.array_equal(curves[0], curves[1]), key
+
+
+def test_run_spec_takes_a_dict_and_writes_nothing_without_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    doc = yaml.safe_load(tiny_moons(tmp_path).read_text())
+    verdict = harness.run_spec(doc, frameworks="numpy")
+    assert verdict.passed and len(verdict.records) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_moons.yaml"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"frameworks": ["torch", "tensorflow"]}, "frameworks: unknown 'tensorflow'; choose from"),
+        ({"devices": ["tpu"]}, "devices: unknown 'tpu'; choose from"),
+        ({"frameworks": 3}, "frameworks: a list of names"),
+        ({"results": 3}, "results: a folder's path"),
+        ({"profile": 3}, "profile: a profile's name"),
+        ({"profile": "tiny"}, "profile 'tiny' is not defined"),
+    ],
+)
+def test_bad_arguments_raise_spec_error_in_one_line_before_anything_runs(tmp_path, kwargs, said):
+    with pytest.raises(harness.SpecError, match=said) as caught:
+        harness.run_spec(tiny_moons(tmp_path), **kwargs)
+    assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
+
+
+def test_a_bad_spec_dict_names_its_key(tmp_path):
+    doc = yaml.safe_load(tiny_moons(tmp_path).read_text())
+    doc["optimizer"]["lrr"] = 0.1
+    with pytest.raises(harness.SpecError, match=r"<spec>: optimizer") as caught:
+        harness.run_spec(doc)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(harness.SpecError, match="spec: a path, a spec's name or a dict"):
+        harness.run_spec(42)
+    with pytest.raises(harness.SpecError, match="unknown spec 'no_such_spec'"):
+        harness.run_spec("no_such_spec")
+
+
+def test_a_failures_fields_read_off_its_diagnosis():
+    text = (
+        "implementation: the float64 twin of jax@cpu differs from torch@cpu+float64 too (math_initial_outputs, 2.3e+09x its "
+        "tolerance); its forward pass first differs at module norm (the first batch); starts at step 0"
+    )
+    assert diagnosis_kind(text) == "implementation" and named_module(text, "fc2.weight") == "norm"
+    assert named_module("rounding: float32 only, 2.02x; largest in dense1.weight after step 10 (3x)", None) == "dense1"
+    assert diagnosis_kind("known (optax-adam-float32-bias-corrections, 0.1 of what it explains)") == "known"
+    assert named_module("rounding: float32 only", None) is None
+
+
+def test_importing_harness_imports_no_framework():
+    code = "import sys, harness; harness.SpecError; assert not {'torch', 'jax', 'cupy'} & set(sys.modules), sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_run_spec_on_peaks_quick_passes_with_torchs_and_jaxs_records():
+    """The issue's own example: peaks' quick profile in torch and JAX, from Python."""
+    pytest.importorskip("jax")
+    verdict = harness.run_spec(ROOT / "specs" / "peaks_mlp.yaml", profile="quick", frameworks=["torch", "jax"])
+    assert verdict.passed, str(verdict)
+    assert {"torch", "jax"} <= {r["framework"] for r in verdict.records}
