@@ -389,3 +389,34 @@ def test_report_without_matplotlib_is_one_line_naming_the_extra(tmp_path, capsys
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "pip install '.[report]'" in err and "matplotlib" in err
     assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_each_known_difference_is_explained_once_with_its_checks_shares_listed():
+    """Issue 55: the known difference's paragraph after the table, once per entry (it was
+    printed once per check, differing only in the share of what the entry explains), the
+    shares of its checks listed on that one line."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.core.registry import Verdict
+    from harness.records.store import load_records
+    from harness.report.table import print_failures
+
+    records, share = [], iter(range(1, 100))
+    for record in load_records(ROOT / "results" / "mnist_adamw").values():
+        checks = [
+            c.model_copy(update={"diagnosis": f"known (optax-adam-float32-bias-corrections, 0.0{next(share)} of what it explains)"})
+            if c.verdict == Verdict.KNOWN and "bias-corrections" in (c.diagnosis or "")
+            else c
+            for c in record.checks
+        ]
+        records.append(record.model_copy(update={"checks": checks}))
+    out = io.StringIO()
+    print_failures(Console(file=out, width=100), [SimpleNamespace(title="mnist_adamw", records=records, member_records=[])])
+    text = " ".join(out.getvalue().split())
+    known = text.count("KNOWN ")
+    assert known >= 3 and text.count("known difference: optax.adam evaluates") == 1, text
+    listed = text.split("known (optax-adam-float32-bias-corrections, ")[-1].split(" of what it explains)")[0]
+    assert len(listed.split(", ")) == text.count("bias-corrections, 0.0") - 1, listed  # every check's share, once more on the one line

@@ -3,6 +3,7 @@ rendered with the report's row builders (harness/report/rows.py)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -140,17 +141,27 @@ def _print(console: Console, line: str, style: str | None = None) -> None:
     console.print(wrapped, style=style, highlight=False, soft_wrap=True, markup=False)
 
 
+KNOWN_AT = re.compile(r"known \((?P<entry>[^,()]+)(?:, (?P<share>[^,()]+) of what it explains)?\)")
+
+
 def print_failures(console: Console, results: Sequence[Shown]) -> None:
     reasons: dict[str, str] = {}
+    shares: dict[str, list[str]] = {}
     for result in results:
         for record, c in problem_checks(result.records):
             _print(console, failure_line(record, c), "red" if c.verdict == Verdict.FAIL else "yellow")
             if c.verdict == Verdict.KNOWN and c.reason:
-                reasons.setdefault((c.diagnosis or "").split(";")[0], c.reason)
+                found = KNOWN_AT.match(c.diagnosis or "")
+                entry = found["entry"] if found else (c.diagnosis or "").split(";")[0]
+                reasons.setdefault(entry, c.reason)
+                if found and found["share"]:
+                    shares.setdefault(entry, []).append(found["share"])
         for record in [*result.records, *result.member_records]:
             if record.status != "ok":
                 _print(console, f"{record.status.upper()} {record.spec.name} {run_label(record)}: {record.reason}")
-    for what, reason in reasons.items():  # each known difference explained once
+    for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
+        share = f", {', '.join(shares[entry])} of what it explains" if entry in shares else ""
+        what = entry if entry.startswith("known") else f"known ({entry}{share})"
         _print(console, f"{what}: {reason}", "dim")
 
 
