@@ -65,13 +65,18 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
 
-def check_port_tree(loaded: LoadedSpec, problem: Problem) -> None:
-    """torch_to_flax's tree against flax's own init (adapters/jax_port_check.py), in
-    a fresh process: JAX's thread pool never starts in the driver."""
+def check_port_tree(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -> None:
+    """torch_to_flax's tree against flax's own init (adapters/jax_port_check.py), in a fresh
+    process (JAX's thread pool never starts in the driver), or in this one where every run
+    does (the inline executor)."""
     from adapters import jax_port_check
     from harness.execute.fresh import in_fresh_process
 
-    in_fresh_process(jax_port_check.check_converter, problem.port, loaded.port_sha256, problem.initial_params, problem.spec.model.in_shape)
+    args = (problem.port, loaded.port_sha256, problem.initial_params, problem.spec.model.in_shape)
+    if fresh:
+        in_fresh_process(jax_port_check.check_converter, *args)
+    else:
+        jax_port_check.check_converter(*args)
 
 
 def run_spec(
@@ -105,7 +110,7 @@ def run_spec(
     if problem.port is not None:  # no oracle nor array-module code: torch's float64 run is the reference
         keys = plan.port_keys(keys)
         if any(k.framework == "jax" for k in keys):  # the converter's tree against flax's init, before any run
-            check_port_tree(loaded, problem)
+            check_port_tree(loaded, problem, fresh=not isinstance(executor, executors.Inline))
     elif GPU_ORACLE_KEY in keys:  # the oracle and its members on the GPU (harness run --references gpu)
         problem = replace(problem, references="gpu")
     scheme = roles.scheme_of(problem)

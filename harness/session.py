@@ -82,25 +82,26 @@ def make_executor(args: argparse.Namespace, console: Console):
     return executor
 
 
-def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True) -> None:
+def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:
     """What runs besides the frameworks asked for, said before it runs: every verdict is
     judged against these (README, "The verdict rule"). A port (`ports`, their names) runs
     torch and JAX only, against torch's float64 run (README, "Checking your own port")."""
+    kept = "recorded" if records else "not recorded: --no-records"
     if ports:
         console.print(
             f"{', '.join(ports)}: a port, run in torch and JAX only, judged against {PORT_REFERENCE_KEY.label} (torch's float64 run, "
-            "recorded) with torch's runs with each batch's examples permuted as members",
+            f"{kept}) with torch's runs with each batch's examples permuted as members",
             highlight=False,
             soft_wrap=True,
         )
     if not layers:  # ports alone: no array-module code runs
         return
     oracle, member = (ORACLE_KEY, CALIBRATION_KEY) if ORACLE_KEY in keys else (GPU_ORACLE_KEY, GPU_CALIBRATION_KEY)
-    also = [] if member.framework in frameworks else [f"{member.label} (the float32 calibration run, recorded)"]
+    also = [] if member.framework in frameworks else [f"{member.label} (the float32 calibration run, {kept})"]
     also += [
-        f"{oracle.label} (the float64 reference, recorded)",
+        f"{oracle.label} (the float64 reference, {kept})",
         "the calibration members (~orderN, shown in the table, not recorded)",
-        "a float64 twin of each framework and device (+float64, its first steps, recorded)",
+        f"a float64 twin of each framework and device (+float64, its first steps, {kept})",
     ]
     running = [f for f in frameworks if any(k.framework == f for k in keys)]  # not cupy on a CPU-only run
     console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
@@ -151,7 +152,7 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
         loaded = [spec_load.load_spec(p, args.profile) for p in spec_paths(args.specs, args.specs_dir)]
     results_dir, keys = prepare(args, [spec.name for spec in loaded])
     ports = [spec.name for spec in loaded if spec.port is not None]
-    also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded))
+    also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)
     problems, ready, unread = [], [], []
     for spec in loaded:
         try:

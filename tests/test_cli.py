@@ -280,6 +280,11 @@ def test_the_first_line_names_only_the_frameworks_that_run_here():
     session.also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400))
     said = out.getvalue()
     assert said.startswith("besides torch, jax, numpy, this runs") and "cupy" not in said
+    assert "(the float64 reference, recorded)" in said
+    out = io.StringIO()  # --no-records: nothing is said to be recorded that is not
+    session.also_runs(list(ADAPTERS), plan.matrix_keys(list(ADAPTERS), ["cpu"]), Console(file=out, width=400), ["p"], records=False)
+    said = out.getvalue()
+    assert "not recorded: --no-records" in said and ", recorded" not in said and "(recorded" not in said and "reference, recorded" not in said
 
 
 def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypatch):
