@@ -158,6 +158,16 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
         try:
             problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
             ready.append(spec)
+            said = spec.spec.data
+            if getattr(said, "kind", None) == "idx" and problems[-1].data_source != said.source:
+                console.print(
+                    f"{spec.name}: its {said.source} files are not in the data folder; it runs on the real MNIST test-set files "
+                    f"shipped with the harness (data source {problems[-1].data_source}: harness/data/mnist/README.md). "
+                    f"--data-source {said.source} --download fetches the {said.source} files instead",
+                    style="yellow",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         except PortError as exc:  # the user's code failed before any run: the other specs run
             if len(loaded) == 1:
                 raise

@@ -79,7 +79,7 @@ def test_a_framework_on_no_device_it_runs_on_is_bad_input(tmp_path):
 
 
 def test_missing_mnist_files_exit_two(tmp_path):
-    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--results", str(tmp_path / "r"))
+    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "train-set", "--results", str(tmp_path / "r"))
     assert done.returncode == 2 and "train-images-idx3-ubyte.gz: missing" in done.stderr
     assert "--data-source test-set" in done.stderr  # the offline way out is named
     assert not (tmp_path / "r").exists()  # not even an empty results folder
@@ -323,6 +323,8 @@ def test_offline_without_a_specs_data_the_other_specs_run(tmp_path):
             "run",
             str(mnist),
             str(tiny_moons(tmp_path)),
+            "--data-source",
+            "train-set",  # asked for by name: the shipped test-set files do not stand in
             "--frameworks",
             "numpy",
             "--no-records",

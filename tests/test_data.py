@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +145,35 @@ def test_a_download_is_kept_only_when_its_sha256_matches(tmp_path, mirror):
         data._download("file.gz", "0" * 64, tmp_path / "other", mirrors=("http://127.0.0.1:9/", url))
     assert "\n" not in str(raised.value)
     assert not any((tmp_path / "other").iterdir())  # nothing half-written or unchecked is left
+
+
+def test_without_its_training_files_an_mnist_spec_runs_on_the_shipped_test_set(tmp_path, monkeypatch):
+    """Issue 55: on a fresh clone with no data folder and no network, an MNIST spec whose
+    training files are not found runs on the real test-set files shipped in
+    harness/data/mnist (their sha256 the spec's), and the problem says which source it used;
+    asked for by name (--data-source), the missing source stays an error."""
+    from harness.inputs.problem import build_problem
+
+    loaded = load_spec(SPECS_DIR / "mnist_mlp.yaml", "quick")
+    problem = build_problem(loaded, tmp_path)
+    assert problem.data_source == "test-set" and problem.x_train.shape[1] == 784
+    assert all(Path(f.path).parent == data.EMBEDDED_DIR for f in problem.data_files)
+    assert {f.name: f.sha256 for f in problem.data_files} == data.EMBEDDED
+    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: missing"):
+        build_problem(loaded, tmp_path, "train-set")
+    for name in data.EMBEDDED:  # the shipped copy is checked as any file is: altered, it is refused
+        (tmp_path / "shipped").mkdir(exist_ok=True)
+        (tmp_path / "shipped" / name).write_bytes((data.EMBEDDED_DIR / name).read_bytes())
+    altered = tmp_path / "shipped" / "t10k-labels-idx1-ubyte.gz"
+    altered.write_bytes(altered.read_bytes()[:-8])
+    monkeypatch.setattr(data, "EMBEDDED_DIR", tmp_path / "shipped")
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte.gz: checksum mismatch"):
+        build_problem(loaded, tmp_path)
+
+
+def test_the_shipped_files_sums_and_licence_are_beside_them():
+    listed = dict(reversed(line.split()) for line in (data.EMBEDDED_DIR / "SHA256SUMS").read_text().splitlines())
+    assert listed == data.EMBEDDED
+    assert all(data.sha256_of(data.EMBEDDED_DIR / name) == sha for name, sha in data.EMBEDDED.items())
+    said = (data.EMBEDDED_DIR / "README.md").read_text()
+    assert "CC BY-SA 3.0" in said and "LeCun" in said

@@ -222,6 +222,31 @@ def read_idx(path: Path, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+# The real MNIST test-set files shipped with the harness (harness/data/mnist/README.md: their
+# attribution and licence), by name with their sha256: the offline default of a spec whose
+# training files are not found (harness/inputs/problem.py).
+EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "data" / "mnist"
+EMBEDDED = {
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+
+
+def source_present(section: IdxData, source: str, data_dir: Path) -> bool:
+    """Whether every file of a source is in data_dir (gzip or raw), unchecked."""
+    files = (section.sources[source].images, section.sources[source].labels)
+    return all((data_dir / f.file).is_file() or (data_dir / f.file.removesuffix(".gz")).is_file() for f in files)
+
+
+def embedded_source(section: IdxData) -> str | None:
+    """The spec's data source whose files the harness ships (EMBEDDED: the same names and
+    sha256), if it has one."""
+    for name, source in section.sources.items():
+        if all(EMBEDDED.get(f.file) == f.sha256 for f in (source.images, source.labels)):
+            return name
+    return None
+
+
 def default_data_dir() -> Path:
     env = os.environ.get(DATA_DIR_ENV)
     if env:
