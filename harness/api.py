@@ -21,9 +21,9 @@ from rich.console import Console
 from harness import arguments, session
 from harness.core.errors import SpecError
 from harness.core.registry import ADAPTERS, DEVICES
+from harness.result import Verdict, rendered
 from harness.spec import load as spec_load
 from harness.spec.model import FULL_PROFILE
-from harness.result import Verdict, rendered
 
 
 def _names(argument: str, value: Any, allowed: Sequence[str]) -> list[str] | None:

@@ -79,7 +79,9 @@ def test_a_framework_on_no_device_it_runs_on_is_bad_input(tmp_path):
 
 
 def test_missing_mnist_files_exit_two(tmp_path):
-    done = harness("run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "train-set", "--results", str(tmp_path / "r"))
+    done = harness(
+        "run", "mnist_mlp", "--profile", "quick", "--data-dir", str(tmp_path), "--data-source", "train-set", "--results", str(tmp_path / "r")
+    )
     assert done.returncode == 2 and "train-images-idx3-ubyte.gz: missing" in done.stderr
     assert "--data-source test-set" in done.stderr  # the offline way out is named
     assert not (tmp_path / "r").exists()  # not even an empty results folder
