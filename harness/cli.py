@@ -120,7 +120,9 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         for extra in spec_load.sweep_overrides(loaded.spec):
             resources.check(spec_load.load_spec(path, loaded.spec.sweep.profile, extra), arguments.limits(args))
         against = f"; input checked against {', '.join(checked)}" if checked else ""
-        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)}{against})", highlight=False, soft_wrap=True)
+        missing = inputs.unchecked_data(loaded, args.data_dir)
+        unchecked = f"; data not checked, not found: {', '.join(missing)} (--data-dir)" if missing else ""
+        console.print(f"{path}: ok ({loaded.name}; profiles: {', '.join(profiles)}{against}{unchecked})", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -662,3 +662,22 @@ def test_a_transformer_ports_bugs_fail_diagnosed_implementation_at_their_layer(t
     # 6 ulps away (1.4x its tolerance). What an honest twin may miss by is rounding, never
     # the bugs' 1e13x.
     assert all(c.max_rel_error < 1e-13 for c in honest), [(c.a, c.name, c.max_rel_error) for c in honest]
+
+
+def test_validate_says_which_data_files_it_did_not_check(tmp_path, text_dir):
+    """Issue 55: `validate` accepted a text spec whose file is missing, which `run` refuses; it
+    now names the files it did not find, and says it did not check them."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "my_text.yaml"
+    doc = yaml.safe_load(SPEC.read_text())
+    doc["data"]["file"] = "my_text"
+    spec.write_text(yaml.safe_dump(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "validate", str(spec), "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0 and f"data not checked, not found: {tmp_path / 'my_text'} (--data-dir)" in said, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-m", "harness", "validate", str(SPEC)], capture_output=True, text=True, timeout=300)
+    assert "not checked" not in done.stdout  # its text is there (Debian's GPL-3)

@@ -338,6 +338,22 @@ def check_images(loaded: LoadedSpec, images: str, example_shape: tuple[int, ...]
         raise DataError(f"{images}: images of {said} = {pixels} pixels, but {loaded.path} says model.input_width: {model.input_width}")
 
 
+def unchecked_data(loaded: LoadedSpec, data_dir: Path | None) -> list[str]:
+    """The data files a spec names that are not where a run would look (`harness validate`
+    says so: it checks them only where they are): a text's file, and its IDX source's files
+    (unless the harness ships them, harness/data/mnist)."""
+    section, folder = loaded.spec.data, data_dir or data.default_data_dir()
+    if section.kind == "text":
+        found = (folder / section.file).is_file() or (data.SYSTEM_TEXTS / section.file).is_file()
+        return [] if found else [str(folder / section.file)]
+    if section.kind != "idx" or data.source_present(section, section.source, folder):
+        return []
+    if data.embedded_source(section) is not None:
+        return []
+    chosen = section.sources[section.source]
+    return [str(folder / f.file) for f in (chosen.images, chosen.labels)]
+
+
 def check_image_files(loaded: LoadedSpec, data_dir: Path | None) -> list[str]:
     """Each data source's image file that is in the data folder, its header's dimensions
     checked against the model's input (check_images) without reading its data: what
