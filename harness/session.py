@@ -84,8 +84,8 @@ def make_executor(args: argparse.Namespace, console: Console):
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:
     """What runs besides the frameworks asked for, said before it runs: every verdict is
-    judged against these (README, "The verdict rule"). A port (`ports`, their names) runs
-    torch and JAX only, against torch's float64 run (README, "Checking your own port")."""
+    judged against these (docs/verdict.md, "The verdict rule"). A port (`ports`, their names)
+    runs torch and JAX only, against torch's float64 run (docs/ports.md)."""
     kept = "recorded" if records else "not recorded: --no-records"
     if ports:
         console.print(

@@ -1,8 +1,11 @@
-"""The README says of the committed records (results/) only what they hold: the run, its
-date and commit, the host's CPU model, cores and BLAS kernels, the library and Python
-versions, and the verdict table, which must be what the report's own row builder makes of
-that run's records. docs/findings.md's runs, commits, measured rates and bench table are
-held to the records the same way.
+"""The README and the guide's pages under docs/ that it links (GUIDE_PAGES: the sections
+that moved out of it) say of the committed records (results/) only what they hold: the
+run, its date and commit, the host's CPU model, cores and BLAS kernels, the library and
+Python versions, and the verdict table (docs/results.md), which must be what the report's
+own row builder makes of that run's records. docs/findings.md's runs, commits, measured
+rates and bench table are held to the records the same way. The README stays a guide of at
+most README_MAX_LINES lines that links every page of the guide, and every local link of
+every document leads to a file and heading that exist.
 
 `readme_mismatches` and `findings_mismatches` list what a text gets wrong about a set of
 records. The committed texts must get nothing wrong; altered texts (the host called
@@ -26,7 +29,26 @@ from tests.conftest import ROOT
 
 RESULTS = ROOT / "results"
 README = ROOT / "README.md"
-FINDINGS = ROOT / "docs" / "findings.md"
+DOCS = ROOT / "docs"
+FINDINGS = DOCS / "findings.md"
+# The pages the README's sections moved to (issue 55): the README links each of them.
+GUIDE_PAGES = tuple(
+    DOCS / f"{name}.md"
+    for name in (
+        "command-line",
+        "verdict",
+        "known-differences",
+        "results",
+        "gpu",
+        "gate",
+        "ports",
+        "extending",
+        "testing",
+        "layout",
+        "security",
+    )
+)
+README_MAX_LINES = 250
 
 # The README's sentence on the records its verdict table comes from (whitespace collapsed).
 FACTS = re.compile(
@@ -54,6 +76,12 @@ def committed_records() -> tuple[Record, ...]:
     """Every committed record: the JSON files under results/, the schema and the figures aside."""
     paths = [p for p in record_paths(RESULTS) if p.relative_to(RESULTS).parts[0] != "figures"]
     return tuple(read(p) for p in paths)
+
+
+def guide() -> str:
+    """The README and the guide's pages, one text: what the README said before its sections
+    moved to docs/, checked as one."""
+    return "\n\n".join(page.read_text() for page in (README, *GUIDE_PAGES))
 
 
 def flat(text: str) -> str:
@@ -222,7 +250,21 @@ def findings_mismatches(text: str, records: Sequence[Record]) -> list[str]:
 
 
 def test_the_readme_says_of_the_committed_records_only_what_they_hold():
-    assert readme_mismatches(README.read_text(), committed_records()) == []
+    assert readme_mismatches(guide(), committed_records()) == []
+
+
+def test_the_verdict_table_and_the_sentence_on_its_records_are_on_the_results_page():
+    results = (DOCS / "results.md").read_text()
+    assert FACTS.search(flat(results)) and table_after(results, VERDICT_HEADER)
+
+
+def test_the_readme_is_a_short_guide_that_links_every_page_of_the_guide():
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, f"README.md has {len(text.splitlines())} lines, more than {README_MAX_LINES}"
+    linked = {(README.parent / target.partition("#")[0]).resolve() for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)}
+    for page in GUIDE_PAGES:
+        assert page.is_file(), f"{page.relative_to(ROOT)}: no such page"
+        assert page.resolve() in linked, f"README.md does not link {page.relative_to(ROOT)}"
 
 
 def test_docs_findings_says_of_the_committed_records_only_what_they_hold():
@@ -237,9 +279,7 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize(
-    "doc", [README, FINDINGS, *(ROOT / "docs" / name for name in ("gpu-machine.md", "measurements.md", "spec-reference.md"))], ids=lambda p: p.name
-)
+@pytest.mark.parametrize("doc", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
 def test_every_local_link_leads_to_a_file_and_heading_that_exist(doc):
     for target in LINK.findall(doc.read_text()):
         if re.match(r"[a-z]+:", target):
@@ -278,13 +318,13 @@ def altered(text: str, old: str, new: str) -> str:
     ],
 )
 def test_the_readme_check_catches_a_wrong_fact(old, new, caught):
-    wrong = readme_mismatches(altered(README.read_text(), old, new), committed_records())
+    wrong = readme_mismatches(altered(guide(), old, new), committed_records())
     assert any(caught in line for line in wrong), wrong
 
 
 def test_the_readme_check_rejects_the_old_sentence_on_an_amd_epyc_vm():
     old = "(run f6d668528020, commit 8cfc6ba; 2-core AMD EPYC VM, torch 2.13.0, jax 0.10.2; MNIST on the offline test-set files;"
-    text = re.sub(r"\(run f6d668528020, commit.*?test-set files;", old, flat(README.read_text()), count=1)
+    text = re.sub(r"\(run f6d668528020, commit.*?test-set files;", old, flat(guide()), count=1)
     assert old in text
     wrong = readme_mismatches(text, committed_records())
     assert any("AMD" in line for line in wrong) and any("no sentence of the form" in line for line in wrong), wrong
@@ -296,8 +336,8 @@ def test_the_readme_check_reads_the_records_too():
     i = next(i for i, r in enumerate(records) if r.run_id == "f6d668528020" and r.checks)
     failing = records[i].checks[0].model_copy(update={"verdict": Verdict.FAIL.value})
     with_a_failure = [*records[:i], records[i].model_copy(update={"checks": [failing, *records[i].checks[1:]]}), *records[i + 1 :]]
-    assert any("every check passes" in line for line in readme_mismatches(README.read_text(), with_a_failure))
-    said = README.read_text() + "\nNo GPU records yet.\n"  # what it said before the first GPU run
+    assert any("every check passes" in line for line in readme_mismatches(guide(), with_a_failure))
+    said = guide() + "\nNo GPU records yet.\n"  # what it said before the first GPU run
     cpu_only = [r for r in records if r.device.kind == "cpu"]
     assert not any("no GPU records" in line for line in readme_mismatches(said, cpu_only))
     gpu = cpu_only[0].model_copy(update={"device": cpu_only[0].device.model_copy(update={"kind": "gpu"})})

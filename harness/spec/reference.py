@@ -29,7 +29,7 @@ A spec is a YAML file; every key below not marked **required** may be left out a
 its default. An unknown key, a value out of its bounds or a missing required key is refused
 by `harness validate` (and by every command that loads the spec) in one line naming the
 file and the key, exit code 2. A section whose `kind` picks its keys (data, optimizer,
-schedule, layers) has one table per kind. README's "Adding a workload" walks through a spec.
+schedule, layers) has one table per kind. docs/extending.md's "Adding a workload" walks through a spec.
 """
 
 BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
