@@ -392,3 +392,16 @@ def test_a_busy_process_beside_a_timed_run_shows_in_its_share():
     subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"], check=True)
     share = load.others_share(before, load.sample())
     assert share is not None and share >= 0.8 / os.cpu_count()
+
+
+def test_every_spec_has_quick_baselines():
+    """Issue 55: `regress` printed NO BASELINE for the transformer. Every spec of specs/ has
+    records in baselines/cpu-quick, each framework's float32 run and the oracle's among them."""
+    from harness.core.registry import current_name
+    from harness.records.store import read_record
+    from harness.spec.load import spec_paths
+
+    for name in spec_paths():
+        records = [read_record(p) for p in (ROOT / "baselines" / "cpu-quick" / name).glob("*.json")]
+        assert {"torch", "jax", "numpy", "oracle"} <= {current_name(r.framework, r.device.kind) for r in records}, name  # NumPy's old name
+        assert all(r.spec.profile == "quick" for r in records), name
