@@ -30,7 +30,8 @@ def check_converter(path, loaded_sha256: str, tensors: dict[str, np.ndarray], in
     if not isinstance(made, dict) or "params" not in made:
         raise port.PortError(f"{path}: torch_to_flax(state) returned no dict of flax variables with 'params'")
     theirs = {k: np.shape(v) for k, v in jax_port._leaves(own)}
-    ours = {k: np.shape(v) for k, v in jax_port._leaves(made)}
+    leaves = {k: np.asarray(v) for k, v in jax_port._leaves(made)}
+    ours = {k: v.shape for k, v in leaves.items()}
     missing = [k for k in theirs if k not in ours]
     extra = [k for k in ours if k not in theirs]
     if missing or extra:
@@ -44,8 +45,5 @@ def check_converter(path, loaded_sha256: str, tensors: dict[str, np.ndarray], in
     for key, shape in theirs.items():
         if ours[key] != shape:
             raise port.PortError(f"{path}: torch_to_flax(state) gives {key} of shape {ours[key]}; flax's init has shape {shape}")
-        kind = np.asarray(dict(jax_port._leaves(made))[key]).dtype.kind
-        if kind != "f":
-            raise port.PortError(
-                f"{path}: torch_to_flax(state) gives {key} of dtype {np.asarray(dict(jax_port._leaves(made))[key]).dtype}, not floating"
-            )
+        if leaves[key].dtype.kind != "f":
+            raise port.PortError(f"{path}: torch_to_flax(state) gives {key} of dtype {leaves[key].dtype}, not floating")
