@@ -23,7 +23,7 @@ class Network:
     def __init__(self, problem):
         self.problem = problem
         self.shape = problem.spec.model.in_shape
-        self.net = port.call(problem.port, "flax_model()", port.module(problem.port).flax_model)
+        self.net = port.call(problem.port, "flax_model()", port.function(problem.port, "flax_model"))
         import flax.linen as nn
 
         if not isinstance(self.net, nn.Module):
@@ -61,7 +61,9 @@ def variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, 
     """flax's variables holding the port's tensors, in `dtype` (the user's torch_to_flax)."""
     import jax
 
-    made = port.call(problem.port, "torch_to_flax(state)", port.module(problem.port).torch_to_flax, {k: np.asarray(v) for k, v in tensors.items()})
+    made = port.call(
+        problem.port, "torch_to_flax(state)", port.function(problem.port, "torch_to_flax"), {k: np.asarray(v) for k, v in tensors.items()}
+    )
     if not isinstance(made, dict) or "params" not in made:
         raise port.PortError(f"{problem.port}: torch_to_flax(state) returned no dict of flax variables with 'params'")
     return jax.tree_util.tree_map(lambda a: np.ascontiguousarray(np.asarray(a)).astype(dtype), {k: _plain(v) for k, v in made.items()})
@@ -107,14 +109,14 @@ def penalized(problem, params: dict[str, Any]) -> list[Any]:
 
 def _penalized_paths(problem) -> frozenset[str]:
     shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
-    return _penalized_leaves(problem.port, port.module(problem.port), shapes, problem.port_penalized)
+    return _penalized_leaves(problem.port, port.function(problem.port, "torch_to_flax"), shapes, problem.port_penalized)
 
 
 @functools.cache
-def _penalized_leaves(path, module, shapes, names: tuple[str, ...]) -> frozenset[str]:
+def _penalized_leaves(path, converter, shapes, names: tuple[str, ...]) -> frozenset[str]:
     """The paths of flax's leaves (jax.tree_util.keystr of the whole variables) that hold the
     torch tensors `names`, each wholly (_index_map: where each torch element lands)."""
-    where, positions, _, sizes = _index_map(path, module, shapes)
+    where, positions, _, sizes = _index_map(path, converter, shapes)
     leaf_of = np.repeat(np.arange(len(where)), sizes)  # each flat position's leaf
     chosen = np.zeros(positions.size, dtype=bool)
     at = 0
@@ -135,11 +137,11 @@ def _penalized_leaves(path, module, shapes, names: tuple[str, ...]) -> frozenset
 
 def _inverse(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:
     shapes = tuple((k, v.shape) for k, v in problem.initial_params.items())
-    return _index_map(problem.port, port.module(problem.port), shapes)
+    return _index_map(problem.port, port.function(problem.port, "torch_to_flax"), shapes)
 
 
 @functools.cache
-def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:
+def _index_map(path, converter, shapes) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:
     """Where each element of each torch tensor lands among flax's leaves: the leaves' paths
     in order, for the torch tensors' elements in order (`shapes`) their positions in those
     leaves flattened and joined, the shapes, and each leaf's size."""
@@ -149,7 +151,7 @@ def _index_map(path, module, shapes) -> tuple[list[str], np.ndarray, list[tuple[
         ids[name] = np.arange(at, at + size, dtype=np.float64).reshape(shape)
         at += size
     total = at - 1
-    made = port.call(path, "torch_to_flax(state)", module.torch_to_flax, ids)
+    made = port.call(path, "torch_to_flax(state)", converter, ids)
     leaves = _leaves(made)
     flat = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for _, leaf in leaves]) if leaves else np.zeros(0)
     index = np.rint(flat).astype(np.int64)

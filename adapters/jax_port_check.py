@@ -13,20 +13,20 @@ from adapters.jax_adapter import _jax
 from harness.inputs import port
 
 
-def check_converter(path, loaded_sha256: str, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...]) -> None:
+def check_converter(path, loaded_sha256: str, functions: dict[str, str] | None, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...]) -> None:
     """Before any run (in a fresh process: harness/matrix.py): the user's torch_to_flax of the
     port's initial tensors against flax's own init of the user's module, leaf by leaf, every
     collection but the captured intermediates: the same key paths, shapes and floating
     dtypes. A PortError of one line naming the first leaf that differs, with both shapes."""
     jax = _jax("float32")
-    port.check_loaded(path, loaded_sha256)
-    net = port.call(path, "flax_model()", port.module(path).flax_model)
+    port.check_loaded(path, loaded_sha256, functions)
+    net = port.call(path, "flax_model()", port.function(path, "flax_model"))
     x = np.zeros((1, *in_shape), dtype=np.float32)
     if len(in_shape) == 3:  # flax takes images NHWC
         x = x.transpose(0, 2, 3, 1)
     own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), x, train=False)
     own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
-    made = port.call(path, "torch_to_flax(state)", port.module(path).torch_to_flax, {k: np.asarray(v) for k, v in tensors.items()})
+    made = port.call(path, "torch_to_flax(state)", port.function(path, "torch_to_flax"), {k: np.asarray(v) for k, v in tensors.items()})
     if not isinstance(made, dict) or "params" not in made:
         raise port.PortError(f"{path}: torch_to_flax(state) returned no dict of flax variables with 'params'")
     theirs = {k: np.shape(v) for k, v in jax_port._leaves(own)}

@@ -5,6 +5,7 @@ adapter runs (see harness.core.registry). From Python (harness/api.py):
 
     import harness
     verdict = harness.run_spec("specs/peaks_mlp.yaml", profile="quick", frameworks=["torch", "jax"])
+    verdict = harness.check_port(torch_model, flax_model, torch_to_flax, data=..., loss=..., optimizer=..., training=...)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from harness.core.errors import SpecError
 
 __version__ = "0.1.0"
-__all__ = ["SpecError", "Verdict", "run_spec"]
+__all__ = ["SpecError", "Verdict", "check_port", "run_spec"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from harness.api import run_spec
 
         return run_spec
+    if name == "check_port":
+        from harness.port_api import check_port
+
+        return check_port
     if name == "Verdict":
         from harness.result import Verdict
 

@@ -72,7 +72,7 @@ def check_port_tree(loaded: LoadedSpec, problem: Problem, fresh: bool = True) ->
     from adapters import jax_port_check
     from harness.execute.fresh import in_fresh_process
 
-    args = (problem.port, loaded.port_sha256, problem.initial_params, problem.spec.model.in_shape)
+    args = (problem.port, loaded.port_sha256, problem.spec.model.functions, problem.initial_params, problem.spec.model.in_shape)
     if fresh:
         in_fresh_process(jax_port_check.check_converter, *args)
     else:

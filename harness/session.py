@@ -23,6 +23,7 @@ from harness.core.registry import (
     STRICT,
     runs_on,
 )
+from harness.execute.fresh import in_fresh_process
 from harness.records import write
 from harness.spec import load as spec_load
 
@@ -156,7 +157,8 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
     problems, ready, unread = [], [], []
     for spec in loaded:
         try:
-            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args)))
+            apart = None if getattr(args, "in_process", False) else in_fresh_process  # the driver never runs a port's file (it imports JAX)
+            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args), apart))
             ready.append(spec)
             said = spec.spec.data
             if getattr(said, "kind", None) == "idx" and problems[-1].data_source != said.source:

@@ -18,10 +18,13 @@ PortError: one line naming the file and what failed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import sys
 import types
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,29 +52,73 @@ def call(path: Path, what: str, fn, *args, **kwargs):
         raise PortError(f"{path}: {what} raised {detail}") from None
 
 
-def check_loaded(path: Path, loaded_sha256: str | None) -> None:
+def check_loaded(path: Path, loaded_sha256: str | None, functions: dict[str, str] | None = None) -> None:
     """The port's file is the one loading the spec read: a spec rebuilt from a record (the
-    report) never runs a port, nor does a file changed since it was read."""
+    report) never runs a port, nor does a file changed since it was read. `functions`: the
+    qualified names that play FUNCTIONS' roles in it (model.functions; by default their own)."""
     if loaded_sha256 is None:
         raise PortError(f"{path}: a port runs only in `harness run`, from its spec loaded there")
     source = read_regular(path, PORT_MAX_BYTES, "port file", error=PortError)
     found = hashlib.sha256(source).hexdigest()
     if found != loaded_sha256:
         raise PortError(f"{path}: changed since its spec was loaded (sha256 {found[:12]}, read as {loaded_sha256[:12]})")
-    _CHECKED[str(path)] = source
+    _CHECKED[str(path)] = (source, {role: (functions or {}).get(role, role) for role in FUNCTIONS})
 
 
-# Each port file's bytes as check_loaded found them, by path: the bytes that run.
-_CHECKED: dict[str, bytes] = {}
+# Each port file's bytes as check_loaded found them, and the names of its functions, by
+# path: the bytes that run.
+_CHECKED: dict[str, tuple[bytes, dict[str, str]]] = {}
 
 
 def module(path: Path) -> types.ModuleType:
     """The port's file as a module, its three functions checked (one per file and content,
     in each process): the bytes check_loaded hashed."""
-    source = _CHECKED.get(str(path))
-    if source is None:
+    checked = _CHECKED.get(str(path))
+    if checked is None:
         raise PortError(f"{path}: a port runs only in `harness run`, once its bytes are checked against its spec's loading")
-    return _module(str(path), source)
+    source, names = checked
+    found = _module(str(path), source)
+    missing = [name for name in names.values() if not callable(_named(found, name))]
+    if missing:
+        raise PortError(f"{path}: defines no {', '.join(f'{m}()' for m in missing)} (a port defines {', '.join(FUNCTIONS)})")
+    return found
+
+
+def function(path: Path, role: str):
+    """The port's function that plays `role` (one of FUNCTIONS): by its own name, or by the
+    qualified name model.functions gives it; or the callable harness.check_port was given,
+    where it runs everything in its own process (given)."""
+    here = _GIVEN.get(str(path))
+    if here is not None:
+        return here[role]
+    found = module(path)
+    return _named(found, _CHECKED[str(path)][1][role])
+
+
+def _named(found: types.ModuleType, qualname: str):
+    """`found`'s object at a dotted qualified name ("make_model", "Models.torch"), else None."""
+    at: Any = found
+    for part in qualname.split("."):
+        at = getattr(at, part, None)
+    return at
+
+
+# The callables harness.check_port(in_process=True) was given, by their source file's path.
+_GIVEN: dict[str, dict[str, Any]] = {}
+
+
+@contextlib.contextmanager
+def given(path: Path, callables: dict[str, Any] | None) -> Iterator[None]:
+    """While it lasts, `callables` play their roles for the port file `path` in this process
+    (none: the file's own functions, as in any worker)."""
+    if callables is None:
+        yield
+        return
+    _GIVEN[str(path)] = dict(callables)
+    try:
+        yield
+    finally:
+        _GIVEN.pop(str(path), None)
 
 
 @functools.cache
@@ -85,9 +132,6 @@ def _module(path: str, source: bytes) -> types.ModuleType:
     except SyntaxError as exc:
         raise PortError(f"{path}: not valid Python: line {exc.lineno}: {exc.msg}") from None
     call(Path(path), "importing it", exec, code, found.__dict__)
-    missing = [f for f in FUNCTIONS if not callable(getattr(found, f, None))]
-    if missing:
-        raise PortError(f"{path}: defines no {', '.join(f'{m}()' for m in missing)} (a port defines {', '.join(FUNCTIONS)})")
     return found
 
 
@@ -97,7 +141,7 @@ def torch_module(path: Path, seed: int):
     import torch
 
     torch.manual_seed(seed)
-    made = call(path, "torch_model()", module(path).torch_model)
+    made = call(path, "torch_model()", function(path, "torch_model"))
     if not isinstance(made, torch.nn.Module):
         raise PortError(f"{path}: torch_model() returned {type(made).__name__}, not a torch.nn.Module")
     for name, part in made.named_modules():
@@ -171,3 +215,21 @@ def output_width(path: Path, seed: int, in_shape: tuple[int, ...]) -> int:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise PortError(f"{path}: the torch module's output on 2 examples of shape {in_shape} is {shape}, not (2, outputs)")
     return int(out.shape[1])
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the driver learns from a port's torch module (harness/inputs/problem.py with_port)."""
+
+    width: int  # output_width
+    options: tuple[str, ...]  # layer_options
+    penalized: tuple[str, ...]  # penalized
+    initial: dict[str, np.ndarray]  # initial_state
+
+
+def facts(path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...]) -> Facts:
+    """The port's Facts, its bytes checked first: called in a fresh process by `harness run`'s
+    driver, which then never imports the user's file (nor the flax and JAX it imports: JAX's
+    gc callback swallowed a lease's Ctrl-C in the driver, which then ran on until killed)."""
+    check_loaded(path, loaded_sha256, functions)
+    return Facts(output_width(path, seed, in_shape), layer_options(path, seed), penalized(path, seed), initial_state(path, seed))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -227,15 +228,19 @@ def initial_params(spec: Spec) -> Params:
     return initial_tensors(spec.model.placed, spec.init)
 
 
-def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Problem:
+def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Callable | None = None) -> Problem:
     """The problem of a port: its torch module's initial tensors, its output width checked
     against the data's targets (harness/inputs/port.py; PortError naming the file). Only a
-    port whose file load_spec read (`loaded_sha256`) is run, and only with those bytes."""
+    port whose file load_spec read (`loaded_sha256`) is run, and only with those bytes.
+    `apart(fn, *args)`: fn(*args) in a fresh process (harness/execute/fresh.py), where the
+    user's file is run, not in this one (the driver's); None: in this one."""
     from harness.inputs import port
 
     spec = problem.spec
-    port.check_loaded(path, loaded_sha256)
-    width = port.output_width(path, spec.init.seed, spec.model.in_shape)
+    functions = spec.model.functions
+    port.check_loaded(path, loaded_sha256, functions)
+    found = (apart or _here)(port.facts, path, loaded_sha256, functions, spec.init.seed, spec.model.in_shape)
+    width = found.width
     if spec.loss.kind == "mse":
         wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
         if width != wanted:
@@ -244,11 +249,13 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None) -> Proble
         top = max(int(y.max(initial=0)) for y in (problem.y_train, problem.y_val) if y is not None)
         if width < 2 or top >= width:
             raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {top}")
-    options = port.layer_options(path, spec.init.seed)
-    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": options})})
-    penalized = port.penalized(path, spec.init.seed) if spec.loss.l2 is not None else ()
-    initial = port.initial_state(path, spec.init.seed)
-    return replace(problem, spec=spec, initial_params=initial, port=path, port_outputs=width, port_penalized=penalized)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": found.options})})
+    penalized = found.penalized if spec.loss.l2 is not None else ()
+    return replace(problem, spec=spec, initial_params=found.initial, port=path, port_outputs=width, port_penalized=penalized)
+
+
+def _here(fn: Callable, *args):
+    return fn(*args)
 
 
 def truncated(problem: Problem, steps: int) -> Problem:
@@ -300,6 +307,8 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
             message = str(exc)
             raise DataError(f"{loaded.path}: {message}" if message.startswith("data.") else message) from None
         return split.x_train, split.y_train, split.x_val, split.y_val, split.files, None
+    if section.kind == "arrays":
+        return _load_arrays(loaded, data_dir)
     folder, explicit = data_dir or data.default_data_dir(), source is not None
     source = source or section.source
     if not (explicit or download or data.source_present(section, source, folder)):
@@ -325,6 +334,25 @@ def _load_data(loaded: LoadedSpec, data_dir: Path | None, source: str | None, do
     return split.x_train, split.y_train, split.x_val, split.y_val, split.files, source
 
 
+def _load_arrays(loaded: LoadedSpec, data_dir: Path | None):
+    """A user's arrays (data kind arrays), their rows' shape checked against the model's input
+    and their labels against its outputs (a port's when its module is built: with_port)."""
+    try:
+        split = data.load_arrays(loaded.spec.data, data_dir or data.default_data_dir())
+    except DataError as exc:
+        message = str(exc)
+        raise DataError(f"{loaded.path}: {message}" if message.startswith("data.") else message) from None
+    model, path = loaded.spec.model, split.files[0].path
+    if split.example_shape != model.in_shape:
+        raise DataError(f"{path}: rows of shape {split.example_shape}, but {loaded.path} gives the model an input of {model.in_shape}")
+    n_classes = model.n_outputs
+    if split.y_train.dtype.kind == "i" and n_classes is not None:
+        top = max(int(y.max(initial=0)) for y in (split.y_train, split.y_val) if y is not None)
+        if top >= n_classes:
+            raise DataError(f"{path}: labels go up to {top}, but {loaded.path} gives the last of model.layers {n_classes} outputs")
+    return split.x_train, split.y_train, split.x_val, split.y_val, split.files, None
+
+
 def check_images(loaded: LoadedSpec, images: str, example_shape: tuple[int, ...]) -> None:
     """One image's shape (height, width) against the model's input: its input_shape must be
     [1, height, width] (an IDX image has one channel), its input_width height x width. A
@@ -346,6 +374,8 @@ def unchecked_data(loaded: LoadedSpec, data_dir: Path | None) -> list[str]:
     if section.kind == "text":
         found = (folder / section.file).is_file() or (data.SYSTEM_TEXTS / section.file).is_file()
         return [] if found else [str(folder / section.file)]
+    if section.kind == "arrays":
+        return [] if (folder / section.file).is_file() else [str(folder / section.file)]
     if section.kind != "idx" or data.source_present(section, section.source, folder):
         return []
     if data.embedded_source(section) is not None:
@@ -383,10 +413,12 @@ def build_problem(
     source: str | None = None,
     download: bool = False,
     limits: resources.Limits = resources.DEFAULT_LIMITS,
+    port_apart: Callable | None = None,
 ) -> Problem:
     """Make the data, the initial weights and the batch order of a spec, once; refused
     before anything is made when it is past the resource limits (for an IDX data set,
-    again once its files are read and its size is known, before its features are made)."""
+    again once its files are read and its size is known, before its features are made).
+    `port_apart`: how a port's file is run apart from this process (with_port)."""
     spec = loaded.spec
     start = time.perf_counter()
     resources.check(loaded, limits)
@@ -401,5 +433,5 @@ def build_problem(
         raise DataError(f"{loaded.path}: checks.params_after_steps.step: {step} is past the run's last step, {steps}")
     problem = replace(in_memory(spec, x_train, y_train), x_val=x_val, y_val=y_val, data_files=files, data_source=used_source)
     if loaded.port is not None:
-        problem = with_port(problem, loaded.port, loaded.port_sha256)
+        problem = with_port(problem, loaded.port, loaded.port_sha256, port_apart)
     return replace(problem, prep_seconds=time.perf_counter() - start)

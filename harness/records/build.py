@@ -140,7 +140,9 @@ def build_record(
             sha256=loaded.sha256,
             profile=loaded.profile,
             overrides=loaded.overrides,
-            port=None if loaded.port is None else schema.PortRef(path=str(loaded.port), sha256=loaded.port_sha256),
+            port=None
+            if loaded.port is None
+            else schema.PortRef(path=str(loaded.port), sha256=loaded.port_sha256, functions=loaded.spec.model.functions),
         ),
         framework=key.framework,
         implementation=implementation(key, outcome.describe),

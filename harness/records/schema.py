@@ -33,6 +33,16 @@ class PortRef(Frozen):
 
     path: str
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    # the qualified names of its functions where they are not their roles' own names
+    # (model.functions: harness.check_port's callables); a port file's records have none
+    functions: dict[str, str] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        dumped = handler(self)
+        if isinstance(dumped, dict) and dumped.get("functions") is None:
+            dumped.pop("functions", None)
+        return dumped
 
 
 class SpecRef(Frozen):

@@ -1,5 +1,5 @@
 """A spec's `data` section: each data kind's keys (the peaks grid, moons, an IDX image set,
-small seeded images, a text), validated as the rest of the spec is."""
+small seeded images, a text, a user's own arrays), validated as the rest of the spec is."""
 
 from __future__ import annotations
 
@@ -126,4 +126,20 @@ class TextData(Strict):
         return None  # known once the file is read
 
 
-DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns | TextData, Field(discriminator="kind")]
+class ArraysData(Strict):
+    """A user's own arrays (harness.check_port's `data` given as NumPy arrays): a NumPy .npz
+    file by bare name, looked up in the data folder and checked against its sha256, holding
+    x_train and y_train and, both or neither, x_val and y_val: float32 features (vectors, or
+    images as channels x height x width) and integer labels (cross entropy) or float32
+    targets (mse). Read without unpickling anything (harness.inputs.data.load_arrays)."""
+
+    kind: Literal["arrays"]
+    file: FileName
+    sha256: Sha256
+
+    @property
+    def n_examples(self) -> int | None:
+        return None  # known once the file is read
+
+
+DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns | TextData | ArraysData, Field(discriminator="kind")]

@@ -35,7 +35,7 @@ UNION_TAG = re.compile(r".*[\[\]'\"(].*|constrained-\w+|int|float|str|bool|none"
 
 # The tags of the discriminated unions: data kinds, optimizer kinds and layer kinds.
 DISCRIMINATED_TAGS = frozenset(
-    {"peaks_grid", "moons", "idx", "image_patterns", "text", *OPTIMIZER_KINDS, "constant", "step", "warmup_cosine", *KINDS}
+    {"peaks_grid", "moons", "idx", "image_patterns", "text", "arrays", *OPTIMIZER_KINDS, "constant", "step", "warmup_cosine", *KINDS}
 )
 
 

@@ -51,6 +51,10 @@ class Tokens(Strict):
 # A port's file (model.python): a Python file beside the spec or in a folder under it,
 # named by a relative path of plain names (harness/spec/load.py checks the file itself).
 PORT_FILE = r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}/){0,4}[A-Za-z_][A-Za-z0-9_]{0,99}\.py$"
+# The qualified name of a port's function in its file (model.functions): top-level names,
+# dotted for a class's (a static method or a class): nothing defined inside a function.
+QUALNAME = r"^[A-Za-z_][A-Za-z0-9_]{0,99}(?:\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,4}$"
+PortRole = Literal["torch_model", "flax_model", "torch_to_flax"]
 
 
 class ModelSection(Strict):
@@ -70,6 +74,9 @@ class ModelSection(Strict):
     tokens: Annotated[Tokens | None, Field(exclude=True)] = None
     layers: Annotated[list[LayerSection], Field(min_length=1, max_length=MAX_LAYERS)] | None = None
     python: Annotated[str, Field(pattern=PORT_FILE)] | None = None
+    # The qualified names that play a port's roles in its file, where they are not the roles'
+    # own names (harness.check_port's callables); left out of a dump where not given.
+    functions: dict[PortRole, Annotated[str, Field(pattern=QUALNAME)]] | None = None
     # A port's layer options as its torch module shows them ("batch_norm.running_var=unbiased",
     # harness/inputs/port.py layer_options), set where `harness run` builds its problem: what
     # the library catalogue matches a port's entries on. Never in a spec file, nor in a dump.
@@ -81,7 +88,7 @@ class ModelSection(Strict):
         digests unchanged), a port without `layers`."""
         dumped = handler(self)
         if isinstance(dumped, dict):
-            for key in ("python", "layers"):
+            for key in ("python", "layers", "functions"):
                 if dumped.get(key) is None:
                     dumped.pop(key, None)
         return dumped
@@ -99,6 +106,8 @@ class ModelSection(Strict):
             if self.tokens is not None:
                 raise ValueError("model: a text's input is its token ids: give no input_width or input_shape")
             raise ValueError("model: give input_width (a vector) or input_shape (an image), one of them")
+        if self.functions is not None and not self.is_port:
+            raise ValueError("model.functions: a port's (model.python), naming its functions")
         if self.port_options and not self.is_port:
             raise ValueError("model.port_options: a port's, found by running it")
         if self.is_port:

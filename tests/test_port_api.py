@@ -1,0 +1,167 @@
+"""harness.check_port and harness.testing.assert_port_matches (issue 53): the one-line errors
+(nothing runs), arrays as data (data kind `arrays`, read without unpickling), a port on the
+real MNIST test-set files from this process, and the README's example file as a user runs it
+(worker processes finding the callables again by file and qualified name)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import harness
+from harness.core.errors import DataError, SpecError
+from harness.inputs import data as data_mod
+from harness.spec.data import ArraysData
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mnist_arrays(n_train: int, n_val: int):
+    """The first rows of the real MNIST test-set files the harness ships, as a user's arrays."""
+    images = data_mod.read_idx(data_mod.EMBEDDED_DIR / "t10k-images-idx3-ubyte.gz")
+    labels = data_mod.read_idx(data_mod.EMBEDDED_DIR / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+    x = images.reshape(len(images), -1).astype(np.float32) / np.float32(255)
+    n = n_train + n_val
+    return {"train": (x[:n_train], labels[:n_train]), "validation": (x[n_train:n], labels[n_train:n])}
+
+
+# A user's port on MNIST, defined at this module's top level under names of its own.
+def mnist_torch():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(784, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10))
+
+
+def mnist_flax():
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(10, name="out")(nn.tanh(nn.Dense(16, name="hidden")(x)))
+
+    return Net()
+
+
+def mnist_convert(state):
+    def dense(i):
+        return {"kernel": state[f"{i}.weight"].T, "bias": state[f"{i}.bias"]}
+
+    return {"params": {"hidden": dense(0), "out": dense(2)}}
+
+
+SETUP = dict(
+    loss="cross_entropy",
+    optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.9},
+    training={"epochs": 1, "batch_size": 64},
+    checks={"math_parity": {"steps": 4, "members": 3}},
+)
+
+
+def test_a_port_on_real_mnist_arrays_passes_in_process_and_its_records_name_the_callables(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    verdict = harness.check_port(mnist_torch, mnist_flax, mnist_convert, data=mnist_arrays(1024, 256), results=tmp_path, in_process=True, **SETUP)
+    assert verdict.passed, str(verdict)
+    assert {r["framework"] for r in verdict.records} >= {"torch", "jax"}
+    ported = verdict.records[0]["spec"]["port"]
+    source = Path(__file__).resolve()
+    assert ported["path"] == str(source) and ported["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert ported["functions"] == {"torch_model": "mnist_torch", "flax_model": "mnist_flax", "torch_to_flax": "mnist_convert"}
+    written = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    assert written and all(w["spec"]["port"]["functions"] == ported["functions"] for w in written if "spec" in w)
+
+
+def test_a_closure_runs_in_process_and_is_refused_for_workers_in_one_line():
+    def torch_model():
+        return mnist_torch()
+
+    with pytest.raises(SpecError, match=r"^torch_model: .*<locals>.torch_model is defined inside a function: .*in_process=True"):
+        harness.check_port(torch_model, mnist_flax, mnist_convert, data=mnist_arrays(64, 16), **SETUP)
+    with pytest.raises(SpecError, match=r"^flax_model: .*is a lambda"):
+        harness.check_port(mnist_torch, lambda: None, mnist_convert, data=mnist_arrays(64, 16), **SETUP)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(torch_model=3), r"^torch_model: a function \(or class\) that builds the torch.nn.Module, got int"),
+        (dict(torch_to_flax=np.transpose), r"^torch_model, flax_model, torch_to_flax: defined in .* and .*: a port's three callables"),
+        (dict(data=[1, 2]), r"^data: a spec's data section .* got list"),
+        (dict(data={"train": (np.zeros((4, 784)), np.zeros(4, np.int64))}), r"^data.train: features are float32, got float64"),
+        (dict(data={"train": (np.zeros((4, 784), np.int64), np.zeros(4, np.int64))}), r"^data.train: integer features \(token ids\?\)"),
+        (dict(data={"train": (np.zeros((4, 784), np.float32), np.zeros(3, np.int64))}), r"^data.train: x has 4 rows, y 3"),
+        (dict(data={"train": (np.zeros((4, 784), np.float32), -np.ones(4, np.int64))}), r"^data.train: labels are class indices"),
+        (dict(data={"train": (np.full((4, 784), np.nan, np.float32), np.zeros(4, np.int64))}), r"^data.train: x holds NaN"),
+        (dict(data={"training": None}), r"^data: arrays as"),
+        (dict(data={"kind": "idx"}), r"^input_shape: a 'idx' data section's rows are known once read"),
+        (dict(loss=1), r"^loss: a dict of the spec's loss section, got int"),
+        (dict(optimizer="sgd"), r"^optimizer: a dict of the spec's optimizer section, got str"),
+        (dict(training={"epochs": 1, "batch_size": 64, "epoch": 2}), r"<check_port>: training.epoch: unknown key"),
+        (dict(optimizer={"kind": "sgd"}), r"<check_port>: optimizer.lr: missing key"),
+        (dict(init_seed="0"), r"^init_seed: an integer, got str"),
+        (dict(devices=["tpu"]), r"^devices: unknown 'tpu'"),
+        (dict(input_shape=(0,)), r"^input_shape: \(features,\) or"),
+    ],
+)
+def test_bad_arguments_are_one_line_spec_errors_before_anything_runs(change, message):
+    arguments = {"torch_model": mnist_torch, "flax_model": mnist_flax, "torch_to_flax": mnist_convert, "data": mnist_arrays(64, 16), **SETUP}
+    arguments.update(change)
+    with pytest.raises(SpecError, match=message) as caught:
+        harness.check_port(**arguments)
+    assert "\n" not in str(caught.value) and isinstance(caught.value, ValueError)
+
+
+def _npz(tmp_path: Path, **arrays) -> ArraysData:
+    path = tmp_path / "arrays.npz"
+    np.savez(path, **arrays)
+    return ArraysData(kind="arrays", file=path.name, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_an_arrays_file_is_read_checked_and_never_unpickled(tmp_path):
+    x, y = mnist_arrays(32, 0)["train"]
+    split = data_mod.load_arrays(_npz(tmp_path, x_train=x, y_train=y.astype(np.uint8)), tmp_path)
+    assert split.x_val is None and split.y_train.dtype == np.int64 and np.array_equal(split.x_train, x)
+    section = _npz(tmp_path, x_train=np.array([{"a": 1}], dtype=object), y_train=y[:1])
+    with pytest.raises(DataError, match="is not a NumPy .npz file of plain arrays"):
+        data_mod.load_arrays(section, tmp_path)
+    section = _npz(tmp_path, x_train=x, y_train=y, x_val=x)
+    with pytest.raises(DataError, match="x_val and y_val both or neither"):
+        data_mod.load_arrays(section, tmp_path)
+    with pytest.raises(DataError, match="data.sha256: checksum mismatch"):
+        data_mod.load_arrays(section.model_copy(update={"sha256": "0" * 64}), tmp_path)
+    with pytest.raises(DataError, match="data.file: .*missing"):
+        data_mod.load_arrays(section.model_copy(update={"file": "none.npz"}), tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readme_example_file_passes_its_honest_port_and_diagnoses_its_slip_in_worker_processes():
+    """examples/test_port_example.py as a user runs it: pytest imports it by path, and each
+    job's worker finds the callables again by their file and qualified name."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/test_port_example.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "2 passed" in done.stdout
+
+
+def test_the_readme_holds_the_example_file_whole():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## From Python and pytest") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    assert block[: block.index("```\n")] == (ROOT / "examples" / "test_port_example.py").read_text()
