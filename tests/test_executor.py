@@ -8,6 +8,7 @@ import io
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
 
 
@@ -89,6 +91,29 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
         assert len(ours) == len(theirs) == 1 and bits(ours[0]) == bits(theirs[0])
     assert bits(together.calibration.twin_reference) == bits(inline.calibration.twin_reference)
     assert [(c.name, c.verdict, c.ratio) for c in together.checks] == [(c.name, c.verdict, c.ratio) for c in inline.checks]
+
+
+def test_a_ports_unrecorded_runs_share_a_kept_process_for_each_framework_and_precision():
+    """A port's members are torch runs that no record holds and nothing times (issue 54: a
+    fresh process each, importing torch and flax, cost 216 s of the README example's 219 s):
+    the local executor runs them in a process kept for torch in float32 and one for float64;
+    each recorded run still starts a process of its own, and no JAX run shares torch's."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    loaded = load_spec(ROOT / "examples" / "mlp_port" / "mlp_port.yaml", "full")
+    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.port_keys(plan.matrix_keys(["torch", "jax"], ["cpu"])), 1, True)
+    groups = {c.name: c.kept_group for c in planned}
+    assert {g for g in groups.values() if g is not None} == {("torch", "strict"), ("torch", "float64")}
+    assert all(c.kept_group is None for c in planned if c.recorded)
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
+    try:
+        pids = {c.name: local.submit(c, os.getpid).result() for c in planned}
+    finally:
+        local.shutdown()
+    for group in {("torch", "strict"), ("torch", "float64")}:
+        assert len({pids[name] for name, g in groups.items() if g == group}) == 1, group
+    fresh = [pids[name] for name, g in groups.items() if g is None]
+    assert len(set(fresh)) == len(fresh) and not set(fresh) & {pids[name] for name, g in groups.items() if g is not None}
 
 
 def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_one():

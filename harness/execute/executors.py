@@ -77,9 +77,10 @@ class Inline:
 
 class Local:
     """Each job in a fresh process of this machine (harness/execute/fresh.py), `jobs` at once;
-    the calibration runs of the array-module code (`Job.calibrates`: no record, no timing,
-    no framework) one after another in a process kept for them by each of the `jobs` job
-    threads: a fresh process each would cost more than such a run (docs/measurements.md)."""
+    the runs no record holds and nothing times (`Job.kept_group`: calibration members, math
+    parity's references, re-anchored members) one after another in a process kept by each of
+    the `jobs` job threads for each framework and precision: a fresh process each would cost
+    more than such a run (docs/measurements.md), and no framework's threads meet another's."""
 
     places: list[str] = []
 
@@ -89,8 +90,10 @@ class Local:
         self.kept = Reused()
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
-        where = self.kept.call if job is not None and job.calibrates else in_fresh_process
-        return self.pool.submit(where, _capped, self.slots.threads, call, *args)
+        group = None if job is None else job.kept_group
+        if group is None:
+            return self.pool.submit(in_fresh_process, _capped, self.slots.threads, call, *args)
+        return self.pool.submit(self.kept.call, _capped, self.slots.threads, call, *args, group=group)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -72,17 +72,18 @@ def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
 
 
 class Reused:
-    """One spawned process per calling thread (an executor's job thread), started on that
-    thread's first call and kept for its next; each dies with its parent, as a fresh one
-    does. A process that dies fails the call it held with ProcessDied, and that thread's
-    next call starts a new one: a death never fails another thread's call."""
+    """One spawned process per calling thread (an executor's job thread) and group, started on
+    that thread's first call of the group and kept for its next; each dies with its parent, as
+    a fresh one does. A group keeps apart what must not share a process (one framework's
+    threads and another's). A process that dies fails the call it held with ProcessDied, and
+    that thread's next call starts a new one: a death never fails another thread's call."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.pools: dict[int, ProcessPoolExecutor] = {}
+        self.pools: dict[tuple[int, Any], ProcessPoolExecutor] = {}
 
-    def call(self, call: Callable[..., Any], *args: Any) -> Any:
-        me = threading.get_ident()
+    def call(self, call: Callable[..., Any], *args: Any, group: Any = None) -> Any:
+        me = (threading.get_ident(), group)
         with self.lock:
             pool = self.pools.get(me)
             if pool is None:

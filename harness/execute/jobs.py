@@ -142,6 +142,19 @@ class Job:
         framework, so such jobs may share a worker process (executors.Local)."""
         return not self.recorded and all(key.framework in (CALIBRATION, ORACLE) and key.device == "cpu" for key in self.keys)
 
+    @property
+    def kept_group(self) -> tuple[str, ...] | None:
+        """The kept process this job may run in (executors.Local), or None for a fresh one:
+        a job no record holds and nothing times, on the CPU, shares a process with the like
+        jobs of its adapter and precision (the array-module code's calibration runs, a port's
+        torch members); a recorded run, a timed one or a GPU's starts a process of its own."""
+        if self.calibrates:
+            return ("calibration",)
+        if self.recorded or self.gpu or len({(k.adapter, k.precision) for k in self.keys}) != 1:
+            return None
+        key = self.keys[0]
+        return (key.adapter, key.precision)
+
     def problem(self, base: Problem) -> Problem:
         """This job's problem, made from the spec's."""
         p = base if self.steps is None else truncated(base, self.steps)
