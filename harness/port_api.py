@@ -28,7 +28,7 @@ import numpy as np
 from harness.api import _folder, _names, run_loaded
 from harness.core.errors import SpecError
 from harness.core.registry import DEVICES
-from harness.inputs import data as data_mod
+from harness.inputs import arrays as arrays_mod
 from harness.inputs import port
 from harness.result import Verdict
 from harness.spec import load as spec_load
@@ -112,7 +112,7 @@ def _split(argument: str, pair: Any) -> tuple[np.ndarray, np.ndarray]:
     if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(a, np.ndarray) for a in pair)):
         raise SpecError(f"{argument}: a pair (x, y) of NumPy arrays, got {type(pair).__name__}")
     x, y = pair
-    data_mod.check_split(argument, x, y, SpecError)
+    arrays_mod.check_split(argument, x, y, SpecError)
     return x, y
 
 

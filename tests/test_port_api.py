@@ -17,6 +17,7 @@ import pytest
 
 import harness
 from harness.core.errors import DataError, SpecError
+from harness.inputs import arrays as arrays_mod
 from harness.inputs import data as data_mod
 from harness.spec.data import ArraysData
 
@@ -127,18 +128,18 @@ def _npz(tmp_path: Path, **arrays) -> ArraysData:
 
 def test_an_arrays_file_is_read_checked_and_never_unpickled(tmp_path):
     x, y = mnist_arrays(32, 0)["train"]
-    split = data_mod.load_arrays(_npz(tmp_path, x_train=x, y_train=y.astype(np.uint8)), tmp_path)
+    split = arrays_mod.load_arrays(_npz(tmp_path, x_train=x, y_train=y.astype(np.uint8)), tmp_path)
     assert split.x_val is None and split.y_train.dtype == np.int64 and np.array_equal(split.x_train, x)
     section = _npz(tmp_path, x_train=np.array([{"a": 1}], dtype=object), y_train=y[:1])
     with pytest.raises(DataError, match="is not a NumPy .npz file of plain arrays"):
-        data_mod.load_arrays(section, tmp_path)
+        arrays_mod.load_arrays(section, tmp_path)
     section = _npz(tmp_path, x_train=x, y_train=y, x_val=x)
     with pytest.raises(DataError, match="x_val and y_val both or neither"):
-        data_mod.load_arrays(section, tmp_path)
+        arrays_mod.load_arrays(section, tmp_path)
     with pytest.raises(DataError, match="data.sha256: checksum mismatch"):
-        data_mod.load_arrays(section.model_copy(update={"sha256": "0" * 64}), tmp_path)
+        arrays_mod.load_arrays(section.model_copy(update={"sha256": "0" * 64}), tmp_path)
     with pytest.raises(DataError, match="data.file: .*missing"):
-        data_mod.load_arrays(section.model_copy(update={"file": "none.npz"}), tmp_path)
+        arrays_mod.load_arrays(section.model_copy(update={"file": "none.npz"}), tmp_path)
 
 
 @pytest.mark.slow
@@ -165,3 +166,78 @@ def test_the_readme_holds_the_example_file_whole():
     section = readme[readme.index("## From Python and pytest") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     assert block[: block.index("```\n")] == (ROOT / "examples" / "test_port_example.py").read_text()
+
+
+PORT_FILE_TEXT = """
+import flax.linen as nn
+import torch
+
+
+def torch_model():
+    return torch.nn.Sequential(torch.nn.Linear(784, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10))
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(10, name="out")(nn.tanh(nn.Dense(16, name="hidden")(x)))
+
+
+def flax_model():
+    return Net()
+
+
+def torch_to_flax(state):
+    hidden = {"kernel": state["0.weight"].T, "bias": state["0.bias"]}
+    return {"params": {"hidden": hidden, "out": {"kernel": state["2.weight"].T, "bias": state["2.bias"]}}}
+"""
+
+
+def test_check_port_gives_the_records_of_the_same_port_run_from_a_yaml_file_bitwise(tmp_path):
+    """One port, its file beside a YAML spec and run as `harness run` runs it, and the same
+    file's functions handed to check_port: the same checks (errors, ratios, diagnoses), the
+    same inputs and the same loss curves, bitwise, record for record."""
+    import importlib.util
+
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    from harness.api import run_loaded
+    from harness.records.store import read_record
+    from harness.spec.load import load_spec
+
+    (tmp_path / "my_port.py").write_text(PORT_FILE_TEXT)
+    found = importlib.util.spec_from_file_location("my_port", tmp_path / "my_port.py")
+    mine = importlib.util.module_from_spec(found)
+    found.loader.exec_module(mine)
+    arrays = mnist_arrays(1024, 256)
+    (tmp_path / "data").mkdir()
+    npz = tmp_path / "data" / "arrays.npz"
+    np.savez(npz, x_train=arrays["train"][0], y_train=arrays["train"][1], x_val=arrays["validation"][0], y_val=arrays["validation"][1])
+    document = {
+        "name": "port_torch_model",
+        "title": "a port checked from Python: my_port.py",  # check_port's own: the same spec, the same inputs' hash
+        "article": "harness.check_port",
+        "data": {"kind": "arrays", "file": "arrays.npz", "sha256": hashlib.sha256(npz.read_bytes()).hexdigest()},
+        "model": {"python": "my_port.py", "input_width": 784},
+        "init": {"seed": 0},
+        "loss": {"kind": "cross_entropy", "reduction": "mean"},
+        "optimizer": SETUP["optimizer"],
+        "training": {**SETUP["training"], "shuffle": True, "shuffle_seed": 0, "last_batch": "keep"},
+        "logging": {"loss_every": 1, "print_every": 1000},
+        "timing": {"repeats": 1},
+        "checks": SETUP["checks"],
+    }
+    (tmp_path / "my_port.yaml").write_text(json.dumps(document))  # JSON is YAML
+    yaml_dir, api_dir = tmp_path / "yaml", tmp_path / "api"
+    argv = ["--in-process", "--frameworks", "torch,jax", "--data-dir", str(tmp_path / "data"), "--results", str(yaml_dir)]
+    from_file = run_loaded(load_spec(tmp_path / "my_port.yaml"), argv)
+    from_python = harness.check_port(mine.torch_model, mine.flax_model, mine.torch_to_flax, data=arrays, results=api_dir, in_process=True, **SETUP)
+    assert from_file.passed and from_python.passed, str(from_python)
+    read = [{(r.framework, r.precision_mode): r for r in map(read_record, (d / "port_torch_model").glob("*.json"))} for d in (yaml_dir, api_dir)]
+    assert read[0].keys() == read[1].keys() and len(read[0]) == 4
+    for key, ours in read[0].items():
+        theirs = read[1][key]
+        assert ours.model_dump(mode="json")["checks"] == theirs.model_dump(mode="json")["checks"], key
+        assert ours.data.inputs_sha256 == theirs.data.inputs_sha256 and ours.spec.port.sha256 == theirs.spec.port.sha256, key
+        curves = [np.load(d / "port_torch_model" / r.artifacts.file, allow_pickle=False)["losses"] for d, r in ((yaml_dir, ours), (api_dir, theirs))]
+        assert np.array_equal(curves[0], curves[1]), key

@@ -21,7 +21,7 @@ import numpy as np
 
 from harness.core.errors import DataError
 from harness.core.files import DEFLATE_MAX_RATIO, open_regular, read_regular
-from harness.spec.data import ArraysData, IdxData, IdxFile, PeaksData, TextData
+from harness.spec.data import IdxData, IdxFile, PeaksData, TextData
 
 DATA_DIR_ENV = "HARNESS_DATA_DIR"
 # Fixed in code, never taken from a spec: a spec names files, not addresses.
@@ -41,8 +41,6 @@ DEFAULT_FEATURES_MAX_BYTES = 8 * 2**30
 # The largest text file read (its examples are int64 token ids, 16 bytes a byte of text,
 # inputs and targets): GPL-3 is 35 kB.
 TEXT_MAX_BYTES = 64 * 2**20
-# The largest .npz file of a user's arrays read (data kind arrays), its arrays unpacked.
-ARRAYS_MAX_BYTES = 2 * 2**30
 
 
 # --- peaks ------------------------------------------------------------------------------
@@ -262,19 +260,48 @@ def _download(name: str, sha256: str, dest: Path, mirrors: tuple[str, ...] = MNI
     sha256 matches (a mismatch leaves nothing behind)."""
     import pooch  # imported here: only a download needs it
 
-    errors = []
+    if name in _FAILED:  # tried once per file in a run, not once per spec that names it
+        raise _FAILED[name]
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # HOME=/dev/null, a read-only cache: say where, in one line
         raise DataError(f"{dest}: cannot make the data folder for --download: {exc.strerror or exc} (set --data-dir or ${DATA_DIR_ENV})") from None
+    reasons = []
     for mirror in mirrors:
         try:
             got = pooch.retrieve(mirror + name, known_hash=f"sha256:{sha256}", fname=name, path=dest, progressbar=False)
         except (ValueError, OSError) as exc:  # a hash mismatch; HTTP and network errors (requests' are OSErrors)
-            errors.append(f"{mirror}: {' '.join(str(exc).split())[:300]}")
+            reasons.append(f"{mirror}: {_reason(exc)}")
             continue
         return Path(got)
-    raise DataError(f"cannot download {name}: " + "; ".join(errors))
+    failed = DataError(
+        f"{dest / name}: cannot download it ({'; '.join(reasons)}). Put the file there, point --data-dir or ${DATA_DIR_ENV} at a "
+        "folder that has it, or run --download where the mirrors can be reached"
+    )
+    _FAILED[name] = failed
+    raise failed
+
+
+# The downloads that failed in this process, by file name: each is tried once (issue 55).
+_FAILED: dict[str, DataError] = {}
+
+# A download's failure in a few words, from the words of the libraries' messages (urllib3's
+# run to 800 characters: the mirror's name did not resolve, under three layers of retries).
+_REASONS = (
+    (("Name or service not known", "Temporary failure in name resolution", "nodename nor servname"), "no network: the name did not resolve"),
+    (("Connection refused",), "connection refused"),
+    (("timed out", "Timeout"), "timed out"),
+    (("hash", "Hash"), "its sha256 is not the spec's"),
+)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    for words, reason in _REASONS:
+        if any(w in text for w in words):
+            return reason
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return f"HTTP {status}" if status else f"{type(exc).__name__}: {' '.join(text.split())[:80]}"
 
 
 def locate(file: IdxFile, data_dir: Path, download: bool, hint: str = "") -> tuple[Path, str]:
@@ -375,7 +402,7 @@ def load_idx(
 SYSTEM_TEXTS = Path("/usr/share/common-licenses")
 
 
-def _checked_bytes(path: Path, max_bytes: int, what: str, sha256: str) -> tuple[bytes, str]:
+def checked_bytes(path: Path, max_bytes: int, what: str, sha256: str) -> tuple[bytes, str]:
     """A data file's bytes and their sha256, which must be the spec's (data.sha256): a folder,
     a FIFO, a file past the limit said by the reader, named by the key here."""
     try:
@@ -400,7 +427,7 @@ def load_text(section: TextData, data_dir: Path) -> IdxSplit:
     if not path.exists():
         where = f"data.file: {data_dir / section.file}: missing (and not in {SYSTEM_TEXTS})"
         raise DataError(f"{where}. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
-    raw, got = _checked_bytes(path, TEXT_MAX_BYTES, "text data file", section.sha256)
+    raw, got = checked_bytes(path, TEXT_MAX_BYTES, "text data file", section.sha256)
     nul = raw.find(b"\0")
     if nul >= 0:  # git's test of a binary file: a text of bytes holds no NUL
         raise DataError(f"data.file: {path} is not a text: its byte {nul:,} is NUL (a binary file?)")
@@ -420,68 +447,3 @@ def load_text(section: TextData, data_dir: Path) -> IdxSplit:
     order = np.random.default_rng(section.split_seed).permutation(n)
     val, train = order[: section.validation], order[section.validation :]
     return IdxSplit(x[train], y[train], x[val], y[val], (UsedFile(name=section.file, path=str(path), sha256=got),))
-
-
-# --- a user's own arrays ------------------------------------------------------------------
-
-ARRAY_NAMES = ("x_train", "y_train", "x_val", "y_val")
-
-
-def load_arrays(section: ArraysData, data_dir: Path, max_bytes: int = ARRAYS_MAX_BYTES) -> IdxSplit:
-    """A user's arrays from an .npz file of the data folder, checked against the spec's
-    sha256; nothing in it unpickled (allow_pickle=False), its unpacked size bounded before it
-    is read. Features float32, finite; labels integers from 0, or float32 targets."""
-    import io
-    import zipfile
-
-    path = data_dir / section.file
-    if not path.is_file():
-        raise DataError(f"data.file: {path}: missing. Put the file there, or point --data-dir or ${DATA_DIR_ENV} at a folder that has it")
-    raw, got = _checked_bytes(path, max_bytes, "arrays file", section.sha256)
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
-            members = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
-        if sum(members.values()) > max_bytes:
-            raise DataError(f"data.file: {path} unpacks to more than {max_bytes / 2**30:g} GiB")
-        with np.load(io.BytesIO(raw), allow_pickle=False) as found:
-            arrays = {name: found[name] for name in ARRAY_NAMES if name in members}
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise DataError(f"data.file: {path} is not a NumPy .npz file of plain arrays ({' '.join(str(exc).split())[:200]})") from None
-    unknown = sorted(set(members) - set(ARRAY_NAMES))
-    if unknown or "x_train" not in arrays or "y_train" not in arrays or (("x_val" in arrays) != ("y_val" in arrays)):
-        raise DataError(
-            f"data.file: {path} holds {', '.join(sorted(members))}: it must hold x_train and y_train, and x_val and y_val both or neither"
-        )
-    for part in ("train", "val"):
-        if f"x_{part}" in arrays:
-            check_split(f"data.file: {path}: x_{part} and y_{part}", arrays[f"x_{part}"], arrays[f"y_{part}"])
-    x, y = arrays["x_train"], arrays["y_train"]
-    if "x_val" in arrays and (
-        arrays["x_val"].shape[1:] != x.shape[1:] or arrays["y_val"].shape[1:] != y.shape[1:] or arrays["y_val"].dtype.kind != y.dtype.kind
-    ):
-        raise DataError(f"data.file: {path}: x_val and y_val must be shaped as x_train and y_train are, but for their rows")
-    y_val = arrays.get("y_val")
-    if y.dtype.kind in "iu":
-        y, y_val = y.astype(np.int64), None if y_val is None else y_val.astype(np.int64)
-    return IdxSplit(x, y, arrays.get("x_val"), y_val, (UsedFile(name=section.file, path=str(path), sha256=got),), x.shape[1:])
-
-
-def check_split(where: str, x: np.ndarray, y: np.ndarray, error: type[Exception] = DataError) -> None:
-    """One split's features and labels (a user's arrays: data kind arrays, harness.check_port's
-    `data`): float32 features of one vector or image a row, finite, as many rows as labels;
-    labels integers from 0, one a row, or finite float32 targets. `error` naming `where`."""
-    if x.dtype.kind in "iu":
-        raise error(f"{where}: integer features (token ids?): features are float32 vectors or images, not a text's token ids")
-    if x.dtype != np.float32:
-        raise error(f"{where}: features are float32, got {x.dtype} (x.astype(numpy.float32))")
-    if x.ndim not in (2, 4) or len(x) == 0:
-        raise error(f"{where}: x has shape {x.shape}: one vector (n, features) or image (n, channels, height, width) a row")
-    if not np.isfinite(x).all():
-        raise error(f"{where}: x holds NaN or infinite values")
-    if y.dtype.kind in "iu":
-        if y.ndim != 1 or y.min(initial=0) < 0:
-            raise error(f"{where}: labels are class indices 0, 1, ..., one a row: y has shape {y.shape}, down to {y.min(initial=0)}")
-    elif y.dtype != np.float32 or y.ndim not in (1, 2) or not np.isfinite(y).all():
-        raise error(f"{where}: y is {y.dtype} of shape {y.shape}: integer labels, or finite float32 targets (n,) or (n, outputs)")
-    if len(y) != len(x):
-        raise error(f"{where}: x has {len(x)} rows, y {len(y)}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from harness.core.errors import DataError
 from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
-from harness.inputs import data, resources
+from harness.inputs import arrays, data, resources
 from harness.layers import dropout, initial_tensors
 from harness.spec.load import LoadedSpec
 from harness.spec.model import Spec, batch_bounds, check_batching, total_steps
@@ -338,7 +338,7 @@ def _load_arrays(loaded: LoadedSpec, data_dir: Path | None):
     """A user's arrays (data kind arrays), their rows' shape checked against the model's input
     and their labels against its outputs (a port's when its module is built: with_port)."""
     try:
-        split = data.load_arrays(loaded.spec.data, data_dir or data.default_data_dir())
+        split = arrays.load_arrays(loaded.spec.data, data_dir or data.default_data_dir())
     except DataError as exc:
         message = str(exc)
         raise DataError(f"{loaded.path}: {message}" if message.startswith("data.") else message) from None
