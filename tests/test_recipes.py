@@ -211,12 +211,12 @@ def test_label_smoothing_needs_classes():
 def test_an_optimizer_kind_a_library_lacks_is_an_error_never_another_kinds_update(monkeypatch):
     """A kind an adapter's table lacks is refused, in torch, JAX and the allocation-free
     path alike, and a kind the registry lacks is a ValueError: none trains as SGD."""
-    from adapters import jax_adapter, torch_adapter, xp_fast
+    from adapters import jax_adapter, torch_adapter, torch_optim, xp_fast
     from harness import optimizers
     from harness.core.errors import Unsupported
 
     problem = problem_of("rmsprop")
-    monkeypatch.delitem(torch_adapter.OPTIMIZERS, "rmsprop")
+    monkeypatch.delitem(torch_optim.OPTIMIZERS, "rmsprop")
     with pytest.raises(Unsupported, match="rmsprop"):
         torch_adapter._optimizer(
             pytest.importorskip("torch"),

@@ -6,7 +6,7 @@ moments `m`, `v` and `momentum` of harness/reference/network.py's training state
 cost per parameter for the floor (cost).
 
 A kind's module has: KIND, Section, cost, init, state_at and update. A new kind is one module
-here plus one line in each adapter's table (adapters/torch_adapter.py OPTIMIZERS,
+here plus one line in each adapter's table (adapters/torch_optim.py OPTIMIZERS,
 adapters/jax_adapter.py OPTIMIZERS); a kind an adapter's table lacks is an error there,
 never another kind's update.
 """
