@@ -146,3 +146,9 @@ def test_the_readme_layout_names_every_module():
         if not path.name.startswith("__"):
             shown = path.relative_to(ROOT).as_posix()
             assert f"`{shown}`" in layout, f"{shown} is not in docs/layout.md"
+
+
+def test_no_module_is_over_500_lines():
+    """Issue 53: no file over 500 lines in harness/ or adapters/ (split where one grows)."""
+    long = {name: n for name, path in module_files().items() if (n := len(path.read_text().splitlines())) > 500}
+    assert long == {}
