@@ -80,6 +80,45 @@ def test_a_port_on_real_mnist_arrays_passes_in_process_and_its_records_name_the_
     assert written and all(w["spec"]["port"]["functions"] == ported["functions"] for w in written if "spec" in w)
 
 
+def moons_torch():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+def test_a_data_section_a_loss_section_and_the_default_checks_take_the_same_path(tmp_path):
+    """`data` as a spec's data section (moons, made by the harness), `loss` as a section,
+    `checks` left to the spec's defaults, the callables under names of their own: it runs,
+    passes, and its records say what ran."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    verdict = harness.check_port(
+        moons_torch,
+        moons_flax,
+        mnist_convert,
+        data={"kind": "moons", "n_samples": 512, "noise": 0.2, "seed": 0},
+        loss={"kind": "cross_entropy", "reduction": "mean", "label_smoothing": 0.1},
+        optimizer={"kind": "adam", "lr": 0.01},
+        training={"epochs": 2, "batch_size": 64, "shuffle_seed": 3},
+        init_seed=5,
+        in_process=True,
+    )
+    assert verdict.passed, str(verdict)
+    spec = verdict.records[0]["spec"]
+    assert spec["name"] == "port_moons_torch" and spec["port"]["functions"]["torch_model"] == "moons_torch"
+
+
+def moons_flax():
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(2, name="out")(nn.tanh(nn.Dense(16, name="hidden")(x)))
+
+    return Net()
+
+
 def test_a_closure_runs_in_process_and_is_refused_for_workers_in_one_line():
     def torch_model():
         return mnist_torch()
