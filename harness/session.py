@@ -151,10 +151,6 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
 
     if loaded is None:
         loaded = [spec_load.load_spec(p, args.profile) for p in spec_paths(args.specs, args.specs_dir)]
-    chosen = getattr(args, "data_source", None)
-    if chosen is not None and not any(getattr(spec.spec.data, "sources", None) for spec in loaded):
-        kinds = ", ".join(sorted({spec.spec.data.kind for spec in loaded}))
-        raise HarnessError(f"--data-source {chosen}: no spec here reads a data source (their data: {kinds}); only an idx data section has sources")
     results_dir, keys = prepare(args, [spec.name for spec in loaded])
     ports = [spec.name for spec in loaded if spec.port is not None]
     also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)

@@ -358,11 +358,3 @@ def test_export_of_the_full_profile_says_it_trains_the_whole_run(tmp_path, capsy
     others = [p for p in load_spec(SPECS_DIR / "peaks_mlp.yaml").spec.profiles]
     said = " ".join(out.split())
     assert "steps of the full profile" in said and f"--profile {' or '.join(others)}" in said
-
-
-def test_a_data_source_no_spec_reads_is_one_line_and_exit_2(tmp_path):
-    done = harness("run", "peaks_mlp", "--profile", "quick", "--data-source", "test-set", "--results", str(tmp_path / "r"))
-    assert done.returncode == 2 and not (tmp_path / "r").exists()
-    assert done.stderr.strip() == (
-        "error: --data-source test-set: no spec here reads a data source (their data: peaks_grid); only an idx data section has sources"
-    )
