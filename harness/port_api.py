@@ -42,15 +42,16 @@ LOGGING = {"loss_every": 1, "print_every": 1000}
 TIMING = {"repeats": 1}
 
 
-def _where(role: str, fn: Any) -> tuple[Path, str]:
-    """A callable's source file and qualified name, by which a worker finds it again; else
+def _where(role: str, fn: Any, workers: bool = True) -> tuple[Path, str]:
+    """A callable's source file and qualified name, by which a worker finds it again (in this
+    process alone, `workers` False, the records name them: a closure is fine); else
     SpecError naming the argument and why."""
     if not callable(fn):
         raise SpecError(f"{role}: a function (or class) that {_DOES[role]}, got {type(fn).__name__}")
     qualname = getattr(fn, "__qualname__", None)
     if not isinstance(qualname, str):
         raise SpecError(f"{role}: {type(fn).__name__} has no qualified name: give a function or class defined at a module's top level")
-    if "<lambda>" in qualname or "<locals>" in qualname:
+    if workers and ("<lambda>" in qualname or "<locals>" in qualname):
         what = "a lambda" if "<lambda>" in qualname else "defined inside a function"
         raise SpecError(
             f"{role}: {qualname} is {what}: worker processes find each callable again by its source file and qualified name, "
@@ -75,15 +76,7 @@ _DOES = {
 def _source(callables: dict[str, Any], in_process: bool) -> tuple[Path, dict[str, str]]:
     """The one source file the three callables are defined in, and the qualified names that
     play each role there (those that are not the role's own name)."""
-    found = {role: _where(role, fn) for role, fn in callables.items()} if not in_process else {}
-    if in_process:  # any callable: its file is what the records name
-        for role, fn in callables.items():
-            if not callable(fn):
-                raise SpecError(f"{role}: a function (or class) that {_DOES[role]}, got {type(fn).__name__}")
-            try:
-                found[role] = (Path(inspect.getsourcefile(inspect.unwrap(fn)) or "").resolve(), fn.__qualname__)
-            except (TypeError, AttributeError):
-                raise SpecError(f"{role}: {type(fn).__name__} has no Python source file to name in the records") from None
+    found = {role: _where(role, fn, workers=not in_process) for role, fn in callables.items()}
     files = sorted({str(path) for path, _ in found.values()})
     if len(files) != 1:
         raise SpecError(
@@ -98,9 +91,7 @@ def _source(callables: dict[str, Any], in_process: bool) -> tuple[Path, dict[str
     return path, names
 
 
-def _section(argument: str, value: Any, required: bool = True) -> dict[str, Any] | None:
-    if value is None and not required:
-        return None
+def _section(argument: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecError(f"{argument}: a dict of the spec's {argument} section, got {type(value).__name__}")
     return copy.deepcopy(value)
