@@ -32,6 +32,7 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             self.rounds = None  # a member's rounding once more (_jitter), for its loss's lse
             self.round_loss = None  # ... on this pass's jittered step (torch_layers.objective)
             self.rounding = None  # a member's TorchFunctionMode rounding the activations otherwise (_jitter)
+            self.fast = _fast_variance(torch) if problem.port_fast_variance else None  # flax's batch variance
 
         def forward(self, x, masks, outputs=None):
             x = x.reshape((x.shape[0], *shape))
@@ -41,7 +42,8 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
                 jittered = self.rounds is not None and (not self.training or problem.jittered(self.step))
                 self.round_loss = self.rounds if jittered and self.training else None
                 try:
-                    with self.rounding if jittered else contextlib.nullcontext():
+                    mode = self.rounding if jittered else self.fast if self.training else None
+                    with mode or contextlib.nullcontext():
                         return port.call(problem.port, "the torch module's forward", self.inner, x)
                 finally:
                     self.step += self.training
@@ -111,7 +113,7 @@ def _jitter(torch, model, problem) -> None:
     for part in model.inner.modules():
         if not list(part.children()):
             part.register_forward_hook(rounded)
-    model.rounding = _activations_rounded(torch, moved, _batch_norm_summed(torch, rng))
+    model.rounding = _activations_rounded(torch, moved, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance))
 
 
 def _activations_rounded(torch, moved, batch_norm):
@@ -141,14 +143,34 @@ def _activations_rounded(torch, moved, batch_norm):
                 else:
                     t = moved(torch.erf(z / math.sqrt(2)))
                 return 0.5 * z * (1 + t)
-            if func is functional.batch_norm:
-                bound = _BATCH_NORM.bind(*args, **kwargs)
-                bound.apply_defaults()
-                if bound.arguments["training"]:
-                    return batch_norm(**bound.arguments)
-            return func(*args, **kwargs)
+            return _batch_norm_or(torch, batch_norm, func, args, kwargs)
 
     return Rounded()
+
+
+def _batch_norm_or(torch, batch_norm, func, args, kwargs):
+    """func(*args, **kwargs), but for torch.nn.functional.batch_norm in training, `batch_norm`."""
+    if func is torch.nn.functional.batch_norm:
+        bound = _BATCH_NORM.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if bound.arguments["training"]:
+            return batch_norm(**bound.arguments)
+    return func(*args, **kwargs)
+
+
+def _fast_variance(torch):
+    """A TorchFunctionMode under which a training pass's batch norms compute the batch's
+    variance as flax's does by default, E[x^2] - E[x]^2 (use_fast_variance), with torch's
+    own sums: the reference and members computing flax's behaviour on a port whose flax
+    module does (harness/known_differences.yaml flax-batch-norm-fast-variance), over the
+    whole run."""
+    batch_norm = _batch_norm_summed(torch, None, fast=True)
+
+    class Fast(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return _batch_norm_or(torch, batch_norm, func, args, kwargs or {})
+
+    return Fast()
 
 
 _BATCH_NORM = inspect.Signature(
@@ -168,7 +190,7 @@ _BATCH_NORM = inspect.Signature(
 )  # torch.nn.functional.batch_norm's
 
 
-def _batch_norm_summed(torch, rng):
+def _batch_norm_summed(torch, rng, fast: bool = False):
     """torch.nn.functional.batch_norm in training, its long sums (the batch's mean and
     variance forward; the scale's, the bias's and the input's gradients backward, each over
     the batch and the pixels) taken pairwise over the terms in a seeded order. torch's own
@@ -178,10 +200,11 @@ def _batch_norm_summed(torch, rng):
     and NumPy, which sum pairwise; an honest CNN port on MNIST had flax's float64 twin 1.05x
     to 1.69x the spread of such members (issue 52). Members summing as those libraries do
     span them. The same function in exact arithmetic; the running statistics updated as
-    torch updates them (the unbiased variance)."""
+    torch updates them (the unbiased variance). `fast`: the batch's variance as
+    E[x^2] - E[x]^2 (flax's use_fast_variance). No `rng`: the terms in their order."""
 
     def order(n: int):
-        return torch.from_numpy(rng.permutation(n))
+        return slice(None) if rng is None else torch.from_numpy(rng.permutation(n))
 
     class Summed(torch.autograd.Function):
         """(C, M) -> (C,): each row summed pairwise (torch.sum), its terms in a seeded order."""
@@ -189,7 +212,8 @@ def _batch_norm_summed(torch, rng):
         @staticmethod
         def forward(ctx, a):
             ctx.width = a.shape[1]
-            return a[:, order(a.shape[1]).to(a.device)].sum(dim=1)
+            picked = order(a.shape[1])
+            return a[:, picked if isinstance(picked, slice) else picked.to(a.device)].sum(dim=1)
 
         @staticmethod
         def backward(ctx, grad):
@@ -214,7 +238,7 @@ def _batch_norm_summed(torch, rng):
         count = input.numel() // input.shape[1]
         mean = per_channel(input) / count
         centred = input - Spread.apply(mean, input)
-        var = per_channel(centred * centred) / count
+        var = per_channel(input * input) / count - mean * mean if fast else per_channel(centred * centred) / count
         out = centred * Spread.apply(1 / torch.sqrt(var + eps), input)
         if weight is not None:
             out = out * Spread.apply(weight, input)

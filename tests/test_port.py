@@ -10,6 +10,7 @@ with the module or the tensor named."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -202,6 +203,14 @@ def test_a_nan_in_training_and_an_error_in_the_flax_module_name_the_file(tmp_pat
     outcome = run(problem, RunKey("torch", "cpu"))
     assert outcome.status == "failed" and outcome.reason.startswith(f"{tmp_path / 'mlp_port.py'}: torch@cpu diverged: non-finite loss")
     path = copied(MLP, tmp_path, 'return nn.Dense(2, name="fc2")(x)', "raise ValueError('not ported yet')")
+    with pytest.raises(PortError, match=re.escape(f"{tmp_path / 'mlp_port.py'}: flax_model().init raised ValueError: not ported yet")):
+        build_problem(load_spec(path))  # flax's own init reads the module's options: before any run
+    path = copied(
+        MLP,
+        tmp_path,
+        'return nn.Dense(2, name="fc2")(x)',
+        "if train:\n            raise ValueError('not ported yet')\n        return nn.Dense(2, name=\"fc2\")(x)",
+    )
     outcome = run(build_problem(load_spec(path)), RunKey("jax", "cpu"))
     assert (
         outcome.status == "failed" and f"{tmp_path / 'mlp_port.py'}: the flax module's __call__ raised ValueError: not ported yet" in outcome.reason
@@ -668,12 +677,14 @@ def test_a_port_members_activations_are_rounded_however_the_user_wrote_them():
         torch.testing.assert_close(a, b, rtol=0, atol=4e-16)
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("shape", [(16, 3, 5, 4), (24, 5)])
-def test_a_port_members_batch_norm_sums_pairwise_in_a_seeded_order(shape):
+def test_a_port_members_batch_norm_sums_pairwise_in_a_seeded_order(shape, fast):
     """A member's batch norm in training (torch_port._batch_norm_summed, under its mode): the
     same function as torch's in exact arithmetic (outputs, the input's, scale's and bias's
     gradients, the running statistics, all within float64 rounding), its sums taken
-    otherwise (not torch's bits), and a seed's order the same each time."""
+    otherwise (not torch's bits), and a seed's order the same each time; with `fast`, the
+    batch's variance as E[x^2] - E[x]^2 (flax's use_fast_variance) is the same function too."""
     torch = pytest.importorskip("torch")
     from adapters import torch_port
 
@@ -689,7 +700,9 @@ def test_a_port_members_batch_norm_sums_pairwise_in_a_seeded_order(shape):
         if seed is None:
             y = norm(inp)
         else:
-            with torch_port._activations_rounded(torch, lambda v, ulps=1.0: v, torch_port._batch_norm_summed(torch, np.random.default_rng(seed))):
+            with torch_port._activations_rounded(
+                torch, lambda v, ulps=1.0: v, torch_port._batch_norm_summed(torch, np.random.default_rng(seed), fast)
+            ):
                 y = norm(inp)
         (y * g).sum().backward()
         return [t.detach().clone() for t in (y, inp.grad, norm.weight.grad, norm.bias.grad, norm.running_mean, norm.running_var)]
@@ -851,3 +864,67 @@ def test_a_ports_re_anchored_segments_cover_every_step_of_its_run(tmp_path):
         assert covered == set(range(32))
     layers = load_spec(ROOT / "specs" / "moons_net.yaml")
     assert build_problem(layers).anchors == [5000, 10000, 15000]  # 4 segments of 100 steps in 20,000: not tiled
+
+
+# --- flax's fast variance (harness/known_differences.yaml flax-batch-norm-fast-variance) ------
+
+# Port seed 20261228's draw 2 (tools/port_family.py 200 20261228): a 1x1 conv, GELU, batch
+# norm, average pooling, ..., Adam. Its float32 initial loss failed at 3.87x with flax's
+# default BatchNorm and passed with use_fast_variance=False (2026-11-28).
+FAST_VARIANCE_DRAW = {
+    "name": "generated",
+    "title": "a generated workload",
+    "article": "tests/family.py",
+    "data": {"kind": "image_patterns", "n_samples": 55, "shape": [2, 8, 10], "classes": 4, "noise": 0.3, "seed": 4},
+    "model": {
+        "input_shape": [2, 8, 10],
+        "layers": [
+            {"kind": "conv2d", "filters": 4, "kernel": 1, "stride": 1, "padding": "valid", "activation": "gelu"},
+            {"kind": "batch_norm", "momentum": 0.1, "eps": 1e-05, "running_var": "unbiased"},
+            {"kind": "avg_pool", "window": 2, "stride": 1},
+            {"kind": "conv2d", "filters": 2, "kernel": 1, "stride": 1, "padding": "valid", "activation": "relu"},
+            {"kind": "avg_pool", "window": 2, "stride": 1},
+            {"kind": "flatten"},
+            {"width": 5, "activation": "tanh"},
+            {"kind": "layer_norm", "eps": 0.001},
+            {"width": 4},
+        ],
+    },
+    "init": {"weights": "normal_over_sqrt_fan_in", "biases": "torch_linear_default", "seed": 116},
+    "loss": {"kind": "cross_entropy", "reduction": "sum"},
+    "optimizer": {"kind": "adam", "lr": 0.003, "beta1": 0.8, "beta2": 0.99, "eps": 1e-07},
+    "training": {"epochs": 12, "batch_size": 21, "shuffle": False, "shuffle_seed": 88, "last_batch": "drop"},
+    "logging": {"loss_every": 1, "print_every": 1000},
+    "checks": {"params_after_steps": {"step": 10}},
+    "timing": {"repeats": 1},
+}
+
+
+def test_a_ports_flax_batch_norm_with_fast_variance_is_a_layer_option(tmp_path):
+    """The port's flax module read by its own init: a BatchNorm with use_fast_variance (flax's
+    default) is the option the entry names; turned off, or no BatchNorm, no option."""
+    pytest.importorskip("flax")
+    from harness.inputs import port
+
+    def options(path, in_shape):
+        return port.facts(path, hashlib.sha256(path.read_bytes()).hexdigest(), None, 0, in_shape).options
+
+    assert options(CNN / "cnn_port.py", (2, 8, 8)) == ("batch_norm.running_var=unbiased", "batch_norm.variance=fast")
+    off = copied(CNN, tmp_path, 'epsilon=1e-5, name="bn"', 'epsilon=1e-5, use_fast_variance=False, name="bn"')
+    assert options(off.parent / "cnn_port.py", (2, 8, 8)) == ("batch_norm.running_var=unbiased",)
+    assert options(MLP / "mlp_port.py", (2,)) == ()
+    assert "batch_norm.variance=fast" in build_problem(load_spec(CNN / "cnn_port.yaml")).spec.model.port_options
+
+
+@pytest.mark.slow
+def test_flaxs_fast_variance_in_float32_is_known_within_its_bound(tmp_path):
+    """The draw that found it: no failing check; its float32 initial loss known by
+    flax-batch-norm-fast-variance, within what torch's members computing E[x^2] - E[x]^2
+    reach."""
+    pytest.importorskip("jax")
+    from tests import port_family
+
+    path, _ = port_family.port_of(FAST_VARIANCE_DRAW, tmp_path)
+    result = judged(path)
+    assert counted(result.checks)["fail"] == 0, [c for c in result.checks if c.verdict == Verdict.FAIL]
+    assert any(c.name == "initial_loss" and "flax-batch-norm-fast-variance" in c.diagnosis for c in result.checks if c.verdict == Verdict.KNOWN)

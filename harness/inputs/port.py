@@ -188,6 +188,30 @@ def layer_options(path: Path, seed: int) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The layer options the port's flax module shows, found by its own init (evaluation
+    mode) under flax's method interceptor, sorted: "batch_norm.variance=fast" where one of
+    its BatchNorms computes the batch's variance as E[x^2] - E[x]^2 (use_fast_variance,
+    flax's default), a float32 rounding of its own (harness/known_differences.yaml)."""
+    import flax.linen as nn
+    import jax
+
+    found = set()
+
+    def spy(next_fun, args, kwargs, context):
+        if isinstance(context.module, nn.BatchNorm) and getattr(context.module, "use_fast_variance", True):
+            found.add("batch_norm.variance=fast")
+        return next_fun(*args, **kwargs)
+
+    net = call(path, "flax_model()", function(path, "flax_model"))
+    x = np.zeros((1, *in_shape), dtype=np.float32)
+    if len(in_shape) == 3:  # flax takes images NHWC
+        x = x.transpose(0, 2, 3, 1)
+    with nn.intercept_methods(spy):
+        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), x, train=False)
+    return tuple(sorted(found))
+
+
 def penalized_kinds(torch) -> tuple[type, ...]:
     """The modules whose weight an L2 penalty sums: Linear and every convolution (a spec's
     dense and conv layers, and a port's modules of those classes)."""
@@ -222,7 +246,7 @@ class Facts:
     """What the driver learns from a port's torch module (harness/inputs/problem.py with_port)."""
 
     width: int  # output_width
-    options: tuple[str, ...]  # layer_options
+    options: tuple[str, ...]  # layer_options and flax_options
     penalized: tuple[str, ...]  # penalized
     initial: dict[str, np.ndarray]  # initial_state
 
@@ -232,4 +256,5 @@ def facts(path: Path, loaded_sha256: str | None, functions: dict[str, str] | Non
     driver, which then never imports the user's file (nor the flax and JAX it imports: JAX's
     gc callback swallowed a lease's Ctrl-C in the driver, which then ran on until killed)."""
     check_loaded(path, loaded_sha256, functions)
-    return Facts(output_width(path, seed, in_shape), layer_options(path, seed), penalized(path, seed), initial_state(path, seed))
+    options = tuple(sorted(layer_options(path, seed) + flax_options(path, in_shape)))
+    return Facts(output_width(path, seed, in_shape), options, penalized(path, seed), initial_state(path, seed))

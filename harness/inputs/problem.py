@@ -110,6 +110,8 @@ class Problem:
     port_running_var: str | None = None
     # ... and its clipping's eps (optax's 0: max_norm / norm, as the spec; torch's own: 1e-6)
     port_clip_eps: float | None = None
+    # ... and its batch norms' batch variance as E[x^2] - E[x]^2 (flax's use_fast_variance)
+    port_fast_variance: bool = False
     # Where the oracle, its float32 calibration run and their members run: "cpu" (NumPy) or
     # "gpu" (CuPy; `harness run --references gpu`). A port has no oracle and ignores it.
     references: str = "cpu"
