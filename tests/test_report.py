@@ -420,3 +420,30 @@ def test_each_known_difference_is_explained_once_with_its_checks_shares_listed()
     assert known >= 3 and text.count("known difference: optax.adam evaluates") == 1, text
     listed = text.split("known (optax-adam-float32-bias-corrections, ")[-1].split(" of what it explains)")[0]
     assert len(listed.split(", ")) == text.count("bias-corrections, 0.0") - 1, listed  # every check's share, once more on the one line
+
+
+def test_a_failing_comparison_counts_on_the_row_of_the_run_that_differs_from_the_reference():
+    """Issue 55: with a slip on flax's side, torch's float64 row (a port's reference) read
+    `ok, FAIL` and counted every failing comparison with flax's runs. A failing comparison
+    counts on the row of the run that differs from the reference, on both where neither or
+    both do; the FAIL lines and the exit status are unchanged."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.records.store import load_records, run_label
+    from harness.report.table import failed, verdict_table
+
+    records = []
+    for record in load_records(ROOT / "examples" / "results" / "mlp_port").values():
+        mine = run_label(record).startswith("jax")
+        checks = [c.model_copy(update={"verdict": Verdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
+        records.append(record.model_copy(update={"checks": checks}))
+    shown = [SimpleNamespace(title="mlp_port", records=records, member_records=[])]
+    out = io.StringIO()
+    Console(file=out, width=200).print(verdict_table(shown))
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines() if "@cpu" in line}
+    assert "FAIL" not in rows["torch@cpu+float64"] and "FAIL" not in rows["torch@cpu"], out.getvalue()
+    assert "FAIL" in rows["jax@cpu"] and "FAIL" in rows["jax@cpu+float64"]
+    assert failed(shown)
