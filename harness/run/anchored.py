@@ -19,12 +19,12 @@ alone changes no training loss.
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import replace
 
 import numpy as np
 
 from adapters.protocol import KeepsTrainingState, LoadsState
+from harness.core.errors import described
 from harness.core.registry import RunKey
 from harness.inputs.members import in_member_order
 from harness.inputs.problem import Params, Problem
@@ -80,6 +80,6 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
             outcome.segment_ends[start] = segment_end(adapter, trainer, stop)
             outcome.segment_outputs[start] = adapter.predict(trainer, problem.probe)
     except Exception as exc:  # a framework error fails this run only
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        detail = described(exc)
         return Outcome(key, "failed", f"{key.label} raised {detail}")
     return outcome

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 
 from adapters.protocol import KeepsTrainingState, RecordsLayerOutputs
 from harness.core import load, registry
-from harness.core.errors import Unsupported
+from harness.core.errors import Unsupported, described
 from harness.core.registry import FLOAT64, ORACLE, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
@@ -126,7 +125,7 @@ def run_alternating(
             outcomes[key] = Outcome(key, "skipped", str(exc))
             trials.pop(key, None)
         except Exception as exc:  # a framework error (out of memory, driver) fails this run only
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            detail = described(exc)
             outcomes[key] = Outcome(key, "failed", f"{key.label} raised {detail}")
             trials.pop(key, None)
 
