@@ -161,8 +161,9 @@ class InitSection(Strict):
     U(-sqrt(6 / (fan_in + fan_out)), +sqrt(...)); `normal_over_sqrt_fan_in` N(0, 1) / sqrt(fan_in);
     `torch_linear_default` U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)), as nn.Linear and nn.Conv2d
     draw it. biases: `zeros`, or `torch_linear_default` (the same bound as the weight's).
-    A port (model.python) gives the seed alone: its torch module's own initialisers make
-    the weights after torch.manual_seed(seed)."""
+    A spec of layers requires `weights` and `biases` (null only in a port); a port
+    (model.python) gives the seed alone: its torch module's own initialisers make the
+    weights after torch.manual_seed(seed)."""
 
     weights: Literal["glorot_uniform", "normal_over_sqrt_fan_in", "torch_linear_default"] | None = None
     biases: Literal["zeros", "torch_linear_default"] | None = None

@@ -178,10 +178,19 @@ class _Writer:
 
     def write(self, schema: dict[str, Any]) -> str:
         required = ", ".join(f"`{k}`" for k in schema.get("required", ()))
-        top = ["## The top level", "", f"Required: {required}.", "", *self.table(schema, "")]
+        top = ["## The top level", "", f"Required: {required}.", "", *self.table(schema, ""), "", PROFILES]
         while self.queue:
             self.section(*self.queue.pop(0))
         return "\n\n".join([HEADER.rstrip(), "\n".join(top), *self.sections]) + "\n"
+
+
+PROFILES = (
+    "`profiles`: each named profile (`harness run --profile NAME`) holds overrides of the spec's own keys, "
+    "section by section, merged into the spec key by key (a nested mapping: "
+    "`quick: {data: {n_samples: 1000}, training: {epochs: 500}}` keeps every other key of `data` and `training`). "
+    "Every profile is validated as a whole spec when the spec is loaded, and may override any key but `name` and "
+    "`profiles`; `full` is the spec itself and takes no overrides."
+)
 
 
 def markdown(schema_text: str) -> str:
