@@ -182,6 +182,15 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
             unread.append(spec.name)
             console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
     loaded = ready
+    source = getattr(args, "data_source", None)
+    without = [spec.name for spec in loaded if source and source not in (getattr(spec.spec.data, "sources", None) or {})]
+    if without:  # a note, not a refusal: the GPU contact passes it to every phase (issue 55)
+        console.print(
+            f"--data-source {source}: {', '.join(without)} name no such source and run on their own data",
+            style="yellow",
+            highlight=False,
+            soft_wrap=True,
+        )
     rates = measure_rates(args, keys, console)
     run_id = write.new_id()
     executor = make_executor(args, console)

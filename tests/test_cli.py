@@ -51,6 +51,15 @@ def test_a_failing_check_exits_one(tmp_path):
     assert "diagnosis: rounding: float32 only, the spec's tolerance is zero;" in " ".join(done.stdout.split())
 
 
+def test_a_data_source_no_spec_names_is_a_note_and_the_run_goes_on(tmp_path):
+    """Issue 55: `--data-source test-set` on a spec without that source said nothing. It is
+    one note naming the specs (not a refusal: the GPU contact passes it to every phase)."""
+    spec = tiny_moons(tmp_path)
+    done = harness("run", str(spec), "--frameworks", "numpy", "--no-records", "--no-floor", "--data-source", "test-set")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--data-source test-set: moons_net name no such source and run on their own data" in " ".join(done.stdout.split())
+
+
 def test_bad_input_exits_two_and_writes_nothing(tmp_path):
     results = tmp_path / "results"
     for args, message in [
