@@ -447,3 +447,6 @@ def test_a_failing_comparison_counts_on_the_row_of_the_run_that_differs_from_the
     assert "FAIL" not in rows["torch@cpu+float64"] and "FAIL" not in rows["torch@cpu"], out.getvalue()
     assert "FAIL" in rows["jax@cpu"] and "FAIL" in rows["jax@cpu+float64"]
     assert failed(shown)
+    # the float64 twin ran its first 8 steps: its loss says so, not to be read as a final one
+    assert re.search(r"jax@cpu\+float64 +ok, FAIL +[0-9.]+ @8 +[0-9.]+ @8 ", rows["jax@cpu+float64"]), rows["jax@cpu+float64"]
+    assert "@" not in rows["torch@cpu+float64"].split("torch@cpu+float64")[1]

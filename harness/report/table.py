@@ -78,7 +78,14 @@ def _theirs(record: Record, c, differ: set[str]) -> bool:
     return c.verdict in (Verdict.FAIL, Verdict.KNOWN) and c.against in differ and run_label(record) not in differ
 
 
-def _run_row(record: Record, differ: set[str] = frozenset()) -> tuple[list[str], str | None]:
+def _steps(record: Record) -> int | None:
+    return record.timings.total_steps if record.timings else None
+
+
+def _run_row(record: Record, differ: set[str] = frozenset(), steps: int | None = None) -> tuple[list[str], str | None]:
+    """A run's row; `steps`, the spec's longest run: a shorter one (a float64 twin, its first
+    steps) says after which step its loss and accuracy are (`0.53436 @21`), not to be read
+    beside the others' final ones."""
     counted = verdict_counts(c.verdict for c in record.checks if not _theirs(record, c, differ))
     failed, counts = counted[Verdict.FAIL], _counts(counted)
     horizon = next(
@@ -93,11 +100,13 @@ def _run_row(record: Record, differ: set[str] = frozenset()) -> tuple[list[str],
     total = record.timings.total_steps if record.timings else None
     status = record.status if record.status != "ok" or not failed else "ok, FAIL"
     style = "red" if failed or record.status == "failed" else "yellow" if record.status == "skipped" else None
+    at = f" @{total}" if total is not None and steps is not None and total < steps else ""
+    loss, accuracy = _fmt(_value(record, "train_loss"), ".5g"), _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f")
     cells = [
         run_label(record),
         status,
-        _fmt(_value(record, "train_loss"), ".5g"),
-        _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f"),
+        loss + at if loss != "-" else loss,
+        accuracy + at if accuracy != "-" else accuracy,
         "-" if horizon is None else f"{horizon}/{total}",
         counts,
         run_to_run(record),
@@ -131,8 +140,9 @@ def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
     for result in results:
         table.add_row(result.title, style="bold")  # the spec, above its runs
         differ = differing(result.records)
+        steps = max((n for n in map(_steps, result.records) if n is not None), default=None)
         for record in result.records:
-            cells, style = _run_row(record, differ)
+            cells, style = _run_row(record, differ, steps)
             table.add_row(*cells, style=style)
         if members:
             for record in result.member_records:
