@@ -21,10 +21,7 @@ def check_converter(path, loaded_sha256: str, functions: dict[str, str] | None, 
     jax = _jax("float32")
     port.check_loaded(path, loaded_sha256, functions)
     net = port.call(path, "flax_model()", port.function(path, "flax_model"))
-    x = np.zeros((1, *in_shape), dtype=np.float32)
-    if len(in_shape) == 3:  # flax takes images NHWC
-        x = x.transpose(0, 2, 3, 1)
-    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), x, train=False)
+    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), port.flax_example(in_shape), train=False)
     own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
     made = port.call(path, "torch_to_flax(state)", port.function(path, "torch_to_flax"), {k: np.asarray(v) for k, v in tensors.items()})
     if not isinstance(made, dict) or "params" not in made:

@@ -203,8 +203,8 @@ def _batch_norm_summed(torch, rng, fast: bool = False):
     torch updates them (the unbiased variance). `fast`: the batch's variance as
     E[x^2] - E[x]^2 (flax's use_fast_variance). No `rng`: the terms in their order."""
 
-    def order(n: int):
-        return slice(None) if rng is None else torch.from_numpy(rng.permutation(n))
+    def ordered(a):
+        return a if rng is None else a[:, torch.from_numpy(rng.permutation(a.shape[1])).to(a.device)]
 
     class Summed(torch.autograd.Function):
         """(C, M) -> (C,): each row summed pairwise (torch.sum), its terms in a seeded order."""
@@ -212,8 +212,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False):
         @staticmethod
         def forward(ctx, a):
             ctx.width = a.shape[1]
-            picked = order(a.shape[1])
-            return a[:, picked if isinstance(picked, slice) else picked.to(a.device)].sum(dim=1)
+            return ordered(a).sum(dim=1)
 
         @staticmethod
         def backward(ctx, grad):
@@ -224,7 +223,6 @@ def _batch_norm_summed(torch, rng, fast: bool = False):
 
         @staticmethod
         def forward(ctx, v, like):
-            ctx.shape = like.shape
             return v.reshape(1, -1, *([1] * (like.ndim - 2))).expand(like.shape).clone()
 
         @staticmethod

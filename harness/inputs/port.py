@@ -204,12 +204,15 @@ def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[str, ...]:
         return next_fun(*args, **kwargs)
 
     net = call(path, "flax_model()", function(path, "flax_model"))
-    x = np.zeros((1, *in_shape), dtype=np.float32)
-    if len(in_shape) == 3:  # flax takes images NHWC
-        x = x.transpose(0, 2, 3, 1)
     with nn.intercept_methods(spy):
-        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), x, train=False)
+        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape), train=False)
     return tuple(sorted(found))
+
+
+def flax_example(in_shape: tuple[int, ...]) -> np.ndarray:
+    """One example of zeros as the flax module takes it (flax_model().init's input): images NHWC."""
+    x = np.zeros((1, *in_shape), dtype=np.float32)
+    return x.transpose(0, 2, 3, 1) if len(in_shape) == 3 else x
 
 
 def penalized_kinds(torch) -> tuple[type, ...]:

@@ -97,7 +97,7 @@ def _run_row(record: Record, differ: set[str] = frozenset(), steps: int | None =
         ),
         None,
     )
-    total = record.timings.total_steps if record.timings else None
+    total = _steps(record)
     status = record.status if record.status != "ok" or not failed else "ok, FAIL"
     style = "red" if failed or record.status == "failed" else "yellow" if record.status == "skipped" else None
     at = f" @{total}" if total is not None and steps is not None and total < steps else ""
