@@ -8,6 +8,7 @@ may only move values: transpose, reshape, split into collections)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -35,8 +36,14 @@ class Network:
         return x.reshape((x.shape[0], *self.shape))
 
     def apply(self, variables, x, masks, train: bool, mutable=False, **kwargs):
+        """The module's apply; where the port drops (problem.port_dropout), with every flax
+        Dropout deterministic: its input given back, as torch's dropouts are turned off
+        (adapters/torch_port.py _no_dropout)."""
+        import flax.linen as nn
+
         what = "the flax module's __call__"
-        return port.call(self.problem.port, what, self.net.apply, variables, self._x(x), train=train, mutable=mutable, **kwargs)
+        with nn.intercept_methods(_deterministic) if self.problem.port_dropout else contextlib.nullcontext():
+            return port.call(self.problem.port, what, self.net.apply, variables, self._x(x), train=train, mutable=mutable, **kwargs)
 
     def intermediates(self, variables, x) -> dict[str, np.ndarray]:
         """Every submodule's output of a training-mode pass (flax's captured intermediates),
@@ -55,6 +62,15 @@ class Network:
 
         walk(found["intermediates"], [])
         return out
+
+
+def _deterministic(next_fun, args, kwargs, context):
+    """flax's method interceptor: a Dropout's call gives its input back (deterministic)."""
+    import flax.linen as nn
+
+    if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+        return args[0] if args else kwargs["inputs"]
+    return next_fun(*args, **kwargs)
 
 
 def variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             self.round_loss = None  # ... on this pass's jittered step (torch_layers.objective)
             self.rounding = None  # a member's TorchFunctionMode rounding the activations otherwise (_jitter)
             self.fast = _fast_variance(torch) if problem.port_fast_variance else None  # flax's batch variance
+            self.no_dropout = _no_dropout(torch) if problem.port_dropout else None  # every dropout off (port.torch_dropout)
 
         def forward(self, x, masks, outputs=None):
             x = x.reshape((x.shape[0], *shape))
@@ -43,13 +44,14 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
                 self.round_loss = self.rounds if jittered and self.training else None
                 try:
                     mode = self.rounding if jittered else self.fast if self.training else None
-                    with mode or contextlib.nullcontext():
+                    with self.no_dropout or contextlib.nullcontext(), mode or contextlib.nullcontext():
                         return port.call(problem.port, "the torch module's forward", self.inner, x)
                 finally:
                     self.step += self.training
             hooks = [m.register_forward_hook(_keeper(outputs, name.replace(".", "/"))) for name, m in self.inner.named_modules() if name]
             try:
-                out = port.call(problem.port, "the torch module's forward", self.inner, x)
+                with self.no_dropout or contextlib.nullcontext():
+                    out = port.call(problem.port, "the torch module's forward", self.inner, x)
             finally:
                 for hook in hooks:
                     hook.remove()
@@ -156,6 +158,25 @@ def _batch_norm_or(torch, batch_norm, func, args, kwargs):
         if bound.arguments["training"]:
             return batch_norm(**bound.arguments)
     return func(*args, **kwargs)
+
+
+def _no_dropout(torch):
+    """A TorchFunctionMode in which every dropout (port.dropout_functions: nn.Dropout's and a
+    forward's own calls) gives its input back, as at p = 0: a port runs with dropout off in
+    both frameworks (adapters/jax_port.py, flax's Dropout deterministic), since each would
+    draw its own masks."""
+    from torch.overrides import TorchFunctionMode
+
+    functions = port.dropout_functions(torch)
+
+    class NoDropout(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in functions:
+                return args[0] if args else kwargs["input"]
+            return func(*args, **kwargs)
+
+    return NoDropout()
 
 
 def _fast_variance(torch):

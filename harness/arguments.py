@@ -235,6 +235,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     run.add_argument("--members", action="store_true", help="a row per calibration member in the table (folded into one by default)")
     run.add_argument("--repeats", type=_count(MAX_REPEATS, "each repeat is a whole timed training run"), help="timing repeats (default: the spec's)")
     run.add_argument("--in-process", action="store_true", help="run every job in this process (debugging; timings suffer)")
+    run.add_argument(
+        "--train-anyway",
+        action="store_true",
+        help="a port whose initial forward pass differs from torch's (math_initial_forward FAIL) trains all the same (by default nothing trains)",
+    )
     speed_options(run, [EAGER])
     gpu_options(run)
     limit_options(run)

@@ -18,8 +18,9 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, RunKey
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey, Verdict
 from harness.execute import executors, hosts, jobs, plan, schedule
+from harness.execute.jobs import inputs_sha256
 from harness.hardware.floor import Floor, Rates, floor_of
 from harness.inputs.problem import Problem
 from harness.records import write
@@ -29,8 +30,9 @@ from harness.records.write import new_id
 from harness.run import progress
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
-from harness.verdict import cross_host, diagnosis
+from harness.verdict import cross_host, diagnosis, parity
 from harness.verdict.checks import Check
+from harness.verdict.parity import FORWARD
 
 Made = tuple[Record, bytes | None]  # a record and its artifact's bytes, made to be written together
 
@@ -51,10 +53,12 @@ class SpecResult:
 
     @property
     def title(self) -> str:
-        """The spec's name, and a sweep point's size."""
+        """The spec's name, and a sweep point's size, or a port's dropouts turned off."""
         loaded = self.loaded
         if loaded.spec.sweep is not None and loaded.profile == loaded.spec.sweep.profile:
             return f"{loaded.name} n={len(self.problem.x_train)}"
+        if self.problem.port_dropout:
+            return f"{loaded.name}, dropout off in both frameworks ({'; '.join(self.problem.port_dropout)})"
         return loaded.name
 
 
@@ -65,18 +69,32 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
 
-def check_port_tree(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -> None:
-    """torch_to_flax's tree against flax's own init (adapters/jax_port_check.py), in a fresh
-    process (JAX's thread pool never starts in the driver), or in this one where every run
-    does (the inline executor)."""
+def check_port_start(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -> Check:
+    """A port before any run (adapters/jax_port_check.py check_start): torch_to_flax's tree
+    against flax's own init (a PortError where they differ), then flax's float64 initial
+    forward pass against torch's (parity.initial_forward_check), in a fresh process (JAX's
+    thread pool never starts in the driver), or in this one where every run does (the
+    inline executor)."""
     from adapters import jax_port_check
     from harness.execute.fresh import in_fresh_process
 
-    args = (problem.port, loaded.port_sha256, problem.spec.model.functions, problem.initial_params, problem.spec.model.in_shape)
-    if fresh:
-        in_fresh_process(jax_port_check.check_converter, *args)
-    else:
-        jax_port_check.check_converter(*args)
+    outputs = (in_fresh_process if fresh else _here)(jax_port_check.check_start, problem, loaded.port_sha256)
+    return parity.initial_forward_check(jax_port_check.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+
+
+def _here(call, *args):
+    return call(*args)
+
+
+def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check: Check) -> SpecResult:
+    """A port whose initial forward pass differs (check_port_start), not trained: a different
+    function needs no training to be called different. Its runs are skipped, saying why, and
+    the failing check is flax's float64 run's, diagnosed (--train-anyway trains it all)."""
+    check = replace(check, diagnosis=diagnosis.of_initial_forward(check))
+    reason = f"not trained: flax's initial forward pass differs from torch's ({FORWARD} FAIL); --train-anyway trains it"
+    twin = check.a
+    outcomes = {key: Outcome(key, "skipped", reason) for key in [*keys, twin]}
+    return SpecResult(loaded, problem, outcomes, [], [check], [])
 
 
 def run_spec(
@@ -92,6 +110,7 @@ def run_spec(
     rates: dict[tuple[str, str], Rates] | None = None,
     twins: bool = True,
     executor: executors.Executor | None = None,
+    train_anyway: bool = False,
 ) -> SpecResult:
     """Run every key on the spec with what calibrates its checks (plan_jobs), check every
     pair, and write one record per run (keys and float64 twins; the members are part of the
@@ -104,13 +123,23 @@ def run_spec(
     if executor is None:  # one of its own, shut down (its kept processes ended) when done
         own = executors.Local(executors.local_slots(1, None)) if isolate else executors.Inline()
         try:
-            return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own)
+            return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own, train_anyway)
         finally:
             own.shutdown()
+    early: list[Check] = []  # a port's initial forward pass, failing, where it trains anyway
     if problem.port is not None:  # no oracle nor array-module code: torch's float64 run is the reference
         keys = plan.port_keys(keys)
-        if any(k.framework == "jax" for k in keys):  # the converter's tree against flax's init, before any run
-            check_port_tree(loaded, problem, fresh=not isinstance(executor, executors.Inline))
+        if any(k.framework == "jax" for k in keys):  # the converter and the initial forward pass, before any run
+            start = check_port_start(loaded, problem, fresh=not isinstance(executor, executors.Inline))
+            if start.verdict == Verdict.FAIL:
+                result = not_trained(loaded, problem, keys, start)
+                then = "training it anyway (--train-anyway)" if train_anyway else "nothing trains (--train-anyway trains it)"
+                console.print(f"FAIL {loaded.name} {FORWARD}: {result.checks[0].diagnosis}; {then}", style="red", highlight=False, soft_wrap=True)
+                if not train_anyway:
+                    result.records, result.member_records, made = records_of(result, run_id or new_id(), {}, inputs_sha256(problem))
+                    result.paths = write_together(results_dir, made) if results_dir is not None else []
+                    return result
+                early = result.checks
     elif GPU_ORACLE_KEY in keys:  # the oracle and its members on the GPU (harness run --references gpu)
         problem = replace(problem, references="gpu")
     scheme = roles.scheme_of(problem)
@@ -121,14 +150,14 @@ def run_spec(
     chosen = {o.key: o for c in planned if c.role == jobs.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}
     found = calibration.gather(planned, done, chosen, scheme)
     outcomes = {**{key: chosen[key] for key in keys}, **found.twins}
-    checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)
+    checks = early + diagnosis.verdicts(problem.spec, outcomes, found.calibration)
     looked = calibration.math_second_look(loaded, problem, planned, done, chosen, diagnosis.math_doubted(checks), driver.run, console, scheme)
     if looked is not None:
         planned, done, found = looked
-        checks = diagnosis.verdicts(problem.spec, outcomes, found.calibration)
+        checks = early + diagnosis.verdicts(problem.spec, outcomes, found.calibration)
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
-        found, checks = wider, diagnosis.verdicts(problem.spec, outcomes, wider.calibration)
+        found, checks = wider, early + diagnosis.verdicts(problem.spec, outcomes, wider.calibration)
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor

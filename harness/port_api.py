@@ -170,6 +170,7 @@ def check_port(
     data_dir: str | Path | None = None,
     name: str | None = None,
     in_process: bool = False,
+    train_anyway: bool = False,
 ) -> Verdict:
     """A user's port judged as `harness run` judges a port file (docs/ports.md): torch's and
     JAX's float32 runs against torch's float64 run, with the members that calibrate each check.
@@ -180,9 +181,14 @@ def check_port(
     ("cross_entropy", reduction mean). `optimizer`, `training`, `checks`: the spec's sections
     (training's shuffle, shuffle_seed and last_batch default to True, 0 and keep).
     `input_shape`: the model's input, (features,) or (channels, height, width); the arrays'
-    rows give it. `results`: a folder for the records (none written without it). Bad
+    rows give it. `results`: a folder for the records (none written without it).
+    `train_anyway`: where flax's initial forward pass already differs from torch's, train the
+    matrix all the same (by default that check fails at once and nothing trains). Bad
     arguments raise SpecError (a ValueError) naming the argument and key; nothing runs."""
     callables = {"torch_model": torch_model, "flax_model": flax_model, "torch_to_flax": torch_to_flax}
+    for argument, value in (("in_process", in_process), ("train_anyway", train_anyway)):
+        if not isinstance(value, bool):
+            raise SpecError(f"{argument}: True or False, got {type(value).__name__}")
     source, names = _source(callables, in_process)
     if isinstance(init_seed, bool) or not isinstance(init_seed, int):
         raise SpecError(f"init_seed: an integer, got {type(init_seed).__name__}")
@@ -214,5 +220,6 @@ def check_port(
         argv += ["--data-dir", str(used)] if used else []
         argv += ["--results", str(out)] if out else ["--no-records"]
         argv += ["--in-process"] if in_process else []
+        argv += ["--train-anyway"] if train_anyway else []
         with port.given(source, callables if in_process else None):
             return run_loaded(loaded, argv)

@@ -246,3 +246,25 @@ def drawn(count: int, seed: int | None = None) -> list[dict]:
 
     (draw if seed is None else seeded(seed)(draw))()
     return docs
+
+
+def to_write(out: Path, count: int, seed: int, first: int, stop: int, slips: tuple[str | None, ...]):
+    """The ports of draws [first, stop) of `drawn(count, seed)`, each with each of `slips`
+    (None: honest) its layers take, written under OUT's folder, those OUT's JSON lines hold
+    passed over (tools/port_family.py, tools/forward_family.py): (i, slip, doc, path,
+    written) each, and a row to fill with what the draw is."""
+    docs = drawn(count, seed)
+    done = set()
+    if out.exists():
+        done = {(row["i"], row.get("slip")) for row in map(json.loads, out.read_text().splitlines()) if row}
+    for i in range(first, min(stop, len(docs))):
+        for slip in slips:
+            if (i, slip) in done:
+                continue
+            folder = out.parent / f"{out.stem}-ports" / f"{seed}-{i}" / (slip or "honest")
+            folder.mkdir(parents=True, exist_ok=True)
+            path, written = port_of(docs[i], folder, slip)
+            if slip and written is None:
+                continue
+            kinds = [layer.get("kind") or next(iter(layer)) for layer in docs[i]["model"]["layers"]]
+            yield i, slip, docs[i], path, written, {"i": i, "seed": seed, "layers": kinds, "slip": slip}

@@ -57,13 +57,14 @@ def copied(example: Path, folder: Path, old: str = "", new: str = "", spec: dict
     return path
 
 
-def judged(path: Path):
-    """A port's matrix in this process (torch and JAX on the CPU): its checks."""
+def judged(path: Path, train_anyway: bool = False):
+    """A port's matrix in this process (torch and JAX on the CPU): its checks. A port whose
+    initial forward pass differs trains only with `train_anyway`."""
     from harness.matrix import run_spec
 
     loaded = load_spec(path)
-    result = run_spec(loaded, build_problem(loaded), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
-    return result
+    console = Console(file=io.StringIO(), width=300)
+    return run_spec(loaded, build_problem(loaded), matrix_keys(["torch", "jax"], ["cpu"]), None, console, train_anyway=train_anyway)
 
 
 # --- the spec: checked, never run ----------------------------------------------------------
@@ -162,7 +163,6 @@ def test_a_spec_of_layers_dumps_as_before(tmp_path):
         ("def torch_model():", "def torch_modelx():", r"mlp_port.py: defines no torch_model\(\)"),
         ("    return TorchMLP()", "    raise RuntimeError('no weights here')", r"mlp_port.py: torch_model\(\) raised RuntimeError: no weights here"),
         ("torch.nn.Linear(32, 2)", "torch.nn.Linear(32, 1)", "mlp_port.py: the torch module gives 1 outputs"),
-        ("self.act = torch.nn.GELU()", "self.act = torch.nn.Sequential(torch.nn.GELU(), torch.nn.Dropout(0.5))", "dropout at module 'act.1'"),
         ("        super().__init__()\n", "        super().__init__()\n        1 / 0\n", r"torch_model\(\) raised ZeroDivisionError"),
     ],
 )
@@ -313,6 +313,62 @@ def test_an_honest_mlp_port_passes_every_check():
     assert not any(k.framework in ("numpy", "oracle") for k in result.outcomes)
 
 
+# The MLP with dropout in both: an nn.Dropout module and a call in forward on torch's side,
+# a Dropout on flax's, as a careful port writes them.
+DROPOUT = [
+    ("self.act = torch.nn.GELU()", "self.act = torch.nn.GELU()\n        self.drop = torch.nn.Dropout(0.1)"),
+    (
+        "return self.fc2(self.act(self.norm(self.fc1(x))))",
+        "return self.fc2(torch.nn.functional.dropout(self.drop(self.act(self.norm(self.fc1(x)))), 0.2, self.training))",
+    ),
+    (
+        'return nn.Dense(2, name="fc2")(x)',
+        'x = nn.Dropout(0.1, name="drop")(x, deterministic=not train)\n'
+        '        return nn.Dense(2, name="fc2")(nn.Dropout(0.2)(x, deterministic=not train))',
+    ),
+]
+
+
+def with_dropout(folder: Path, old: str = "", new: str = "") -> Path:
+    path = copied(MLP, folder, old, new)
+    port = path.with_suffix(".py")
+    source = port.read_text()
+    for before, after in DROPOUT:
+        assert source.count(before) == 1, before
+        source = source.replace(before, after)
+    port.write_text(source)
+    return path
+
+
+def test_a_ports_dropouts_are_found_in_both_frameworks(tmp_path):
+    """torch's dropout module and its call in forward, flax's two Dropouts: each found, by
+    module where there is one, with its rate (port.facts, in this process)."""
+    from harness.inputs import port
+
+    path = with_dropout(tmp_path)
+    loaded = load_spec(path)
+    found = port.facts(loaded.port, loaded.port_sha256, None, 0, (2,))
+    assert found.dropout == ("torch: drop (p=0.1)", "torch: dropout(p=0.2) called in forward", "flax: drop (rate 0.1)", "flax: Dropout_0 (rate 0.2)")
+    assert port.facts(MLP / "mlp_port.py", load_spec(MLP / "mlp_port.yaml").port_sha256, None, 0, (2,)).dropout == ()
+
+
+@pytest.mark.slow
+def test_a_port_with_dropout_runs_with_it_off_in_both_and_says_so(tmp_path):
+    """The MLP with dropout in both frameworks runs with every dropout off (torch's at p = 0,
+    flax's deterministic): no check fails, and the records and the table say which were off.
+    A slip beside them is still caught."""
+    path = with_dropout(tmp_path)
+    result = judged(path)
+    counts = counted(result.checks)
+    assert counts["fail"] == 0 and counts["pass"] >= 25, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert result.records and all(r.spec.port.dropout_off == list(result.problem.port_dropout) for r in result.records)
+    assert "dropout off in both frameworks (torch: drop (p=0.1);" in result.title
+    slipped = tmp_path / "slip"
+    slipped.mkdir()
+    found = judged(with_dropout(slipped, 'nn.LayerNorm(epsilon=1e-5, name="norm")', 'nn.LayerNorm(name="norm")'))
+    assert "first differs at module norm " in failing(found, "math_initial_forward").diagnosis
+
+
 def failing(result, name: str):
     found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == name and c.a.framework == "jax" and c.b == PORT_REFERENCE_KEY]
     assert found, f"no failing {name}: {[(c.name, c.verdict.value) for c in result.checks]}"
@@ -355,11 +411,60 @@ SLIPS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("example, old, new, check, named", SLIPS, ids=["layer_norm_eps", "gelu_tanh", "flatten_order", "batch_norm_momentum"])
 def test_each_classic_porting_slip_is_caught_with_the_module_named(tmp_path, example, old, new, check, named):
-    result = judged(copied(example, tmp_path, old, new))
+    """Trained anyway where the initial forward pass already differs: the calibrated checks
+    catch each slip too, and name the same module."""
+    result = judged(copied(example, tmp_path, old, new), train_anyway=True)
     found = failing(result, check)
     assert found.diagnosis.startswith("implementation: the float64 twin differs from torch@cpu+float64"), found.diagnosis
     assert named in found.diagnosis, found.diagnosis
     assert failing(result, "final_outputs").diagnosis.startswith("implementation")  # the float32 run's too
+
+
+FORWARD_SLIPS = [s for s in SLIPS if s[3] == "math_initial_outputs"]  # those that change the initial forward pass
+
+
+@pytest.mark.parametrize("example, old, new, check, named", FORWARD_SLIPS, ids=["layer_norm_eps", "gelu_tanh", "flatten_order"])
+def test_a_slip_in_the_forward_pass_fails_before_anything_trains_with_the_module_named(tmp_path, example, old, new, check, named):
+    """A port whose flax forward pass differs from torch's in float64 from the initial tensors
+    is different math without training: math_initial_forward fails at once, diagnosed
+    `implementation` with the module named, and every run is skipped, saying why."""
+    result = judged(copied(example, tmp_path, old, new))
+    assert [c.name for c in result.checks] == ["math_initial_forward"]
+    found = failing(result, "math_initial_forward")
+    assert found.diagnosis.startswith("implementation: flax's float64 forward pass differs from torch's before any training"), found.diagnosis
+    assert named in found.diagnosis and found.ratio > 1, found.diagnosis
+    assert result.outcomes and all(o.status == "skipped" and "--train-anyway" in o.reason for o in result.outcomes.values())
+
+
+def test_harness_run_fails_a_port_whose_forward_differs_at_once_and_writes_its_records(tmp_path):
+    """`harness run` on a port with flax's GELU (tanh) for torch's: the FAIL line comes before
+    anything trains, the exit code is 1, and the records say each run was not trained."""
+    path = copied(MLP, tmp_path, "jax.nn.gelu(x, approximate=False)", "nn.gelu(x)")
+    done = harness("run", str(path), "--frameworks", "torch,jax", "--results", str(tmp_path / "runs"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert "FAIL mlp_port math_initial_forward: implementation: flax's float64 forward pass differs" in out, out
+    assert "first differs at module fc2" in out and "nothing trains (--train-anyway trains it)" in out, out
+    assert "train " not in out  # no run's progress: nothing trained
+    records = [yaml.safe_load(p.read_text()) for p in (tmp_path / "runs").rglob("*.json")]
+    assert len(records) == 4 and all(r["status"] == "skipped" and "not trained" in r["reason"] for r in records), records
+    checks = {(r["framework"], r["precision_mode"]): [(c["name"], c["verdict"]) for c in r["checks"]] for r in records}
+    assert checks[("jax", "float64")] == checks[("torch", "float64")] == [("math_initial_forward", "fail")], checks
+
+
+def test_an_honest_ports_initial_forward_passes_are_far_within_float32s_rounding(tmp_path):
+    """The examples' honest ports: flax's float64 forward pass of step 0's batch lies within
+    1e-13 of torch's, where math_initial_forward fails past 2^-24 (6e-8)."""
+    from adapters import jax_port_check
+    from harness.verdict import parity
+
+    for example in (MLP, CNN):
+        loaded = load_spec(example / f"{example.name}.yaml")
+        problem = build_problem(loaded)
+        outputs = jax_port_check.check_start(problem, loaded.port_sha256)
+        check = parity.initial_forward_check(jax_port_check.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+        assert check.verdict == Verdict.PASS and check.max_rel_error < 1e-13, (example.name, check)
+        assert set(outputs[PORT_REFERENCE_KEY.label]) >= {"output"} and check.forward_layer is None
 
 
 PORT_FAMILY = int(os.environ.get("HARNESS_PORT_FAMILY_EXAMPLES", "3"))
@@ -614,7 +719,7 @@ def test_a_porting_slip_under_optaxs_recipe_is_still_caught():
         doc = yaml.safe_load(path.read_text())
         doc["optimizer"], doc["training"]["epochs"] = RECIPES["adamw_schedule_clip"], 2
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        result = judged(path)
+        result = judged(path, train_anyway=True)  # the slip fails before training too (math_initial_forward)
     # flax's twin is judged against the reference computing optax's formula (torch@cpu+float64~as-jax)
     found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == "math_initial_outputs" and c.a.framework == "jax"]
     assert found and "first differs at module norm " in found[0].diagnosis, [(c.name, c.b.label, c.diagnosis) for c in found]

@@ -26,23 +26,10 @@ from tests.test_port import counted, judged  # noqa: E402
 
 N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
 slips = sys.argv[6:] == ["slips"]
-docs = port_family.drawn(N, SEED)
-done = set()
-if out.exists():
-    done = {(row["i"], row.get("slip")) for row in map(json.loads, out.read_text().splitlines()) if row}
-todo = [(i, slip) for i in range(a, min(b, len(docs))) for slip in (port_family.SLIPS if slips else [None])]
-for i, slip in todo:
-    if (i, slip) in done:
-        continue
-    doc = docs[i]
-    folder = out.parent / f"{out.stem}-ports" / f"{SEED}-{i}" / (slip or "honest")
-    folder.mkdir(parents=True, exist_ok=True)
-    path, written = port_family.port_of(doc, folder, slip)
-    if slip and written is None:
-        continue
+todo = port_family.to_write(out, N, SEED, a, b, port_family.SLIPS if slips else (None,))
+for i, slip, doc, path, written, row in todo:
     began = time.time()
-    kinds = [layer.get("kind") or next(iter(layer)) for layer in doc["model"]["layers"]]
-    row = {"i": i, "seed": SEED, "optimizer": doc["optimizer"], "layers": kinds, "slip": slip}
+    row["optimizer"] = doc["optimizer"]
     try:
         result = judged(path)
         row["statuses"] = {k.label: o.status for k, o in result.outcomes.items() if o.status != "ok"}
@@ -63,4 +50,4 @@ for i, slip in todo:
     with out.open("a") as f:
         f.write(json.dumps(row, default=str) + "\n")
     print(i, slip or "", row.get("counts"), len(row.get("failed", [])), row.get("caught_named", ""), row.get("error", "")[-200:], flush=True)
-print("drawn", len(docs))
+print("drawn", N)

@@ -136,20 +136,67 @@ def _module(path: str, source: bytes) -> types.ModuleType:
 
 
 def torch_module(path: Path, seed: int):
-    """The user's torch module, made after torch.manual_seed(seed); refused with dropout
-    (each framework would draw its own masks)."""
+    """The user's torch module, made after torch.manual_seed(seed)."""
     import torch
 
     torch.manual_seed(seed)
     made = call(path, "torch_model()", function(path, "torch_model"))
     if not isinstance(made, torch.nn.Module):
         raise PortError(f"{path}: torch_model() returned {type(made).__name__}, not a torch.nn.Module")
-    for name, part in made.named_modules():
-        if isinstance(part, torch.nn.modules.dropout._DropoutNd) and part.p > 0:
-            raise PortError(
-                f"{path}: torch_model() has dropout at module {name!r}: each framework would draw its own masks, so the runs cannot be compared"
-            )
     return made
+
+
+def dropout_functions(torch) -> frozenset:
+    """torch's dropouts, which nn.Dropout and its kin call and a forward may call itself."""
+    f = torch.nn.functional
+    return frozenset({f.dropout, f.dropout1d, f.dropout2d, f.dropout3d, f.alpha_dropout, f.feature_alpha_dropout})
+
+
+def dropout_call(args, kwargs) -> tuple[float, bool]:
+    """A dropout function's rate and training flag, however it was called (p=0.5 and
+    training=True are F.dropout's defaults)."""
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    training = kwargs.get("training", args[2] if len(args) > 2 else True)
+    return float(p), bool(training)
+
+
+def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...]) -> tuple[str, ...]:
+    """Where the torch module drops, seen in one training-mode pass over two examples of
+    zeros: each dropout call with p > 0, by the dropout module that makes it ("drop1
+    (p=0.1)"), or "dropout(p=0.2) called in forward" where the forward calls it itself. A
+    port runs with every one turned off (adapters/torch_port.py _no_dropout)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    made = torch_module(path, seed).double().train()
+    functions, within, found = dropout_functions(torch), [], []
+
+    def enter(name):
+        def hook(module, inputs):
+            within.append(name)
+
+        return hook
+
+    def leave(module, inputs, output):
+        within.pop()
+
+    for name, part in made.named_modules():
+        if isinstance(part, torch.nn.modules.dropout._DropoutNd):
+            part.register_forward_pre_hook(enter(name))
+            part.register_forward_hook(leave)
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in functions:
+                p, training = dropout_call(args, kwargs)
+                if p > 0 and training:
+                    found.append(f"{within[-1]} (p={p:g})" if within else f"{func.__name__}(p={p:g}) called in forward")
+            return func(*args, **kwargs)
+
+    with torch.no_grad(), Spy():
+        call(path, "the torch module's forward", made, torch.zeros((2, *in_shape), dtype=torch.float64))
+    return tuple(dict.fromkeys(found))
 
 
 def floating(state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -188,25 +235,29 @@ def layer_options(path: Path, seed: int) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[str, ...]:
+def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The layer options the port's flax module shows, found by its own init (evaluation
     mode) under flax's method interceptor, sorted: "batch_norm.variance=fast" where one of
     its BatchNorms computes the batch's variance as E[x^2] - E[x]^2 (use_fast_variance,
-    flax's default), a float32 rounding of its own (harness/known_differences.yaml)."""
+    flax's default), a float32 rounding of its own (harness/known_differences.yaml). And its
+    Dropouts with a rate above 0 ("Dropout_0 (rate 0.1)"), which a port runs deterministic
+    (adapters/jax_port.py)."""
     import flax.linen as nn
     import jax
 
-    found = set()
+    found, dropping = set(), []
 
     def spy(next_fun, args, kwargs, context):
         if isinstance(context.module, nn.BatchNorm) and getattr(context.module, "use_fast_variance", True):
             found.add("batch_norm.variance=fast")
+        if isinstance(context.module, nn.Dropout) and context.method_name == "__call__" and context.module.rate > 0:
+            dropping.append(f"{'/'.join(context.module.path) or context.module.name} (rate {context.module.rate:g})")
         return next_fun(*args, **kwargs)
 
     net = call(path, "flax_model()", function(path, "flax_model"))
     with nn.intercept_methods(spy):
         call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape), train=False)
-    return tuple(sorted(found))
+    return tuple(sorted(found)), tuple(dict.fromkeys(dropping))
 
 
 def flax_example(in_shape: tuple[int, ...]) -> np.ndarray:
@@ -252,6 +303,7 @@ class Facts:
     options: tuple[str, ...]  # layer_options and flax_options
     penalized: tuple[str, ...]  # penalized
     initial: dict[str, np.ndarray]  # initial_state
+    dropout: tuple[str, ...] = ()  # torch_dropout's and flax_options' dropouts, each "torch: ..." or "flax: ..."
 
 
 def facts(path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...]) -> Facts:
@@ -259,5 +311,7 @@ def facts(path: Path, loaded_sha256: str | None, functions: dict[str, str] | Non
     driver, which then never imports the user's file (nor the flax and JAX it imports: JAX's
     gc callback swallowed a lease's Ctrl-C in the driver, which then ran on until killed)."""
     check_loaded(path, loaded_sha256, functions)
-    options = tuple(sorted(layer_options(path, seed) + flax_options(path, in_shape)))
-    return Facts(output_width(path, seed, in_shape), options, penalized(path, seed), initial_state(path, seed))
+    flax, flax_dropout = flax_options(path, in_shape)
+    options = tuple(sorted(layer_options(path, seed) + flax))
+    dropout = tuple(f"torch: {d}" for d in torch_dropout(path, seed, in_shape)) + tuple(f"flax: {d}" for d in flax_dropout)
+    return Facts(output_width(path, seed, in_shape), options, penalized(path, seed), initial_state(path, seed), dropout)

@@ -112,6 +112,9 @@ class Problem:
     port_clip_eps: float | None = None
     # ... and its batch norms' batch variance as E[x^2] - E[x]^2 (flax's use_fast_variance)
     port_fast_variance: bool = False
+    # ... and where it drops (port.Facts dropout): every dropout runs turned off, in both
+    # frameworks, where any is found (each would draw its own masks)
+    port_dropout: tuple[str, ...] = ()
     # Where the oracle, its float32 calibration run and their members run: "cpu" (NumPy) or
     # "gpu" (CuPy; `harness run --references gpu`). A port has no oracle and ignores it.
     references: str = "cpu"
@@ -253,7 +256,9 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Ca
             raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {top}")
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": found.options})})
     penalized = found.penalized if spec.loss.l2 is not None else ()
-    return replace(problem, spec=spec, initial_params=found.initial, port=path, port_outputs=width, port_penalized=penalized)
+    return replace(
+        problem, spec=spec, initial_params=found.initial, port=path, port_outputs=width, port_penalized=penalized, port_dropout=found.dropout
+    )
 
 
 def _here(fn: Callable, *args):

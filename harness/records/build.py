@@ -142,7 +142,12 @@ def build_record(
             overrides=loaded.overrides,
             port=None
             if loaded.port is None
-            else schema.PortRef(path=str(loaded.port), sha256=loaded.port_sha256, functions=loaded.spec.model.functions),
+            else schema.PortRef(
+                path=str(loaded.port),
+                sha256=loaded.port_sha256,
+                functions=loaded.spec.model.functions,
+                dropout_off=list(problem.port_dropout) or None,
+            ),
         ),
         framework=key.framework,
         implementation=implementation(key, outcome.describe),

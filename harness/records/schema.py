@@ -36,12 +36,16 @@ class PortRef(Frozen):
     # the qualified names of its functions where they are not their roles' own names
     # (model.functions: harness.check_port's callables); a port file's records have none
     functions: dict[str, str] | None = None
+    # where the port drops (torch's dropout modules and calls, flax's Dropouts): the run had
+    # every one turned off, in both frameworks; none where it has no dropout
+    dropout_off: list[str] | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler) -> dict[str, Any]:
         dumped = handler(self)
-        if isinstance(dumped, dict) and dumped.get("functions") is None:
-            dumped.pop("functions", None)
+        for key in ("functions", "dropout_off"):
+            if isinstance(dumped, dict) and dumped.get(key) is None:
+                dumped.pop(key, None)
         return dumped
 
 

@@ -189,9 +189,12 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
                 reasons.setdefault(entry, c.reason)
                 if found and found["share"]:
                     shares.setdefault(entry, []).append(found["share"])
+        unfinished: dict[tuple[str, str, str | None], list[str]] = {}  # runs of one status and reason: one line
         for record in [*result.records, *result.member_records]:
             if record.status != "ok":
-                _print(console, f"{record.status.upper()} {record.spec.name} {run_label(record)}: {record.reason}")
+                unfinished.setdefault((record.status, record.spec.name, record.reason), []).append(run_label(record))
+        for (status, name, reason), labels in unfinished.items():
+            _print(console, f"{status.upper()} {name} {', '.join(labels)}: {reason}")
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
         share = f", {', '.join(shares[entry])} of what it explains" if entry in shares else ""
         what = entry if entry.startswith("known") else f"known ({entry}{share})"

@@ -205,6 +205,14 @@ def _forward(check: Check) -> str:
     return f"; its forward pass first differs at {what} {check.forward_layer} (the first batch)"
 
 
+def of_initial_forward(check: Check) -> str:
+    """A port's failing initial forward pass (parity.initial_forward_check), before any run."""
+    how = f"outputs {check.max_rel_error:.3g} apart, {check.ratio:.3g}x float32's unit of rounding" if check.ratio is not None else check.reason
+    return (
+        f"implementation: flax's float64 forward pass differs from torch's before any training ({how}): different math, not rounding{_forward(check)}"
+    )
+
+
 def _over(check: Check) -> str:
     """How far past its tolerance a check is: "2.5x the calibrated tolerance", or the spec's
     own (an override), or past a tolerance of zero; "" where it has no ratio."""

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from harness.calibrate.spread import Calibration, Segments
-from harness.core.registry import FLOAT64, ORACLE, Verdict
+from harness.core.registry import FLOAT64, ORACLE, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, tensor_check
@@ -42,6 +42,37 @@ def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]
             return name + after
         passed = []
     return None
+
+
+# A port's initial forward pass, judged before anything trains (initial_forward_check): torch's
+# and flax's float64 outputs of step 0's batch further apart than float32's unit of rounding
+# (2^-24), relative to the largest output, are different math. Float64 rounds 2^29 times
+# finer: reaching it takes an amplification of 5e8. Measured on 300 honest ports of a seed
+# never run before (docs/measurements.md, "A port's initial forward pass"): median 3.8e-16,
+# max 4.7e-11 (1/1270 of it); the 89 slips there that change the forward pass, from 3.4e-6
+# (57x). Below it nothing is passed: the calibrated checks judge the trained runs, so this
+# can only fail early what they would fail later.
+FORWARD_APART = 2.0**-24
+FORWARD = f"{MATH}initial_forward"
+
+
+def initial_forward_check(twin: RunKey, reference: RunKey, outputs: dict[str, dict[str, np.ndarray]]) -> Check:
+    """flax's float64 forward pass of step 0's batch against torch's, from the port's initial
+    tensors, before any run (adapters/jax_port_check.py initial_forward, by run label): FAIL
+    where the whole module's outputs are further apart than FORWARD_APART of the largest,
+    naming the first module whose outputs differ (first_layer_apart)."""
+    got, want = outputs[twin.label], outputs[reference.label]
+    rule = "max |a-b| <= 2^-24 * max |b| (float32's unit of rounding, in float64), the whole module's outputs on step 0's batch"
+    a, b = got.get("output"), want.get("output")
+    layer = first_layer_apart(got, want, shared_only=True)
+    if a is None or b is None or a.shape != b.shape:
+        shapes = f"{None if a is None else a.shape} vs {None if b is None else b.shape}"
+        return Check(FORWARD, twin, reference, Verdict.FAIL, rule, reason=f"outputs' shapes differ: {shapes}", forward_layer=layer)
+    diff = float(np.abs(a - b).max(initial=0.0))
+    scale = max(float(np.abs(b).max(initial=0.0)), np.finfo(np.float64).tiny)
+    ratio = diff / (FORWARD_APART * scale)
+    verdict = Verdict.FAIL if ratio > 1 else Verdict.PASS
+    return Check(FORWARD, twin, reference, verdict, rule, diff, diff / scale, ratio=ratio, forward_layer=layer if verdict == Verdict.FAIL else None)
 
 
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:

@@ -1,0 +1,40 @@
+"""The port family's initial forward passes (docs/measurements.md, "A port's initial forward
+pass"): draws N specs a port can take (tests/port_family.py) with a hypothesis seed, writes
+each as a port (honest, and with each classic slip its layers can take), and appends one JSON
+line per port to OUT: harness/verdict/parity.py initial_forward_check's relative difference,
+its ratio to FORWARD_APART and the module it names. Nothing trains: a port takes seconds.
+
+    HARNESS_DATA_DIR=... python tools/forward_family.py N SEED A B OUT.jsonl
+"""
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adapters import jax_port_check  # noqa: E402
+from harness.core.registry import PORT_REFERENCE_KEY  # noqa: E402
+from harness.inputs.problem import build_problem  # noqa: E402
+from harness.spec.load import load_spec  # noqa: E402
+from harness.verdict import parity  # noqa: E402
+from tests import port_family  # noqa: E402
+
+N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *port_family.SLIPS)):
+    began = time.time()
+    row["named"] = None if written is None else written.named
+    try:
+        loaded = load_spec(path)
+        problem = build_problem(loaded)
+        outputs = jax_port_check.check_start(problem, loaded.port_sha256)
+        check = parity.initial_forward_check(jax_port_check.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+        row.update(verdict=check.verdict.value, rel=check.max_rel_error, ratio=check.ratio, module=check.forward_layer, reason=check.reason)
+    except Exception:  # noqa: BLE001 - a port that raises is a row saying so
+        row["error"] = traceback.format_exc()[-600:]
+    row["s"] = round(time.time() - began, 1)
+    with out.open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    print(i, slip or "honest", row.get("verdict"), row.get("rel"), row.get("module"), row.get("error", "")[-200:], flush=True)
+print("drawn", N)
