@@ -70,16 +70,16 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
 
 
 def check_port_start(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -> Check:
-    """A port before any run (adapters/jax_port_check.py check_start): torch_to_flax's tree
+    """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
     forward pass against torch's (parity.initial_forward_check), in a fresh process (JAX's
     thread pool never starts in the driver), or in this one where every run does (the
     inline executor)."""
-    from adapters import jax_port_check
     from harness.execute.fresh import in_fresh_process
+    from harness.run import port_start
 
-    outputs = (in_fresh_process if fresh else _here)(jax_port_check.check_start, problem, loaded.port_sha256)
-    return parity.initial_forward_check(jax_port_check.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+    outputs = (in_fresh_process if fresh else _here)(port_start.check_start, problem, loaded.port_sha256)
+    return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
 
 
 def _here(call, *args):
@@ -158,6 +158,9 @@ def run_spec(
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
         found, checks = wider, early + diagnosis.verdicts(problem.spec, outcomes, wider.calibration)
+    whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
+    if whole is not None:
+        found, checks = whole, early + diagnosis.verdicts(problem.spec, outcomes, whole.calibration)
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor

@@ -131,6 +131,25 @@ def test_a_library_entry_explains_a_check_only_as_far_as_its_members_reach():
     assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [dataclasses.replace(pair, ratio=6.5)], REACHED)] == ["fail"]
 
 
+def test_beyond_its_members_reach_a_check_is_known_only_where_the_run_lies_with_its_librarys_formula():
+    """Port draws 101-102 of seed 20261216 (docs/measurements.md): a float32 check beyond what
+    the library's float32 members reach is known where the run passes that check against the
+    reference computing its library's formula over the whole run (lying), a run of the
+    reference's own library on the other side; not where it lies beyond its tolerance from
+    it, nor where its twin differs, nor where nothing was measured."""
+    whole = RunKey("oracle", "cpu", variant="as-jax-whole")
+    beyond = fake_check("fail", ratio=4.0e11)
+    lying = {(JAX_CPU, "loss_curve_envelope"): (0.14, whole)}
+    known = diagnosis.apply_known_differences(ADAM, [beyond], REACHED, lying=lying)[0]
+    assert known.verdict == "known" and "beyond its members' reach, 0.14 of its tolerance from oracle@cpu~as-jax-whole" in known.diagnosis
+    far = {(JAX_CPU, "loss_curve_envelope"): (1.5, whole)}
+    assert diagnosis.apply_known_differences(ADAM, [beyond], REACHED, lying=far)[0].verdict == "fail"
+    assert diagnosis.apply_known_differences(ADAM, [beyond, _parity("fail", "jax")], REACHED, lying=lying)[0].verdict == "fail"
+    assert diagnosis.apply_known_differences(ADAM, [beyond], {}, lying=lying)[0].verdict == "fail"  # no members: nothing explained
+    other = checks.Check("loss_curve_envelope", TORCH, JAX_CPU, "fail", "rule", ratio=4.0e11)  # torch's side: its own library's, not lying
+    assert diagnosis.apply_known_differences(ADAM, [other], REACHED, lying=lying)[0].verdict == "fail"
+
+
 def test_a_library_entry_applies_only_inside_its_version_range(monkeypatch):
     monkeypatch.setattr(catalogue, "_installed", lambda library: "0.0.1")
     assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [fake_check("fail")], REACHED)] == ["fail"]

@@ -14,9 +14,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from adapters import jax_port_check  # noqa: E402
 from harness.core.registry import PORT_REFERENCE_KEY  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
+from harness.run import port_start  # noqa: E402
 from harness.spec.load import load_spec  # noqa: E402
 from harness.verdict import parity  # noqa: E402
 from tests import port_family  # noqa: E402
@@ -28,8 +28,8 @@ for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (
     try:
         loaded = load_spec(path)
         problem = build_problem(loaded)
-        outputs = jax_port_check.check_start(problem, loaded.port_sha256)
-        check = parity.initial_forward_check(jax_port_check.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+        outputs = port_start.check_start(problem, loaded.port_sha256)
+        check = parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
         row.update(verdict=check.verdict.value, rel=check.max_rel_error, ratio=check.ratio, module=check.forward_layer, reason=check.reason)
     except Exception:  # noqa: BLE001 - a port that raises is a row saying so
         row["error"] = traceback.format_exc()[-600:]

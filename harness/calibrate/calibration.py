@@ -183,3 +183,33 @@ def second_look(
     if wider is None:
         return None
     return replace(found, calibration=replace(found.calibration, float32=wider), members=members32)
+
+
+def library_whole(
+    loaded: LoadedSpec,
+    problem: Problem,
+    found: Calibrated,
+    doubted: list[Doubt],
+    run: Callable[[list[Job]], Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> Calibrated | None:
+    """A last look before a float32 check fails beyond what a library's entry explains
+    (`doubted`, diagnosis.beyond_entries): the reference computing that library's formula over
+    the whole run, in float64 (roles.library_whole_jobs), run by `run`. Its float32 members
+    bound how far the entry carries a run by where their own rounding takes them; a run
+    whose dynamics tip one way on a difference the formula makes (the clipping's eps at step
+    97 of a port, docs/measurements.md) lies where the formula itself lies, which only this
+    run shows. None where no doubted run's library has a formula the reference computes."""
+    runs = [k for c in doubted for k in (c.a, c.b) if k.precision != FLOAT64 and k.framework != scheme.reference.framework]
+    again = roles.library_whole_jobs(loaded, problem, runs, scheme)
+    if not again:
+        return None
+    worst = max(doubted, key=lambda c: c.ratio or 0)
+    console.print(
+        f"  {loaded.name}: {len(doubted)} float32 checks fail beyond what their library entries' members reach "
+        f"({worst.a.label} vs {worst.b.label}: {worst.name}, {worst.ratio:.3g}x); running {', '.join(j.name for j in again)}"
+    )
+    done = run(again)
+    wholes = {o.key.variant.removeprefix("as-").removesuffix("-whole"): o for c in again for o in done.get(c.name, {}).values()}
+    return replace(found, calibration=replace(found.calibration, library_whole=wholes))

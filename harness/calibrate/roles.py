@@ -95,6 +95,10 @@ LIBRARY_ANCHORED_MEMBER = "library member, re-anchored"
 # the float32 members computing a library's catalogued behaviours: how far a known
 # difference can carry that framework's float32 runs (harness/verdict/diagnosis.py reach)
 LIBRARY32 = "library float32 member"
+# the reference computing a library's formula over the whole run, in float64: where a float32
+# check fails beyond what that library's float32 members reach, whether the run lies where
+# the library's formula carries it (harness/calibrate/calibration.py library_whole)
+LIBRARY_WHOLE = "library reference, whole run"
 
 
 def _job(role: str, key: RunKey, label: str, **fields) -> Job:
@@ -203,6 +207,21 @@ def _library_member_jobs(name: str, framework: str, members: list[tuple[RunKey, 
     for mk, seed in members:
         label = f"{name} {mk.label} (math parity's calibration, {framework}'s formula)"
         found.append(_job(LIBRARY_MEMBER, mk, label, steps=first_steps, member=seed, formula=formula, cost=cost(mk, first_steps), metrics=False))
+    return found
+
+
+def library_whole_jobs(loaded: LoadedSpec, problem: Problem, runs: list[RunKey], scheme: Scheme) -> list[Job]:
+    """The reference computing the formula of each library among `runs` (float32 runs) that
+    has one, over the whole run, in float64: one job per framework."""
+    found = []
+    for framework in dict.fromkeys(r.framework for r in runs if r.framework != scheme.reference64.framework):
+        key = replace(next(r for r in runs if r.framework == framework), precision=FLOAT64)
+        formula = _computed_formula(problem, key, scheme)
+        if formula is None:
+            continue
+        whole = replace(library_reference(key, scheme), variant=f"as-{framework}-whole")
+        computing = f"the {'oracle' if scheme is ORACLE_SCHEME else 'reference'} with {framework}'s formula, the whole run"
+        found.append(_job(LIBRARY_WHOLE, whole, f"{loaded.name} {whole.label} ({computing})", formula=formula, cost=cost(whole, problem.total_steps)))
     return found
 
 

@@ -178,6 +178,10 @@ class Calibration:
     # torch float64 and float32 runs
     reference: RunKey = ORACLE_KEY
     member: RunKey = CALIBRATION_KEY
+    # framework -> the reference computing that library's formula over the whole run, in
+    # float64: run only where a float32 check of that framework fails beyond what its float32
+    # members reach (harness/calibrate/calibration.py library_whole; diagnosis.lying_with)
+    library_whole: dict[str, Outcome] = field(default_factory=dict)
 
     @property
     def reference_name(self) -> str:

@@ -74,6 +74,41 @@ def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, f
     return found
 
 
+def lying_with(spec: Spec, outcomes: dict, cal: Calibration) -> dict[tuple[RunKey, str], tuple[float, RunKey]]:
+    """Where a library's float32 runs lie against the reference computing that library's
+    formula over the whole run, in float64 (Calibration.library_whole, run only where a
+    check failed beyond its entry's reach): each run's checks against it, by (run, check),
+    as (ratio to the check's own tolerance, that reference's key)."""
+    found: dict[tuple[RunKey, str], tuple[float, RunKey]] = {}
+    for framework, whole in cal.library_whole.items():
+        if whole.status != "ok":
+            continue
+        for key, run in outcomes.items():
+            if key.framework != framework or key.precision == FLOAT64 or key.variant or run.status != "ok":
+                continue
+            for c in pair_checks(spec, run, whole, cal):
+                if c.ratio is not None and math.isfinite(c.ratio):
+                    found[key, c.name] = (c.ratio, whole.key)
+    return found
+
+
+def _lies_with_its_formula(check: Check, lying: dict, reference: RunKey) -> tuple[float, RunKey] | None:
+    """Where a check beyond its entry's reach is explained all the same: each of its sides is
+    the reference, a run of the reference's own library (rounding alone, judged by its own
+    checks), or a run that passes this check against the reference computing its library's
+    formula over the whole run (lying_with). The largest such ratio and that reference; None
+    where a side is none of these."""
+    worst: tuple[float, RunKey] | None = None
+    for side in (check.a, check.b):
+        if side == reference or side.framework in (ORACLE, reference.framework):
+            continue
+        found = lying.get((side, check.name))
+        if found is None or found[0] > 1:
+            return None
+        worst = found if worst is None or found[0] > worst[0] else worst
+    return worst
+
+
 def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]], reference: RunKey = ORACLE_KEY) -> float:
     """The largest ratio a check may reach and stay explained by `entries` (those of its
     sides' libraries that cover it): by the triangle inequality, the sum over its sides
@@ -101,14 +136,20 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
 
 
 def apply_known_differences(
-    spec: Spec, checks: list[Check], reached: dict[str, dict[str, float]] | None = None, reference: RunKey = ORACLE_KEY
+    spec: Spec,
+    checks: list[Check],
+    reached: dict[str, dict[str, float]] | None = None,
+    reference: RunKey = ORACLE_KEY,
+    lying: dict[tuple[RunKey, str], tuple[float, RunKey]] | None = None,
 ) -> list[Check]:
     """Mark explained failures 'known', as far as their entries reach; report a strict entry
     that no longer fails as a failure. A spec's own entry covers the checks it names; a
     library entry (harness/known_differences.yaml) covers a failing check only up to what
     the float32 members computing its library's behaviour reach on that check (`reached`,
     see reach): beyond that, the check fails and says so, and diagnose() says why as for
-    any failing check (implementation where a twin differs from its reference)."""
+    any failing check (implementation where a twin differs from its reference), unless its
+    library's side passes the check against the reference computing that library's formula
+    over the whole run (`lying`, see lying_with): then it is known, saying so."""
     entries = [e for e in (*spec.known_differences, *catalogue.library_differences()) if catalogue.applies(e, spec)]
     # a side whose float64 twin fails math parity computes other math than its reference: no
     # catalogued behaviour explains that, so its failing float32 checks stay failures and
@@ -126,7 +167,17 @@ def apply_known_differences(
             bound = _explained(spec, check, covering, reached or {}, reference) if library else None
             named = sorted({_label(e) for e in library})
             ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
-            if bound is not None and (check.ratio is None or check.ratio > bound):
+            lies = _lies_with_its_formula(check, lying or {}, reference) if library and bound else None
+            if bound is not None and (check.ratio is None or check.ratio > bound) and lies is not None:
+                ratio, whole = lies
+                check = dataclasses.replace(
+                    check,
+                    verdict=Verdict.KNOWN,
+                    reason=f"known difference: {known.reason}",
+                    diagnosis=f"known ({', '.join(named)}; beyond its members' reach, {ratio:.2g} of its tolerance from {whole.label}, "
+                    f"the library's formula over the whole run)",
+                )
+            elif bound is not None and (check.ratio is None or check.ratio > bound):
                 # it fails, and diagnose() says why as for any failing check (the twin tells
                 # implementation from rounding), then how far beyond the entry it is
                 beyond = "no members computing its behaviour ran" if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
@@ -264,6 +315,14 @@ def on_rounding_alone(checks: list[Check]) -> list[Check]:
     ]
 
 
+def beyond_entries(checks: list[Check]) -> list[Check]:
+    """The failing float32 checks on rounding alone that library entries cover but do not
+    explain as far as their members reach (apply_known_differences): those whose library's
+    formula the last look runs over the whole run (harness/calibrate/calibration.py
+    library_whole)."""
+    return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and "no members computing" not in c.diagnosis]
+
+
 def math_doubted(checks: list[Check]) -> list[Check]:
     """The failing math-parity checks of the twins' first steps judged on a calibrated
     spread: those math parity's second look (harness/calibrate/calibration.py
@@ -303,4 +362,5 @@ def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
     diagnosis on every failing or known check."""
     measured = check_all(spec, outcomes, cal)
-    return diagnose(spec, apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference), cal.reference)
+    known = apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference, lying_with(spec, outcomes, cal))
+    return diagnose(spec, known, cal.reference)
