@@ -161,6 +161,7 @@ def run_spec(
     whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
     if whole is not None:
         found, checks = whole, early + diagnosis.verdicts(problem.spec, outcomes, whole.calibration)
+    checks = reproduced(loaded, problem, outcomes, checks, driver.run, console)
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
@@ -168,6 +169,33 @@ def run_spec(
     if results_dir is not None:
         result.paths = write_together(results_dir, made)
     return result
+
+
+AGAIN = "run again in a fresh process"  # the role of reproduced's jobs
+
+
+def reproduced(loaded: LoadedSpec, problem: Problem, outcomes: dict[RunKey, Outcome], checks: list[Check], run, console: Console) -> list[Check]:
+    """Before a float32 check's failure is called rounding (its twin agrees), its run is run
+    once more in a fresh process (`run`: the driver's): where the two processes' losses
+    differ, bit for bit, the check says `not reproducible` and from which step (JAX's
+    float32 CPU run of one conv network gave other bits in another process, issue 52)."""
+    keys = [k for k in diagnosis.doubted_runs(checks, problem.reference_key) if outcomes.get(k) is not None and outcomes[k].status == "ok"]
+    if not keys:
+        return checks
+    labels = {k: f"{loaded.name} {k.label} (again, in a fresh process)" for k in keys}
+    again = [jobs.Job(f"{k.label} (again)", AGAIN, ((k, labels[k]),), cost=jobs.cost(k, problem.total_steps), metrics=False) for k in keys]
+    console.print(f"  {loaded.name}: float32 checks fail on rounding alone; running {', '.join(k.label for k in keys)} again in a fresh process")
+    done = run(again)
+    apart = {}
+    for job, key in zip(again, keys):
+        first, second = outcomes[key].losses, (done.get(job.name, {}).get(key) or Outcome(key, "failed")).losses
+        if first is None or second is None:
+            continue
+        n = min(len(first), len(second))
+        same = (first[:n] == second[:n]) | (np.isnan(first[:n]) & np.isnan(second[:n]))
+        if not same.all() or len(first) != len(second):
+            apart[key] = int(np.argmin(same)) if not same.all() else n
+    return diagnosis.not_reproducible(checks, apart)
 
 
 def records_of(

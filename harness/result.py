@@ -38,11 +38,13 @@ class Failure:
 
 
 def diagnosis_kind(text: str) -> str:
-    """The first word of a diagnosis: implementation, rounding, undiagnosed, known, stale."""
+    """The first words of a diagnosis: implementation, rounding, undiagnosed, known, stale, not reproducible."""
     if text.startswith("known"):
         return "known"
     if text.startswith("stale"):
         return "stale"
+    if text.startswith("not reproducible"):
+        return "not reproducible"
     return text.split(":", 1)[0].split(" ", 1)[0]
 
 

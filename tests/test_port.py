@@ -10,6 +10,7 @@ with the module or the tensor named."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -1053,3 +1054,49 @@ def test_a_run_tipped_by_its_librarys_clipping_lies_with_that_formula_and_is_kno
     lying = [c for c in result.checks if c.verdict == Verdict.KNOWN and "from torch@cpu+float64~as-jax-whole" in c.diagnosis]
     assert {c.name for c in lying} >= {"final_outputs", "loss_curve_envelope"} and max(c.ratio for c in lying) > 100, lying
     assert result.calibration.library_whole["jax"].status == "ok"
+
+
+@pytest.mark.slow
+def test_a_run_failing_on_rounding_alone_is_run_again_and_called_not_reproducible_where_its_bits_differ(tmp_path, monkeypatch):
+    """A float32 check failing on rounding alone (its twin agrees) has its run run once more
+    in a fresh process (here, the inline executor's: this one) before rounding is said: the
+    same bits keep the diagnosis; other bits from step 5 make it `not reproducible (jax@cpu:
+    two processes differ from step 5)`. A failure is injected: the honest MLP port has none."""
+    from harness.execute import jobs
+    from harness.result import diagnosis_kind
+    from harness.verdict import diagnosis
+
+    verdicts = diagnosis.verdicts
+
+    def failing(spec, outcomes, cal):
+        found = verdicts(spec, outcomes, cal)
+        return [
+            dataclasses.replace(c, verdict=Verdict.FAIL, diagnosis=f"{diagnosis.FLOAT32_ROUNDING}, 3x the calibrated tolerance")
+            if c.name == "final_outputs" and c.a == RunKey("jax", "cpu") and c.b == PORT_REFERENCE_KEY
+            else c
+            for c in found
+        ]
+
+    monkeypatch.setattr(diagnosis, "verdicts", failing)
+    same = failing_check(judged(MLP / "mlp_port.yaml"))
+    assert same.diagnosis.startswith("rounding: float32 only"), same.diagnosis
+
+    first = jobs.run_alternating
+    calls = []
+
+    def other_bits_the_second_time(problem, keys, *args, **kwargs):
+        found = first(problem, keys, *args, **kwargs)
+        calls.extend(k for k in keys if k == RunKey("jax", "cpu"))
+        if calls.count(RunKey("jax", "cpu")) == 2 and RunKey("jax", "cpu") in found:
+            found[RunKey("jax", "cpu")].losses[5:] += 1e-3
+        return found
+
+    monkeypatch.setattr(jobs, "run_alternating", other_bits_the_second_time)
+    apart = failing_check(judged(MLP / "mlp_port.yaml"))
+    assert apart.diagnosis.startswith("not reproducible (jax@cpu: two processes differ from step 5); rounding: float32 only"), apart.diagnosis
+    assert diagnosis_kind(apart.diagnosis) == "not reproducible"
+
+
+def failing_check(result):
+    (found,) = [c for c in result.checks if c.verdict == Verdict.FAIL]
+    return found

@@ -323,6 +323,30 @@ def beyond_entries(checks: list[Check]) -> list[Check]:
     return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and "no members computing" not in c.diagnosis]
 
 
+NOT_REPRODUCIBLE = "not reproducible"  # how a check begins whose run gave other bits in a fresh process
+
+
+def doubted_runs(checks: list[Check], reference: RunKey) -> list[RunKey]:
+    """The float32 runs (not the reference's, nor a member) of the checks failing on rounding
+    alone: each is run once more in a fresh process (harness/matrix.py reproduced) before its
+    failure is called rounding."""
+    failing = [c for c in checks if c.verdict == Verdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING)]
+    return list(dict.fromkeys(k for c in failing for k in (c.a, c.b) if k.precision != FLOAT64 and not k.variant and k != reference))
+
+
+def not_reproducible(checks: list[Check], apart: dict[RunKey, int]) -> list[Check]:
+    """Each check failing on rounding alone whose float32 side gave other bits in a fresh
+    process (`apart`: the run and the first step where two processes' losses differ): its
+    diagnosis says so first, rounding being no explanation of a run that is not repeatable."""
+    out = []
+    for c in checks:
+        side = next((k for k in (c.a, c.b) if k in apart), None)
+        if side is not None and c.verdict == Verdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING):
+            c = dataclasses.replace(c, diagnosis=f"{NOT_REPRODUCIBLE} ({side.label}: two processes differ from step {apart[side]}); {c.diagnosis}")
+        out.append(c)
+    return out
+
+
 def math_doubted(checks: list[Check]) -> list[Check]:
     """The failing math-parity checks of the twins' first steps judged on a calibrated
     spread: those math parity's second look (harness/calibrate/calibration.py
