@@ -145,8 +145,9 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
     torch = _torch()
     _configure(torch, key.precision)
     torch_dtype = getattr(torch, dtype)
-    if mode == "fast" and problem.port is not None:
-        raise Unsupported(f"torch's fast mode does not take a port yet; {problem.spec.name} is one (run it eager)")
+    if mode == "fast" and problem.port is not None and (device == "gpu" or problem.port_dropout):
+        why = "on the GPU (its CUDA graphs)" if device == "gpu" else "with dropout (turned off by a TorchFunctionMode, not traced)"
+        raise Unsupported(f"torch's fast mode does not take a port {why} yet; {problem.spec.name} is one (run it eager)")
     if mode == "fast" and device == "gpu" and problem.masks:
         # a documented limit, skipped with this reason (the first GPU contact's smoke failed the run instead)
         raise Unsupported(f"torch's CUDA-graph fast mode does not take dropout masks yet; {problem.spec.name} has dropout (run it eager)")

@@ -42,7 +42,9 @@ def _compiled_objective(torch):
         def forward_loss(model, x, y, rows, masks, kind, reduction, scale):
             if rows is not None:  # the batch's gather, fused into the graph
                 x, y = x[rows], y[rows]
-            return torch_layers.objective(torch, kind, reduction, scale, model, model(x, masks), y)
+            # a port: the user's own module, compiled as it is (adapters/torch_port.py plain)
+            out = model.plain(x) if hasattr(model, "plain") else model(x, masks)
+            return torch_layers.objective(torch, kind, reduction, scale, model, out, y)
 
         _COMPILED["objective"] = torch.compile(forward_loss, dynamic=False, fullgraph=True, **_recompile_limit(torch))
     return _COMPILED["objective"]

@@ -35,6 +35,11 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             self.fast = _fast_variance(torch) if problem.port_fast_variance else None  # flax's batch variance
             self.no_dropout = _no_dropout(torch) if problem.port_dropout else None  # every dropout off (port.torch_dropout)
 
+        def plain(self, x):
+            """The user's module on x, nothing around it: what torch's fast mode compiles
+            (adapters/torch_fast.py; a port without dropout, not a member)."""
+            return self.inner(x.reshape((x.shape[0], *shape)))
+
         def forward(self, x, masks, outputs=None):
             x = x.reshape((x.shape[0], *shape))
             if outputs is None:

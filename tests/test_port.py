@@ -1100,3 +1100,33 @@ def test_a_run_failing_on_rounding_alone_is_run_again_and_called_not_reproducibl
 def failing_check(result):
     (found,) = [c for c in result.checks if c.verdict == Verdict.FAIL]
     return found
+
+
+@pytest.mark.slow
+def test_torchs_fast_mode_on_a_port_is_a_row_of_its_own_and_passes(tmp_path):
+    """torch.compile on the user's module (adapters/torch_port.py plain): the MLP port under
+    Adam, eager and fast, judged as a spec's fast row is; with dropout, or on the GPU, the fast
+    row is skipped saying why."""
+    path = copied(MLP, tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["optimizer"] = {"kind": "adam", "lr": 0.01}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    loaded = load_spec(path)
+    keys = matrix_keys(["torch", "jax"], ["cpu"], modes=("eager", "fast"))
+    result = run_spec_quietly(loaded, keys)
+    fast = RunKey("torch", "cpu", mode="fast")
+    assert result.outcomes[fast].status == "ok", result.outcomes[fast].reason
+    judged_fast = [c for c in result.checks if c.involves(fast) and c.verdict != Verdict.SKIPPED]
+    assert judged_fast and all(c.verdict in (Verdict.PASS, Verdict.KNOWN) for c in judged_fast), [c for c in judged_fast if c.verdict == Verdict.FAIL]
+    assert counted(result.checks)["fail"] == 0
+    dropping = tmp_path / "dropout"
+    dropping.mkdir()
+    with_drop = load_spec(with_dropout(dropping))
+    skipped = run_spec_quietly(with_drop, [fast, RunKey("jax", "cpu")]).outcomes[fast]
+    assert skipped.status == "skipped" and "with dropout" in skipped.reason
+
+
+def run_spec_quietly(loaded, keys):
+    from harness.matrix import run_spec
+
+    return run_spec(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO(), width=300))
