@@ -56,7 +56,8 @@ class Network:
             for key, value in tree.items():
                 if key == "__call__":
                     value = np.asarray(value[0], dtype=np.float64)
-                    out["/".join(path) or "output"] = value.transpose(0, 3, 1, 2) if value.ndim == 4 else value
+                    image = value.ndim == 4 and len(self.shape) == 3  # NHWC made NCHW; a text's (batch, position, head, ...) stays
+                    out["/".join(path) or "output"] = value.transpose(0, 3, 1, 2) if image else value
                 elif isinstance(value, dict) or hasattr(value, "items"):
                     walk(value, [*path, key])
 

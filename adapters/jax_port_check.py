@@ -12,7 +12,9 @@ from adapters.jax_adapter import _jax
 from harness.inputs import port
 
 
-def check_converter(path, loaded_sha256: str, functions: dict[str, str] | None, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...]) -> None:
+def check_converter(
+    path, loaded_sha256: str, functions: dict[str, str] | None, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...], tokens: bool = False
+) -> None:
     """Before any run (in a fresh process: harness/matrix.py): the user's torch_to_flax of the
     port's initial tensors against flax's own init of the user's module, leaf by leaf, every
     collection but the captured intermediates: the same key paths, shapes and floating
@@ -20,7 +22,7 @@ def check_converter(path, loaded_sha256: str, functions: dict[str, str] | None, 
     jax = _jax("float32")
     port.check_loaded(path, loaded_sha256, functions)
     net = port.call(path, "flax_model()", port.function(path, "flax_model"))
-    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), port.flax_example(in_shape), train=False)
+    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), port.flax_example(in_shape, tokens), train=False)
     own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
     made = port.call(path, "torch_to_flax(state)", port.function(path, "torch_to_flax"), {k: np.asarray(v) for k, v in tensors.items()})
     if not isinstance(made, dict) or "params" not in made:

@@ -310,7 +310,12 @@ def _store_biased_variance(torch, model, path) -> None:
 
 
 def _keeper(outputs: dict, name: str):
+    """A forward hook keeping a module's floating output by name: its first, where it gives
+    several (nn.MultiheadAttention's output and its weights)."""
+
     def keep(module, inputs, output):
+        if isinstance(output, tuple | list) and output:
+            output = output[0]
         if hasattr(output, "is_floating_point") and output.is_floating_point():
             outputs[name] = output
 

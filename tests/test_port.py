@@ -1130,3 +1130,46 @@ def run_spec_quietly(loaded, keys):
     from harness.matrix import run_spec
 
     return run_spec(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO(), width=300))
+
+
+TEXT = EXAMPLES / "text_port"
+
+# A text port's classic slips, each in the flax port or its converter: (old, new, the module named)
+TEXT_SLIPS = [
+    # the causal mask forgotten in flax
+    ("(h, h, mask=nn.make_causal_mask(ids))", "(h, h)", "attn"),
+    # torch's packed in_proj_weight unpacked in the wrong order (q and k swapped)
+    ("q, k, v = np.split(s[", "k, q, v = np.split(s[", "attn"),
+    # the heads split in the wrong order: (width, head_width, heads) read as (width, heads, head_width)
+    (
+        '"kernel": w.T.reshape(WIDTH, HEADS, per_head)',
+        '"kernel": w.T.reshape(WIDTH, per_head, HEADS).transpose(0, 2, 1)',
+        "attn",
+    ),
+    # flax's layer-norm eps left at its default (1e-6; torch's 1e-5)
+    ('nn.LayerNorm(epsilon=1e-5, name="norm1")', 'nn.LayerNorm(name="norm1")', "norm1"),
+    # flax's GELU left at its default (tanh): no flax module computes it, fc2 is named
+    ('jax.nn.gelu(nn.Dense(4 * WIDTH, name="fc1")(h), approximate=False)', 'nn.gelu(nn.Dense(4 * WIDTH, name="fc1")(h))', "fc2"),
+]
+
+
+@pytest.mark.parametrize("old, new, named", TEXT_SLIPS, ids=["causal_mask", "qkv_order", "head_split", "layer_norm_eps", "gelu_tanh"])
+def test_a_text_ports_slips_fail_before_training_with_the_module_named(tmp_path, old, new, named):
+    """The text port (examples/text_port: nn.MultiheadAttention ported to flax's
+    MultiHeadDotProductAttention) with each classic slip: its initial forward pass already
+    differs, so it fails before anything trains, the module named (the attention's output is
+    the first of nn.MultiheadAttention's two)."""
+    result = judged(copied(TEXT, tmp_path, old, new))
+    found = failing(result, "math_initial_forward")
+    assert found.diagnosis.startswith("implementation: flax's float64 forward pass differs"), found.diagnosis
+    assert f"first differs at module {named} " in found.diagnosis or f"first differs at module {named}," in found.diagnosis, found.diagnosis
+
+
+@pytest.mark.slow
+def test_an_honest_text_port_passes_every_check():
+    """Token ids in, logits at every position out, the loss over every position; on Debian's
+    GPL-3: no check fails (optax's float32 bias corrections `known`)."""
+    result = judged(TEXT / "text_port.yaml")
+    counts = counted(result.checks)
+    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert all(o.status == "ok" for o in result.outcomes.values())

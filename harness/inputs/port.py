@@ -160,7 +160,7 @@ def dropout_call(args, kwargs) -> tuple[float, bool]:
     return float(p), bool(training)
 
 
-def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...]) -> tuple[str, ...]:
+def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...], tokens: bool = False) -> tuple[str, ...]:
     """Where the torch module drops, seen in one training-mode pass over two examples of
     zeros: each dropout call with p > 0, by the dropout module that makes it ("drop1
     (p=0.1)"), or "dropout(p=0.2) called in forward" where the forward calls it itself. A
@@ -195,7 +195,7 @@ def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...]) -> tuple[str
             return func(*args, **kwargs)
 
     with torch.no_grad(), Spy():
-        call(path, "the torch module's forward", made, torch.zeros((2, *in_shape), dtype=torch.float64))
+        call(path, "the torch module's forward", made, torch_example(torch, in_shape, tokens))
     return tuple(dict.fromkeys(found))
 
 
@@ -235,7 +235,7 @@ def layer_options(path: Path, seed: int) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The layer options the port's flax module shows, found by its own init (evaluation
     mode) under flax's method interceptor, sorted: "batch_norm.variance=fast" where one of
     its BatchNorms computes the batch's variance as E[x^2] - E[x]^2 (use_fast_variance,
@@ -256,14 +256,23 @@ def flax_options(path: Path, in_shape: tuple[int, ...]) -> tuple[tuple[str, ...]
 
     net = call(path, "flax_model()", function(path, "flax_model"))
     with nn.intercept_methods(spy):
-        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape), train=False)
+        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape, tokens), train=False)
     return tuple(sorted(found)), tuple(dict.fromkeys(dropping))
 
 
-def flax_example(in_shape: tuple[int, ...]) -> np.ndarray:
-    """One example of zeros as the flax module takes it (flax_model().init's input): images NHWC."""
+def flax_example(in_shape: tuple[int, ...], tokens: bool = False) -> np.ndarray:
+    """One example of zeros as the flax module takes it (flax_model().init's input): images
+    NHWC, a text's token ids as int32 (nn.Embed's)."""
+    if tokens:
+        return np.zeros((1, *in_shape), dtype=np.int32)
     x = np.zeros((1, *in_shape), dtype=np.float32)
     return x.transpose(0, 2, 3, 1) if len(in_shape) == 3 else x
+
+
+def torch_example(torch, in_shape: tuple[int, ...], tokens: bool = False):
+    """Two examples of zeros as the torch module takes them, in float64 (the module made
+    double), or a text's token ids as int64 (nn.Embedding's)."""
+    return torch.zeros((2, *in_shape), dtype=torch.int64 if tokens else torch.float64)
 
 
 def penalized_kinds(torch) -> tuple[type, ...]:
@@ -281,18 +290,20 @@ def penalized(path: Path, seed: int) -> tuple[str, ...]:
     return tuple(f"{name}.weight" if name else "weight" for name, part in made.named_modules() if isinstance(part, penalized_kinds(torch)))
 
 
-def output_width(path: Path, seed: int, in_shape: tuple[int, ...]) -> int:
-    """The width of the torch module's output on two examples (evaluation mode): it must
-    give one vector per example."""
+def output_width(path: Path, seed: int, in_shape: tuple[int, ...], tokens: bool = False) -> int:
+    """The width of the torch module's output on two examples (evaluation mode): one vector
+    per example, or for a text's token ids one per position (the logits over the vocabulary)."""
     import torch
 
     made = torch_module(path, seed).double().eval()
     with torch.no_grad():
-        out = call(path, "the torch module's forward", made, torch.zeros((2, *in_shape), dtype=torch.float64))
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+        out = call(path, "the torch module's forward", made, torch_example(torch, in_shape, tokens))
+    wanted = (2, *in_shape) if tokens else (2,)
+    if not isinstance(out, torch.Tensor) or out.ndim != len(wanted) + 1 or tuple(out.shape[:-1]) != wanted:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise PortError(f"{path}: the torch module's output on 2 examples of shape {in_shape} is {shape}, not (2, outputs)")
-    return int(out.shape[1])
+        what = f"{wanted[0]}, {wanted[1]}, vocabulary" if tokens else "2, outputs"
+        raise PortError(f"{path}: the torch module's output on 2 examples of shape {in_shape} is {shape}, not ({what})")
+    return int(out.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -306,12 +317,14 @@ class Facts:
     dropout: tuple[str, ...] = ()  # torch_dropout's and flax_options' dropouts, each "torch: ..." or "flax: ..."
 
 
-def facts(path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...]) -> Facts:
+def facts(
+    path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...], tokens: bool = False
+) -> Facts:
     """The port's Facts, its bytes checked first: called in a fresh process by `harness run`'s
     driver, which then never imports the user's file (nor the flax and JAX it imports: JAX's
     gc callback swallowed a lease's Ctrl-C in the driver, which then ran on until killed)."""
     check_loaded(path, loaded_sha256, functions)
-    flax, flax_dropout = flax_options(path, in_shape)
+    flax, flax_dropout = flax_options(path, in_shape, tokens)
     options = tuple(sorted(layer_options(path, seed) + flax))
-    dropout = tuple(f"torch: {d}" for d in torch_dropout(path, seed, in_shape)) + tuple(f"flax: {d}" for d in flax_dropout)
-    return Facts(output_width(path, seed, in_shape), options, penalized(path, seed), initial_state(path, seed), dropout)
+    dropout = tuple(f"torch: {d}" for d in torch_dropout(path, seed, in_shape, tokens)) + tuple(f"flax: {d}" for d in flax_dropout)
+    return Facts(output_width(path, seed, in_shape, tokens), options, penalized(path, seed), initial_state(path, seed), dropout)

@@ -244,7 +244,7 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Ca
     spec = problem.spec
     functions = spec.model.functions
     port.check_loaded(path, loaded_sha256, functions)
-    found = (apart or _here)(port.facts, path, loaded_sha256, functions, spec.init.seed, spec.model.in_shape)
+    found = (apart or _here)(port.facts, path, loaded_sha256, functions, spec.init.seed, spec.model.in_shape, spec.model.tokens is not None)
     width = found.width
     if spec.loss.kind == "mse":
         wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1

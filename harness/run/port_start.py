@@ -23,7 +23,8 @@ FLAX_TWIN_KEY = RunKey("jax", "cpu", precision=FLOAT64)  # flax's float64 run, j
 def check_start(problem: Problem, loaded_sha256: str) -> dict[str, dict[str, np.ndarray]]:
     """Before any run: the converter (jax_port_check.check_converter), then both initial forward passes
     (initial_forward)."""
-    jax_port_check.check_converter(problem.port, loaded_sha256, problem.spec.model.functions, problem.initial_params, problem.spec.model.in_shape)
+    model = problem.spec.model
+    jax_port_check.check_converter(problem.port, loaded_sha256, model.functions, problem.initial_params, model.in_shape, model.tokens is not None)
     return initial_forward(problem)
 
 

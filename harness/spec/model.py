@@ -111,8 +111,6 @@ class ModelSection(Strict):
         if self.port_options and not self.is_port:
             raise ValueError("model.port_options: a port's, found by running it")
         if self.is_port:
-            if self.tokens is not None:
-                raise ValueError("model.python: a port takes vectors or images, not a text's token ids")
             return self
         if self.tokens is not None and (self.layers[0].kind != "embedding" or any(p.section.kind == "embedding" for p in self.placed[1:])):
             raise ValueError("model.layers: a text's token ids go into an embedding, the first layer and the only one")
@@ -437,7 +435,8 @@ class Spec(Strict):
             return
         if (tokens.context, tokens.vocabulary) != (self.data.context, self.data.vocabulary):
             raise ValueError(f"model.tokens: the text data gives context {self.data.context} and vocabulary {self.data.vocabulary}")
-        if self.loss.kind != "cross_entropy" or self.model.n_outputs != self.data.vocabulary:
+        # a port's outputs are known once its module runs (harness/inputs/problem.py with_port checks them)
+        if self.loss.kind != "cross_entropy" or (not self.model.is_port and self.model.n_outputs != self.data.vocabulary):
             raise ValueError(f"loss.kind: a text's targets are its next tokens: use cross_entropy and {self.data.vocabulary} outputs")
         if self.loss.l2 is not None:
             raise ValueError("loss.l2: not yet taken on a text model (which of its weights a penalty sums is not settled)")
