@@ -100,9 +100,9 @@ contact() {
         --jobs "$jobs" --profile "${REFS_PROFILE:-sweep}" --results "$results" ${REFS_SPECS:-peaks_mlp}
     phase references-cpu "${REFS_CPU_S:-35}" python3 -m harness run --references cpu --devices "$gpu" "${need[@]}" --frameworks "$smoked" \
         --jobs "$jobs" --profile "${REFS_PROFILE:-sweep}" --results "$results-cpu-references" ${REFS_SPECS:-peaks_mlp}
-    # a user's own model (issue 42): the two committed ports, torch and flax, CPU and GPU
-    phase port "${PORT_S:-45}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
-        --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml}
+    # a user's own model (issue 42): three committed ports (a text port among them, issue 52), torch and flax, CPU and GPU
+    phase port "${PORT_S:-60}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
+        --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml examples/text_port/text_port.yaml}
     phase bench "${BENCH_S:-70}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
         --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
     phase gpu-tests "${TESTS_S:-30}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
