@@ -78,12 +78,11 @@ def check_port_start(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -
     from harness.execute.fresh import in_fresh_process
     from harness.run import port_start
 
-    outputs = (in_fresh_process if fresh else _here)(port_start.check_start, problem, loaded.port_sha256)
+    if fresh:
+        outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
+    else:
+        outputs = port_start.check_start(problem, loaded.port_sha256)
     return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
-
-
-def _here(call, *args):
-    return call(*args)
 
 
 def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check: Check) -> SpecResult:
@@ -150,17 +149,21 @@ def run_spec(
     chosen = {o.key: o for c in planned if c.role == jobs.FRAMEWORK and not hosts.is_copy(c) for o in done.get(c.name, {}).values()}
     found = calibration.gather(planned, done, chosen, scheme)
     outcomes = {**{key: chosen[key] for key in keys}, **found.twins}
-    checks = early + diagnosis.verdicts(problem.spec, outcomes, found.calibration)
+
+    def judged(cal: Calibration) -> list[Check]:  # every check on `cal`, after a failing initial forward pass trained anyway
+        return early + diagnosis.verdicts(problem.spec, outcomes, cal)
+
+    checks = judged(found.calibration)
     looked = calibration.math_second_look(loaded, problem, planned, done, chosen, diagnosis.math_doubted(checks), driver.run, console, scheme)
     if looked is not None:
         planned, done, found = looked
-        checks = early + diagnosis.verdicts(problem.spec, outcomes, found.calibration)
+        checks = judged(found.calibration)
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
-        found, checks = wider, early + diagnosis.verdicts(problem.spec, outcomes, wider.calibration)
+        found, checks = wider, judged(wider.calibration)
     whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
     if whole is not None:
-        found, checks = whole, early + diagnosis.verdicts(problem.spec, outcomes, whole.calibration)
+        found, checks = whole, judged(whole.calibration)
     checks = reproduced(loaded, problem, outcomes, checks, driver.run, console)
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
@@ -188,7 +191,8 @@ def reproduced(loaded: LoadedSpec, problem: Problem, outcomes: dict[RunKey, Outc
     done = run(again)
     apart = {}
     for job, key in zip(again, keys):
-        first, second = outcomes[key].losses, (done.get(job.name, {}).get(key) or Outcome(key, "failed")).losses
+        first, again_run = outcomes[key].losses, done.get(job.name, {}).get(key)
+        second = None if again_run is None else again_run.losses
         if first is None or second is None:
             continue
         n = min(len(first), len(second))

@@ -167,30 +167,25 @@ def apply_known_differences(
             bound = _explained(spec, check, covering, reached or {}, reference) if library else None
             named = sorted({_label(e) for e in library})
             ids = f"{', '.join(named)} {'explain' if len(named) > 1 else 'explains'}"
-            lies = _lies_with_its_formula(check, lying or {}, reference) if library and bound else None
-            if bound is not None and (check.ratio is None or check.ratio > bound) and lies is not None:
-                ratio, whole = lies
-                check = dataclasses.replace(
-                    check,
-                    verdict=Verdict.KNOWN,
-                    reason=f"known difference: {known.reason}",
-                    diagnosis=f"known ({', '.join(named)}; beyond its members' reach, {ratio:.2g} of its tolerance from {whole.label}, "
-                    f"the library's formula over the whole run)",
-                )
-            elif bound is not None and (check.ratio is None or check.ratio > bound):
+            beyond_reach = bound is not None and (check.ratio is None or check.ratio > bound)
+            # past its members' reach, the last look may still place the run where its library's formula lies
+            lies = _lies_with_its_formula(check, lying or {}, reference) if beyond_reach and bound else None
+            if beyond_reach and lies is None:
                 # it fails, and diagnose() says why as for any failing check (the twin tells
                 # implementation from rounding), then how far beyond the entry it is
                 beyond = "no members computing its behaviour ran" if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
                 reach_text = "" if bound == 0 else f"; the float32 members computing it reach {bound:.3g}x the tolerance"
                 check = dataclasses.replace(check, diagnosis=f"{BEYOND} {ids} ({beyond}{reach_text})")
             else:
-                within = "" if bound is None else f", {check.ratio / bound:.2g} of what it explains"
-                check = dataclasses.replace(
-                    check,
-                    verdict=Verdict.KNOWN,
-                    reason=f"known difference: {known.reason}",
-                    diagnosis=f"known ({_label(known)}{within})",
-                )
+                if lies is not None:
+                    ratio, whole = lies
+                    said = (
+                        f"{', '.join(named)}; beyond its members' reach, {ratio:.2g} of its tolerance from {whole.label}, "
+                        "the library's formula over the whole run"
+                    )
+                else:
+                    said = _label(known) + ("" if bound is None else f", {check.ratio / bound:.2g} of what it explains")
+                check = dataclasses.replace(check, verdict=Verdict.KNOWN, reason=f"known difference: {known.reason}", diagnosis=f"known ({said})")
         marked.append(check)
     for known in entries:
         judged = [c for c in checks if covers(known, c, reference) and c.verdict != Verdict.SKIPPED]
