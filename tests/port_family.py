@@ -204,15 +204,23 @@ def _out(pads, shape, conv) -> tuple[int, int]:
 
 
 def portable(doc: dict) -> bool:
-    """Whether a drawn spec can be a port: no dropout, no batch norm storing the biased variance."""
-    return not any(layer.get("kind") == "dropout" or layer.get("running_var") == "biased" for layer in doc["model"]["layers"])
+    """Whether a drawn spec can be a port: a text's transformer (tests/text_ports.py, its
+    dropout turned off by the harness), or a network without dropout and without a batch
+    norm storing the biased variance."""
+    layers = doc["model"]["layers"]
+    return doc["data"]["kind"] == "text" or not any(layer.get("kind") == "dropout" or layer.get("running_var") == "biased" for layer in layers)
 
 
 def port_of(doc: dict, folder: Path, slip: str | None = None) -> tuple[Path, Slip | None]:
     """The spec `doc` written as a port in `folder` (its network in port.py, with `slip`
     where a layer takes it; the spec naming it with the seed alone): the spec's path, and
     the slip written."""
-    source, written = port_source(doc, slip)
+    if doc["data"]["kind"] == "text":
+        from tests.text_ports import text_port_source
+
+        source, written = text_port_source(doc, slip)
+    else:
+        source, written = port_source(doc, slip)
     (folder / "port.py").write_text(source)
     model = {k: v for k, v in doc["model"].items() if k != "layers"}
     port = {**doc, "name": "generated_port", "model": {**model, "python": "port.py"}, "init": {"seed": doc["init"]["seed"]}}
@@ -221,10 +229,10 @@ def port_of(doc: dict, folder: Path, slip: str | None = None) -> tuple[Path, Sli
     return path, written
 
 
-def drawn(count: int, seed: int | None = None) -> list[dict]:
-    """`count` drawn specs a port can take (tests/family.py spec_documents, kept where
-    portable): derandomized (the slow test's), or from a hypothesis seed
-    (tools/port_family.py)."""
+def drawn(count: int, seed: int | None = None, kinds: tuple[str, ...] | None = None) -> list[dict]:
+    """`count` drawn specs a port can take (tests/family.py spec_documents of `kinds`, its
+    own by default, kept where portable): derandomized (the slow test's), or from a
+    hypothesis seed (tools/port_family.py)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
     from hypothesis import strategies as st
@@ -239,7 +247,7 @@ def drawn(count: int, seed: int | None = None) -> list[dict]:
     @given(st.data())
     def draw(data):
         for _ in range(100):
-            doc = data.draw(family.spec_documents(), label="spec")
+            doc = data.draw(family.spec_documents(kinds or family.KINDS), label="spec")
             if portable(doc):
                 docs.append(doc)
                 return
@@ -248,12 +256,12 @@ def drawn(count: int, seed: int | None = None) -> list[dict]:
     return docs
 
 
-def to_write(out: Path, count: int, seed: int, first: int, stop: int, slips: tuple[str | None, ...]):
+def to_write(out: Path, count: int, seed: int, first: int, stop: int, slips: tuple[str | None, ...], kinds: tuple[str, ...] | None = None):
     """The ports of draws [first, stop) of `drawn(count, seed)`, each with each of `slips`
     (None: honest) its layers take, written under OUT's folder, those OUT's JSON lines hold
     passed over (tools/port_family.py, tools/forward_family.py): (i, slip, doc, path,
     written) each, and a row to fill with what the draw is."""
-    docs = drawn(count, seed)
+    docs = drawn(count, seed, kinds)
     done = set()
     if out.exists():
         done = {(row["i"], row.get("slip")) for row in map(json.loads, out.read_text().splitlines()) if row}

@@ -4,7 +4,10 @@ each as a port (honest, and with each classic slip its layers can take), and app
 line per port to OUT: harness/verdict/parity.py initial_forward_check's relative difference,
 its ratio to FORWARD_APART and the module it names. Nothing trains: a port takes seconds.
 
-    HARNESS_DATA_DIR=... python tools/forward_family.py N SEED A B OUT.jsonl
+    HARNESS_DATA_DIR=... python tools/forward_family.py N SEED A B OUT.jsonl [text]
+
+With `text`, the family's transformers on Debian's licences (tests/text_ports.py), with
+their own slips.
 """
 
 import json
@@ -19,10 +22,11 @@ from harness.inputs.problem import build_problem  # noqa: E402
 from harness.run import port_start  # noqa: E402
 from harness.spec.load import load_spec  # noqa: E402
 from harness.verdict import parity  # noqa: E402
-from tests import port_family  # noqa: E402
+from tests import port_family, text_ports  # noqa: E402
 
 N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *port_family.SLIPS)):
+kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in sys.argv[6:] else (None, port_family.SLIPS)
+for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *slips), kinds):
     began = time.time()
     row["named"] = None if written is None else written.named
     try:

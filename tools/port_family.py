@@ -5,12 +5,13 @@ appends one JSON line per port to OUT (its checks' counts, failing checks with t
 diagnosis, known entries, seconds); ports already in OUT are skipped, so slices can run
 side by side into files of their own and a stopped run goes on.
 
-    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl [slips]
+    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl [slips] [text]
 
 With `slips`, each port is written again with each classic slip its layers can take
 (tests/port_family.py SLIPS), one row per slip: whether a check fails, diagnosed
 `implementation`, and whether its diagnosis names the module the slip is in (or the first
-one after it).
+one after it). With `text`, the family's transformers on Debian's licences
+(tests/text_ports.py), with their own slips.
 """
 
 import json
@@ -21,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.core.registry import Verdict  # noqa: E402
-from tests import port_family  # noqa: E402
+from tests import port_family, text_ports  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
 N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-slips = sys.argv[6:] == ["slips"]
-todo = port_family.to_write(out, N, SEED, a, b, port_family.SLIPS if slips else (None,))
+kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in sys.argv[6:] else (None, port_family.SLIPS)
+todo = port_family.to_write(out, N, SEED, a, b, slips if "slips" in sys.argv[6:] else (None,), kinds)
 for i, slip, doc, path, written, row in todo:
     began = time.time()
     row["optimizer"] = doc["optimizer"]
@@ -43,7 +44,7 @@ for i, slip, doc, path, written, row in todo:
             failing = [c for c in result.checks if c.verdict == Verdict.FAIL]
             row["caught"] = any(c.diagnosis.startswith("implementation") for c in failing)
             row["diagnoses"] = sorted({c.diagnosis.split(":")[0] for c in failing})
-            row["caught_named"] = any(f"{written.named} " in c.diagnosis or f"{written.named}," in c.diagnosis for c in failing)
+            row["caught_named"] = any(any(f"{written.named}{end}" in c.diagnosis for end in " ,/") for c in failing)
     except Exception:  # noqa: BLE001 - a port that raises is a row saying so
         row["error"] = traceback.format_exc()[-800:]
     row["s"] = round(time.time() - began, 1)

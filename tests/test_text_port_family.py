@@ -1,0 +1,82 @@
+"""The generated transformers written as ports (tests/text_ports.py): torch's
+nn.MultiheadAttention or F.scaled_dot_product_attention against flax's
+MultiHeadDotProductAttention or nn.dot_product_attention, RoPE, dropout, residuals, on the
+bytes of Debian's licences. An honest port's two initial forward passes agree far within
+float32's rounding; each classic slip fails before anything trains, the module named.
+tools/port_family.py and tools/forward_family.py (`text`) measure it over the family."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.core.registry import PORT_REFERENCE_KEY, Verdict
+from harness.inputs.problem import build_problem
+from harness.spec.load import load_spec
+
+pytest.importorskip("torch")
+pytest.importorskip("flax")
+
+SEED = 20261401  # draws 5, 6 and 9 of it take every slip between them (tools/forward_family.py)
+DRAWS = (5, 6, 9)
+
+
+def _forward(path):
+    from harness.run import port_start
+    from harness.verdict import parity
+
+    loaded = load_spec(path)
+    outputs = port_start.check_start(build_problem(loaded), loaded.port_sha256)
+    return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    from tests import port_family
+
+    drawn = port_family.drawn(max(DRAWS) + 1, SEED, ("text",))
+    return [drawn[i] for i in DRAWS]
+
+
+def test_the_drawn_text_ports_write_attention_each_way_each_library_offers(docs):
+    from tests import text_ports
+
+    ported = "\n".join(text_ports.text_port_source(doc)[0].split("class TorchPort")[1] for doc in docs)  # below the shared helpers
+    drawn = [text_ports.styles(doc) for doc in docs]
+    assert {t for t, _ in drawn} == {"mha", "sdpa"} and {f for _, f in drawn} == {"mhdpa", "dpa"}, drawn
+    forms = ("nn.MultiheadAttention(", "TorchAttention(", "nn.MultiHeadDotProductAttention(", "FlaxAttention(", "torch.nn.Dropout(", "nn.Dropout(")
+    for written in forms:
+        assert written in ported, written
+    assert "('half', " in ported or "('interleaved', " in ported  # RoPE, turned on both sides
+
+
+def test_honest_text_ports_initial_forward_passes_agree_far_within_float32s_rounding(tmp_path, docs):
+    from tests import port_family
+
+    for i, doc in enumerate(docs):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        check = _forward(port_family.port_of(doc, folder)[0])
+        assert check.verdict == Verdict.PASS and check.max_rel_error < 1e-12, (DRAWS[i], check)
+
+
+@pytest.mark.slow
+def test_each_text_slip_fails_before_training_with_its_module_named(tmp_path, docs):
+    """q and k swapped unpacking in_proj_weight, the causal mask forgotten, the heads split
+    in the wrong order, RoPE's other layout, flax's layer-norm eps, GELU's other form:
+    each written into the first layer that takes it, in one of the draws."""
+    from tests import port_family, text_ports
+
+    seen, missed = set(), []
+    for i, doc in enumerate(docs):
+        for slip in text_ports.TEXT_SLIPS:
+            folder = tmp_path / f"{i}-{slip}"
+            folder.mkdir()
+            path, written = port_family.port_of(doc, folder, slip)
+            if written is None:
+                continue
+            seen.add(slip)
+            check = _forward(path)
+            named = check.verdict == Verdict.FAIL and any(f"{written.named}{end}" in f"module {check.forward_layer} " for end in " ,/")
+            if not named:
+                missed.append((DRAWS[i], slip, written, check.verdict, check.forward_layer))
+    assert seen == set(text_ports.TEXT_SLIPS) and not missed, (seen, missed)
