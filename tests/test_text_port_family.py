@@ -80,3 +80,20 @@ def test_each_text_slip_fails_before_training_with_its_module_named(tmp_path, do
             if not named:
                 missed.append((DRAWS[i], slip, written, check.verdict, check.forward_layer))
     assert seen == set(text_ports.TEXT_SLIPS) and not missed, (seen, missed)
+
+
+@pytest.mark.slow
+def test_an_honest_drawn_text_port_with_rope_passes_every_check_trained(tmp_path, docs):
+    """Draw 9 (RoPE turned by each side from the same tables, four Linears with
+    F.scaled_dot_product_attention against four Denses with nn.dot_product_attention),
+    trained: no check fails, every run finishes."""
+    from tests import port_family
+    from tests.test_port import counted, judged
+
+    doc = docs[DRAWS.index(9)]
+    assert any(layer.get("rope") for layer in doc["model"]["layers"])
+    result = judged(port_family.port_of(doc, tmp_path)[0])
+    counts = counted(result.checks)
+    failing = [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 20, failing
+    assert all(o.status == "ok" for o in result.outcomes.values())

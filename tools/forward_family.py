@@ -11,11 +11,23 @@ their own slips.
 """
 
 import json
+import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
+N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+# XLA's executables kept on disk beside OUT: the ports' runs compile the same programs again
+# and again (2026-11-28: a text port's 25.6 s of compiling, 2.0 s with them kept); the same
+# program gives the same executable, so no bit changes
+kept = {
+    "JAX_COMPILATION_CACHE_DIR": str(out.with_suffix(".jax-cache")),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+for name, value in kept.items():
+    os.environ.setdefault(name, value)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.core.registry import PORT_REFERENCE_KEY  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
@@ -24,7 +36,6 @@ from harness.spec.load import load_spec  # noqa: E402
 from harness.verdict import parity  # noqa: E402
 from tests import port_family, text_ports  # noqa: E402
 
-N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
 kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in sys.argv[6:] else (None, port_family.SLIPS)
 for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *slips), kinds):
     began = time.time()
