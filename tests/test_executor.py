@@ -295,3 +295,28 @@ def test_every_executor_is_an_executor():
     assert isinstance(executors.Inline(), executors.Executor)
     assert isinstance(_Recording(capacity.LOCAL, 1), executors.Executor)
     assert not isinstance(object(), executors.Executor)
+
+
+def test_jobs_run_later_take_the_states_of_jobs_finished_earlier():
+    """A second look's re-anchored members need the reference's states, which a run of the
+    first look finished: given those outcomes (`finished`), they run; without them the
+    driver refuses to wait on a job that never runs."""
+    from types import SimpleNamespace
+
+    from harness.core.registry import RunKey
+    from harness.execute import schedule
+    from harness.run.runner import Outcome
+
+    reference = RunKey("torch", "cpu", precision="float64")
+    first = {reference.label: {reference: Outcome(reference, "ok", timings={}, metrics={})}}
+    later = [jobs.Job("torch@cpu+float64~order5@anchored", jobs.FRAMEWORK, ((reference, "a member"),), needs=(reference.label,))]
+    executor = _Recording(capacity.LOCAL, jobs=1)
+    source = SimpleNamespace(document={"checks": {"math_parity": {"steps": 8}}})  # what the driver announces of a re-anchored job
+    given = lambda done: {8: "the state at step 8"}  # noqa: E731 - the driver's states(done)
+    try:
+        done = schedule.execute(later, source, executor, Console(file=io.StringIO()), states=given, total_steps=10, finished=first)
+        assert set(done) == {reference.label, later[0].name} and done[later[0].name][reference].status == "ok"
+        with pytest.raises(RuntimeError, match="never run"):
+            schedule.execute(later, source, executor, Console(file=io.StringIO()), states=given, total_steps=10)
+    finally:
+        executor.shutdown()

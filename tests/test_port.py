@@ -1173,3 +1173,31 @@ def test_an_honest_text_port_passes_every_check():
     counts = counted(result.checks)
     assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
     assert all(o.status == "ok" for o in result.outcomes.values())
+
+
+def test_math_paritys_second_look_re_anchors_its_members_where_a_segment_is_doubted():
+    """A twin's failing check over a re-anchored segment is doubted as one over its first
+    steps is (diagnosis.math_doubted): the second look's members after the first look's
+    (up to long_run.second_look) run re-anchored too, from the reference's states, and
+    so do those computing flax's formula; over the first steps alone, none re-anchored."""
+    from harness.calibrate import roles
+    from harness.calibrate.roles import PORT_SCHEME
+    from harness.verdict import diagnosis
+    from harness.verdict.bound import Bound
+    from harness.verdict.checks import Check
+
+    loaded = load_spec(MLP / "mlp_port.yaml")
+    problem = build_problem(loaded)
+    twin = RunKey("jax", "cpu", precision="float64")
+    bound = Bound(rule="r", measure="relative_curve", factor=2.0)
+    failing = Check("math_anchored_loss_curve", twin, PORT_REFERENCE_KEY, Verdict.FAIL, "rule", bound=bound)
+    assert diagnosis.math_doubted([failing]) == [failing]
+    seconds = loaded.spec.checks.long_run.second_look
+    found = roles.math_second_look_jobs(loaded, problem, [twin], PORT_SCHEME, seconds, segments=True)
+    again = [c for c in found if c.role == roles.ANCHORED_MEMBER]
+    first = loaded.spec.checks.math_parity.members
+    assert [c.member for c in again] == list(range(first + 1, seconds + 1))
+    assert all(c.needs == (PORT_REFERENCE_KEY.label,) and c.anchored for c in again)
+    plain = roles.math_second_look_jobs(loaded, problem, [twin], PORT_SCHEME, seconds)
+    assert [c.name for c in plain] == [c.name for c in found if not c.anchored]
+    assert not any(c.anchored for c in plain)

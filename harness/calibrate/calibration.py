@@ -124,31 +124,34 @@ def math_second_look(
     done: Done,
     runs: dict[RunKey, Outcome],
     doubted: list[Doubt],
-    run: Callable[[list[Job]], Done],
+    run: Callable[..., Done],
     console: Console,
     scheme: Scheme = ORACLE_SCHEME,
 ) -> tuple[list[Job], Done, Calibrated] | None:
-    """Math parity's second look before a float64 twin's failure over its first steps stands
-    (`doubted`), on a port's scheme: its float64 spread comes from torch's own members, which
+    """Math parity's second look before a float64 twin's failure stands (`doubted`: over its
+    first steps or a re-anchored segment), on a port's scheme: its float64 spread comes from torch's own members, which
     round less everywhere than the array-module members do, and three of them undershot it
     (a twin at 1.44x of three members' spread came to 0.36x of twelve's, 2026-11-26). The
     members after the first look's, up to long_run.second_look in all (and as many computing
-    each doubted twin's library formula), run by `run`, and everything gathered again from
+    each doubted twin's library formula; re-anchored along the run too where a segment is
+    doubted), run by `run`, and everything gathered again from
     both looks' jobs: the planned jobs, their outcomes and the calibration; None where nothing
     is doubted or the scheme is the oracle's, whose members reach XLA's rounding (no
     honest twin of the generated families failed there)."""
     if not doubted or scheme.reference64.framework == ORACLE:
         return None
     twins = list(dict.fromkeys(c.a for c in doubted))
-    again = roles.math_second_look_jobs(loaded, problem, twins, scheme, problem.spec.checks.long_run.second_look)
+    segments = any("anchored" in c.name for c in doubted)  # a re-anchored segment's check: its members re-anchored too
+    again = roles.math_second_look_jobs(loaded, problem, twins, scheme, problem.spec.checks.long_run.second_look, segments)
     if not again:
         return None
     worst = max(doubted, key=lambda c: c.ratio or 0)
     console.print(
         f"  {loaded.name}: {len(doubted)} math-parity checks fail ({worst.a.label}: {worst.name}, {worst.ratio:.3g}x); "
-        f"measuring the float64 spread again with {len(again)} more members"
+        f"measuring the float64 spread again with {sum(c.role == roles.MEMBER64 for c in again)} more members"
+        f"{' (re-anchored too)' if segments else ''}"
     )
-    planned, done = [*planned, *again], {**done, **run(again)}
+    planned, done = [*planned, *again], {**done, **run(again, done)}  # the re-anchored ones start from the reference's states
     return planned, done, gather(planned, done, runs, scheme)
 
 

@@ -151,10 +151,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
     anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
     if states:
-        for key, seed in seeds:
-            at = anchored.anchored_key(key)
-            label = f"{name} {at.label} (re-anchored math parity's calibration)"
-            found.append(_job(ANCHORED_MEMBER, at, label, member=seed, needs=states, cost=anchored_cost))
+        found += _anchored_members(name, seeds, states, anchored_cost, "re-anchored math parity's calibration")
     for key in [t for t in plan.twin_keys(keys) if t.framework != ref64.framework]:
         label = f"{name} {key.label} (float64 twin, first {first_steps} steps)"
         found.append(_job(TWIN, key, label, steps=first_steps, cost=cost(key, first_steps)))
@@ -176,11 +173,17 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             at = anchored.anchored_key(ref)
             label = f"{name} {at.label} ({computing}, re-anchored)"
             found.append(_job(LIBRARY_ANCHORED, at, label, formula=formula, needs=states, cost=anchored_cost))
-            for mk, seed in library_members:
-                at = anchored.anchored_key(mk)
-                label = f"{name} {at.label} (re-anchored math parity's calibration, {key.framework}'s formula)"
-                found.append(_job(LIBRARY_ANCHORED_MEMBER, at, label, member=seed, formula=formula, needs=states, cost=anchored_cost))
+            why = f"re-anchored math parity's calibration, {key.framework}'s formula"
+            found += _anchored_members(name, library_members, states, anchored_cost, why, formula)
     return found
+
+
+def _anchored_members(name: str, members: list[tuple[RunKey, int]], states: tuple[str, ...], at_cost: float, why: str, formula=None) -> list[Job]:
+    """Float64 members re-anchored along the run from the reference's `states`, one job
+    each; computing a library's `formula` where one is given."""
+    role = ANCHORED_MEMBER if formula is None else LIBRARY_ANCHORED_MEMBER
+    keys = [(anchored.anchored_key(key), seed) for key, seed in members]
+    return [_job(role, at, f"{name} {at.label} ({why})", member=seed, formula=formula, needs=states, cost=at_cost) for at, seed in keys]
 
 
 def _member64_jobs(name: str, seeds: list[tuple[RunKey, int]], first_steps: int, why: str) -> list[Job]:
@@ -225,20 +228,28 @@ def library_whole_jobs(loaded: LoadedSpec, problem: Problem, runs: list[RunKey],
     return found
 
 
-def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunKey], scheme: Scheme, upto: int) -> list[Job]:
+def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunKey], scheme: Scheme, upto: int, segments: bool = False) -> list[Job]:
     """Math parity's second look (harness/calibrate/calibration.py math_second_look): the
     float64 members after the first look's, up to `upto` in all, over the twins' first
     steps, and as many of the reference's members computing the formula of each library
-    among `twins` that has one."""
+    among `twins` that has one; with `segments` (a re-anchored segment doubted), the same
+    members re-anchored along the run too, from the reference's states."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     seeds = member_seeds(problem, FLOAT64, upto=upto, scheme=scheme)
+    states = (scheme.reference.label,) if segments and problem.anchors else None
+    anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
     found = _member64_jobs(name, seeds, first_steps, "math parity's calibration, second look")
+    if states:
+        found += _anchored_members(name, seeds, states, anchored_cost, "re-anchored math parity's calibration, second look")
     for framework in dict.fromkeys(t.framework for t in twins if t.framework != scheme.reference64.framework):
         key = next(t for t in twins if t.framework == framework)
         formula = _computed_formula(problem, key, scheme)
         if formula is not None:
             members = _library_members(scheme.reference64, library_reference(key, scheme), seeds)
             found += _library_member_jobs(name, framework, members, formula, first_steps)
+            if states:
+                why = f"re-anchored math parity's calibration, {framework}'s formula, second look"
+                found += _anchored_members(name, members, states, anchored_cost, why, formula)
     return found
 
 

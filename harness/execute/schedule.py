@@ -101,13 +101,15 @@ def execute(
     kept: dict[str, dict[RunKey, Path]] | None = None,
     states: Any = None,
     total_steps: int = 0,
+    finished: dict[str, dict[RunKey, Outcome]] | None = None,
 ) -> dict[str, dict[RunKey, Outcome]]:
-    """Run `jobs` on `executor`; each job's outcomes by its name. `kept`: each job's
-    work-folder files by key. `states(done)`: the states a re-anchored job starts from,
-    given the finished jobs (the oracle's); a job that needs states there are none of
-    is not run. A job that raises or whose process dies fails its runs, with the reason."""
+    """Run `jobs` on `executor`; each job's outcomes by its name, with those of `finished`,
+    jobs run earlier that `jobs` may need. `kept`: each job's work-folder files by key.
+    `states(done)`: the states a re-anchored job starts from, given the finished jobs (the
+    oracle's); a job that needs states there are none of is not run. A job that raises or
+    whose process dies fails its runs, with the reason."""
     kept = kept or {}
-    done: dict[str, dict[RunKey, Outcome]] = {}
+    done: dict[str, dict[RunKey, Outcome]] = dict(finished or {})
     waiting = sorted(jobs, key=lambda c: -c.cost)
     running: dict[Future, Job] = {}
     local = executor.slots.kind != RAY  # Ray places and queues jobs itself
@@ -179,7 +181,7 @@ def execute(
 
 @dataclass
 class Driver:
-    """A spec's jobs on an executor: `run(jobs)` runs them (execute) with the spec's
+    """A spec's jobs on an executor: `run(jobs, finished)` runs them (execute) with the spec's
     inputs (`source`), each finished job kept in the work folder if there is one, a
     re-anchored job given the oracle's states; each job's outcomes by its name."""
 
@@ -194,10 +196,10 @@ class Driver:
         if isinstance(self.executor, Inline):
             remember(self.source, self.problem)  # this process's jobs take the driver's inputs as they are
 
-    def run(self, jobs: list[Job]) -> dict[str, dict[RunKey, Outcome]]:
+    def run(self, jobs: list[Job], finished: dict[str, dict[RunKey, Outcome]] | None = None) -> dict[str, dict[RunKey, Outcome]]:
         kept = self.kept(jobs)
         states = functools.partial(reference_states, self.problem.reference_key)
-        return execute(jobs, self.source, self.executor, self.console, kept, states, self.problem.total_steps)
+        return execute(jobs, self.source, self.executor, self.console, kept, states, self.problem.total_steps, finished)
 
     def kept(self, jobs: list[Job]) -> dict[str, dict[RunKey, Path]]:
         """Each job's work-folder files, by key."""

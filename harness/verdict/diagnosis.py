@@ -343,18 +343,14 @@ def not_reproducible(checks: list[Check], apart: dict[RunKey, int]) -> list[Chec
 
 
 def math_doubted(checks: list[Check]) -> list[Check]:
-    """The failing math-parity checks of the twins' first steps judged on a calibrated
-    spread: those math parity's second look (harness/calibrate/calibration.py
-    math_second_look) judges again on more float64 members, on a port."""
+    """The failing math-parity checks judged on a calibrated spread, over the twins' first
+    steps or a re-anchored segment: those math parity's second look
+    (harness/calibrate/calibration.py math_second_look) judges again on more float64
+    members, on a port."""
     return [
         c
         for c in checks
-        if c.verdict == Verdict.FAIL
-        and c.name.startswith(MATH)
-        and not c.name.startswith(f"{MATH}anchored")
-        and c.a.precision == FLOAT64
-        and c.bound is not None
-        and c.bound.factor is not None
+        if c.verdict == Verdict.FAIL and c.name.startswith(MATH) and c.a.precision == FLOAT64 and c.bound is not None and c.bound.factor is not None
     ]
 
 
