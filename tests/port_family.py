@@ -256,6 +256,29 @@ def drawn(count: int, seed: int | None = None, kinds: tuple[str, ...] | None = N
     return docs
 
 
+def tool_arguments(argv: list[str]) -> tuple[int, int, int, int, Path, tuple[str, ...] | None, tuple[str, ...], bool]:
+    """tools/port_family.py's and tools/forward_family.py's arguments, N SEED A B OUT
+    [slips] [text]: those five, the kinds drawn (None: the family's own), their slips, and
+    whether `slips` was given. Keeps XLA's executables on disk beside OUT, before anything
+    imports jax: the ports' runs compile the same programs again and again (2026-11-28: a
+    text port's 25.6 s of compiling, 2.0 s with them kept); the same program gives the
+    same executable, so no bit changes. The tool's own cache, as __pycache__ is."""
+    import os
+
+    from tests import text_ports
+
+    n, seed, first, stop, out = int(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
+    kept = {
+        "JAX_COMPILATION_CACHE_DIR": str(out.with_suffix(".jax-cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    for name, value in kept.items():
+        os.environ.setdefault(name, value)
+    kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in argv[5:] else (None, SLIPS)
+    return n, seed, first, stop, out, kinds, slips, "slips" in argv[5:]
+
+
 def to_write(out: Path, count: int, seed: int, first: int, stop: int, slips: tuple[str | None, ...], kinds: tuple[str, ...] | None = None):
     """The ports of draws [first, stop) of `drawn(count, seed)`, each with each of `slips`
     (None: honest) its layers take, written under OUT's folder, those OUT's JSON lines hold

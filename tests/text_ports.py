@@ -186,7 +186,7 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
     torch_style, flax_style = styles(doc)
     init, forward, call, convert, load = [], [], [], [], {}
     written: Slip | None = None
-    modules = [p.name for p in placed if p.module.KIND not in ("residual",)]
+    modules = [p.name for p in placed if p.module.KIND != "residual"]  # what torch's hooks and flax's intermediates name
 
     def slipped(kind: str, name: str, when: bool, named: str | None = None) -> bool:
         nonlocal written
@@ -199,11 +199,9 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
         later = modules[modules.index(name) + 1 :]
         return f"module {later[0]}" if later else "module output"
 
-    def dense(n: str, width_in: int, width: int, bias: bool = True):
-        load[f"{n}.weight"] = (f"{n}.weight", True, None)
-        if bias:
-            load[f"{n}.bias"] = (f"{n}.bias", False, None)
-        return f"torch.nn.Linear({width_in}, {width}, bias={bias})"
+    def dense(n: str, width_in: int, width: int):
+        load[f"{n}.weight"], load[f"{n}.bias"] = (f"{n}.weight", True, None), (f"{n}.bias", False, None)
+        return f"torch.nn.Linear({width_in}, {width})"
 
     def attention(layer: dict, n: str, width: int):
         heads, bias, causal, rope = layer["heads"], layer.get("bias", True), layer.get("causal", True), layer.get("rope")

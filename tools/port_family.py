@@ -15,30 +15,19 @@ one after it). With `text`, the family's transformers on Debian's licences
 """
 
 import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-N, SEED, a, b, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-# XLA's executables kept on disk beside OUT: the ports' runs compile the same programs again
-# and again (2026-11-28: a text port's 25.6 s of compiling, 2.0 s with them kept); the same
-# program gives the same executable, so no bit changes
-kept = {
-    "JAX_COMPILATION_CACHE_DIR": str(out.with_suffix(".jax-cache")),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-for name, value in kept.items():
-    os.environ.setdefault(name, value)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests import port_family  # noqa: E402 (before jax: it keeps XLA's executables beside OUT)
+
+N, SEED, a, b, out, kinds, slips, slipped = port_family.tool_arguments(sys.argv[1:])
 from harness.core.registry import Verdict  # noqa: E402
-from tests import port_family, text_ports  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
-kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in sys.argv[6:] else (None, port_family.SLIPS)
-todo = port_family.to_write(out, N, SEED, a, b, slips if "slips" in sys.argv[6:] else (None,), kinds)
+todo = port_family.to_write(out, N, SEED, a, b, slips if slipped else (None,), kinds)
 for i, slip, doc, path, written, row in todo:
     began = time.time()
     row["optimizer"] = doc["optimizer"]

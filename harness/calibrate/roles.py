@@ -149,7 +149,7 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     seeds = member_seeds(problem, FLOAT64, scheme=scheme)
     found += _member64_jobs(name, seeds, first_steps, "math parity's calibration")
     states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
-    anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
+    anchored_cost = _segments_cost(problem, scheme)
     if states:
         found += _anchored_members(name, seeds, states, anchored_cost, "re-anchored math parity's calibration")
     for key in [t for t in plan.twin_keys(keys) if t.framework != ref64.framework]:
@@ -176,6 +176,11 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             why = f"re-anchored math parity's calibration, {key.framework}'s formula"
             found += _anchored_members(name, library_members, states, anchored_cost, why, formula)
     return found
+
+
+def _segments_cost(problem: Problem, scheme: Scheme) -> float:
+    """What one run re-anchored along the whole run costs: the reference's steps over every segment."""
+    return cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
 
 
 def _anchored_members(name: str, members: list[tuple[RunKey, int]], states: tuple[str, ...], at_cost: float, why: str, formula=None) -> list[Job]:
@@ -237,10 +242,9 @@ def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunK
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     seeds = member_seeds(problem, FLOAT64, upto=upto, scheme=scheme)
     states = (scheme.reference.label,) if segments and problem.anchors else None
-    anchored_cost = cost(scheme.reference, problem.spec.checks.math_parity.steps * len(problem.anchors))
     found = _member64_jobs(name, seeds, first_steps, "math parity's calibration, second look")
     if states:
-        found += _anchored_members(name, seeds, states, anchored_cost, "re-anchored math parity's calibration, second look")
+        found += _anchored_members(name, seeds, states, _segments_cost(problem, scheme), "re-anchored math parity's calibration, second look")
     for framework in dict.fromkeys(t.framework for t in twins if t.framework != scheme.reference64.framework):
         key = next(t for t in twins if t.framework == framework)
         formula = _computed_formula(problem, key, scheme)
@@ -249,7 +253,7 @@ def math_second_look_jobs(loaded: LoadedSpec, problem: Problem, twins: list[RunK
             found += _library_member_jobs(name, framework, members, formula, first_steps)
             if states:
                 why = f"re-anchored math parity's calibration, {framework}'s formula, second look"
-                found += _anchored_members(name, members, states, anchored_cost, why, formula)
+                found += _anchored_members(name, members, states, _segments_cost(problem, scheme), why, formula)
     return found
 
 
