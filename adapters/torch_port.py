@@ -32,7 +32,7 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             self.rounds = None  # a member's rounding once more (_jitter), for its loss's lse
             self.round_loss = None  # ... on this pass's jittered step (torch_layers.objective)
             self.rounding = None  # a member's TorchFunctionMode rounding the activations otherwise (_jitter)
-            self.fast = _fast_variance(torch) if problem.port_fast_variance else None  # flax's batch variance
+            self.fast = _flax_variance(torch, problem)  # flax's norms' variance, where the reference computes it
             self.no_dropout = _no_dropout(torch) if problem.port_dropout else None  # every dropout off (port.torch_dropout)
 
         def plain(self, x):
@@ -48,7 +48,7 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
                 jittered = self.rounds is not None and (not self.training or problem.jittered(self.step))
                 self.round_loss = self.rounds if jittered and self.training else None
                 try:
-                    mode = self.rounding if jittered else self.fast if self.training else None
+                    mode = self.rounding if jittered else self.fast
                     with self.no_dropout or contextlib.nullcontext(), mode or contextlib.nullcontext():
                         return port.call(problem.port, "the torch module's forward", self.inner, x)
                 finally:
@@ -120,10 +120,11 @@ def _jitter(torch, model, problem) -> None:
     for part in model.inner.modules():
         if not list(part.children()):
             part.register_forward_hook(rounded)
-    model.rounding = _activations_rounded(torch, moved, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance))
+    layer_norm = _layer_norm_fast(torch, moved) if problem.port_layer_norm_fast else None
+    model.rounding = _activations_rounded(torch, moved, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance), layer_norm)
 
 
-def _activations_rounded(torch, moved, batch_norm):
+def _activations_rounded(torch, moved, batch_norm, layer_norm=None):
     """A TorchFunctionMode under which a member's forward rounds its activations as the
     array-module members round theirs (harness/layers/activations.py), however the user
     wrote them (a module or a function): tanh's values TANH_ULPS otherwise (XLA's tanh lands
@@ -133,7 +134,8 @@ def _activations_rounded(torch, moved, batch_norm):
     exact arithmetic; its derivative is autograd's of that formula. (A tanh MLP port's
     initial outputs in float64: XLA's at 1.02x the spread of members that left tanh as
     torch rounds it, 2026-11-26.) A batch norm in training takes its sums as `batch_norm`
-    (_batch_norm_summed) takes them."""
+    (_batch_norm_summed) takes them; with `layer_norm` (_layer_norm_fast), a layer norm
+    computes its variance so."""
     functional = torch.nn.functional
     tanhs = {torch.tanh, torch.Tensor.tanh, functional.tanh}
 
@@ -150,18 +152,23 @@ def _activations_rounded(torch, moved, batch_norm):
                 else:
                     t = moved(torch.erf(z / math.sqrt(2)))
                 return 0.5 * z * (1 + t)
-            return _batch_norm_or(torch, batch_norm, func, args, kwargs)
+            return _norm_or(torch, batch_norm, layer_norm, func, args, kwargs)
 
     return Rounded()
 
 
-def _batch_norm_or(torch, batch_norm, func, args, kwargs):
-    """func(*args, **kwargs), but for torch.nn.functional.batch_norm in training, `batch_norm`."""
-    if func is torch.nn.functional.batch_norm:
+def _norm_or(torch, batch_norm, layer_norm, func, args, kwargs):
+    """func(*args, **kwargs), but for torch.nn.functional.batch_norm in training
+    `batch_norm`, and for torch.nn.functional.layer_norm `layer_norm` (each where given)."""
+    if func is torch.nn.functional.batch_norm and batch_norm is not None:
         bound = _BATCH_NORM.bind(*args, **kwargs)
         bound.apply_defaults()
         if bound.arguments["training"]:
             return batch_norm(**bound.arguments)
+    if func is torch.nn.functional.layer_norm and layer_norm is not None:
+        bound = _LAYER_NORM.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return layer_norm(**bound.arguments)
     return func(*args, **kwargs)
 
 
@@ -184,19 +191,66 @@ def _no_dropout(torch):
     return NoDropout()
 
 
-def _fast_variance(torch):
-    """A TorchFunctionMode under which a training pass's batch norms compute the batch's
-    variance as flax's does by default, E[x^2] - E[x]^2 (use_fast_variance), with torch's
-    own sums: the reference and members computing flax's behaviour on a port whose flax
-    module does (harness/known_differences.yaml flax-batch-norm-fast-variance), over the
-    whole run."""
-    batch_norm = _batch_norm_summed(torch, None, fast=True)
+def _flax_variance(torch, problem):
+    """A TorchFunctionMode under which the norms compute their variance as flax's do by
+    default, E[x^2] - E[x]^2 (use_fast_variance), with torch's own sums: a training pass's
+    batch norms where the problem's port_fast_variance, and every layer norm where its
+    port_layer_norm_fast; the reference and members computing flax's behaviour on a port
+    whose flax module does (harness/known_differences.yaml flax-batch-norm-fast-variance,
+    flax-layer-norm-fast-variance), over the whole run. None where neither."""
+    if not (problem.port_fast_variance or problem.port_layer_norm_fast):
+        return None
+    batch_norm = _batch_norm_summed(torch, None, fast=True) if problem.port_fast_variance else None
+    layer_norm = _layer_norm_fast(torch, None) if problem.port_layer_norm_fast else None
 
     class Fast(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            return _batch_norm_or(torch, batch_norm, func, args, kwargs or {})
+            return _norm_or(torch, batch_norm, layer_norm, func, args, kwargs or {})
 
     return Fast()
+
+
+_LAYER_NORM = inspect.Signature(
+    [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+        for name, default in (
+            ("input", inspect.Parameter.empty),
+            ("normalized_shape", inspect.Parameter.empty),
+            ("weight", None),
+            ("bias", None),
+            ("eps", 1e-5),
+        )
+    ]
+)  # torch.nn.functional.layer_norm's
+
+
+def _layer_norm_fast(torch, moved):
+    """torch.nn.functional.layer_norm with the variance over each example's features taken
+    as flax's LayerNorm takes it by default (flax/linen/normalization.py _compute_stats and
+    _normalize): max(0, E[x^2] - E[x]^2), then (x - E[x]) * (rsqrt(var + eps) * scale) +
+    bias. Over few features whose mean is large beside their spread the difference of two
+    squares cancels, in float64 too: a width-2 layer norm's float64 twin was 3.8x to 31x
+    the spread of members taking torch's E[(x - E[x])^2] (port seed 20261402, draws
+    143-145). With `moved` (a member's rounding once more, _jitter), each of its
+    intermediate arrays is rounded otherwise, as XLA's fusion rounds it: the cancellation
+    magnifies the rounding of the squares and their means alike, which reordering two
+    terms does not move."""
+
+    def again(value):
+        return value if moved is None else moved(value)
+
+    def layer_norm(input, normalized_shape, weight, bias, eps):
+        dims = tuple(range(-len(tuple(normalized_shape)), 0))
+        mean = again(input.mean(dim=dims, keepdim=True))
+        mean2 = again(again(input * input).mean(dim=dims, keepdim=True))
+        var = torch.clamp(mean2 - again(mean * mean), min=0)
+        mul = torch.rsqrt(again(var + eps))
+        if weight is not None:
+            mul = mul * weight
+        out = again(input - mean) * mul
+        return out + bias if bias is not None else out
+
+    return layer_norm
 
 
 _BATCH_NORM = inspect.Signature(

@@ -63,12 +63,12 @@ GPU_ORACLE_SCHEME = Scheme(reference=GPU_ORACLE_KEY, member=GPU_CALIBRATION_KEY,
 # the reference and the twins' reference, torch's float32 and float64 runs with the
 # examples of each batch permuted (members.reordered: a port has no units the harness may
 # move, nor roundings it may jitter) the members. Of the libraries' formulas, torch computes
-# the variance a batch norm stores and its batch variance as E[x^2] - E[x]^2
-# (adapters/torch_port.py), SGD's dampening (torch.optim's
+# the variance a batch norm stores, its batch variance and a layer norm's variance as
+# E[x^2] - E[x]^2 (adapters/torch_port.py), SGD's dampening (torch.optim's
 # own), a schedule's rates and Adam's float32 bias corrections, and the clipping of another
 # eps (adapters/torch_adapter.py _as_library and _clip); an entry that needs another explains
 # nothing on a port (no members computing it run).
-PORT_COMPUTES = frozenset({"running_var", "variance", "dampening", "rates", "bias_corrections", "clip_eps"})
+PORT_COMPUTES = frozenset({"running_var", "variance", "layer_norm_variance", "dampening", "rates", "bias_corrections", "clip_eps"})
 PORT_SCHEME = Scheme(reference=PORT_REFERENCE_KEY, member=PORT_MEMBER_KEY, reference64=PORT_REFERENCE_KEY, computes=PORT_COMPUTES)
 
 

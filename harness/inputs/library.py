@@ -30,8 +30,8 @@ def library_problem(problem: Problem, formula) -> Problem:
     if problem.port is not None:
         # a port's torch reference or member (roles.PORT_SCHEME): torch.optim with the library's
         # dampening, rates and bias corrections, torch's clipping turned to the library's eps
-        # (adapters/torch_adapter.py), the variance its batch norms store and how they compute
-        # the batch's (adapters/torch_port.py)
-        fast = formula.variance == "fast"
-        return replace(problem, **computed, port_running_var=formula.running_var, port_clip_eps=formula.clip_eps, port_fast_variance=fast)
+        # (adapters/torch_adapter.py), the variance its batch norms store and how they and its
+        # layer norms compute theirs (adapters/torch_port.py)
+        fast = {"port_fast_variance": formula.variance == "fast", "port_layer_norm_fast": formula.layer_norm_variance == "fast"}
+        return replace(problem, **computed, port_running_var=formula.running_var, port_clip_eps=formula.clip_eps, **fast)
     return replace(problem, **computed, clip_eps=formula.clip_eps or 0.0, sequential_loss=formula.loss_sum == "sequential")

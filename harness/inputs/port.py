@@ -239,7 +239,9 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
     """The layer options the port's flax module shows, found by its own init (evaluation
     mode) under flax's method interceptor, sorted: "batch_norm.variance=fast" where one of
     its BatchNorms computes the batch's variance as E[x^2] - E[x]^2 (use_fast_variance,
-    flax's default), a float32 rounding of its own (harness/known_differences.yaml). And its
+    flax's default), a float32 rounding of its own (harness/known_differences.yaml), and
+    "layer_norm.variance=fast" where a LayerNorm computes each example's so, which cancels
+    in float64 too over few features whose mean is large beside their spread. And its
     Dropouts with a rate above 0 ("Dropout_0 (rate 0.1)"), which a port runs deterministic
     (adapters/jax_port.py)."""
     import flax.linen as nn
@@ -250,6 +252,8 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
     def spy(next_fun, args, kwargs, context):
         if isinstance(context.module, nn.BatchNorm) and getattr(context.module, "use_fast_variance", True):
             found.add("batch_norm.variance=fast")
+        if isinstance(context.module, nn.LayerNorm) and getattr(context.module, "use_fast_variance", True):
+            found.add("layer_norm.variance=fast")
         if isinstance(context.module, nn.Dropout) and context.method_name == "__call__" and context.module.rate > 0:
             dropping.append(f"{'/'.join(context.module.path) or context.module.name} (rate {context.module.rate:g})")
         return next_fun(*args, **kwargs)

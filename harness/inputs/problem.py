@@ -112,6 +112,9 @@ class Problem:
     port_clip_eps: float | None = None
     # ... and its batch norms' batch variance as E[x^2] - E[x]^2 (flax's use_fast_variance)
     port_fast_variance: bool = False
+    # ... and its layer norms' variance so too (flax's LayerNorm's use_fast_variance), in
+    # training and evaluation
+    port_layer_norm_fast: bool = False
     # ... and where it drops (port.Facts dropout): every dropout runs turned off, in both
     # frameworks, where any is found (each would draw its own masks)
     port_dropout: tuple[str, ...] = ()

@@ -55,7 +55,8 @@ class LibraryFormula(Strict):
     learning rate of each update is the value this library's schedule computes (optax: in
     float32, from its int32 update count); bias_corrections: Adam's 1 - beta^t in float32
     with beta rounded to float32; loss_sum: the logged loss summed one example after another;
-    variance: batch norm's batch variance computed as E[x^2] - E[x]^2 ("fast")."""
+    variance: batch norm's batch variance computed as E[x^2] - E[x]^2 ("fast");
+    layer_norm_variance: layer norm's variance over each example's features computed so."""
 
     clip_eps: Annotated[float, Field(ge=0)] | None = None
     dampening: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -64,6 +65,7 @@ class LibraryFormula(Strict):
     bias_corrections: Literal["float32"] | None = None
     loss_sum: Literal["sequential"] | None = None
     variance: Literal["fast"] | None = None
+    layer_norm_variance: Literal["fast"] | None = None
 
 
 class LibraryDifference(KnownDifference):
