@@ -664,7 +664,8 @@ def test_torchs_clipping_eps_on_a_port_is_borne_by_the_other_librarys_members_an
     jobs = roles.library32_jobs(loaded, problem, keys, roles.PORT_SCHEME)
     assert jobs and all(job.formula.clip_eps == 0.0 and "as-jax" in job.name for job in jobs)
     # the oracle computes the spec's clipping: members stand for torch's eps, none for optax's SGD
-    assert {job.formula.clip_eps for job in roles.library32_jobs(loaded, problem, keys, roles.ORACLE_SCHEME) if "as-jax" in job.name} == set()
+    # (flax's stand for its layer norm only)
+    assert {job.formula.clip_eps for job in roles.library32_jobs(loaded, problem, keys, roles.ORACLE_SCHEME) if "as-jax" in job.name} <= {None}
 
     entry = next(e for e in catalogue.library_differences() if e.id == "torch-clip-grad-norm-eps")
     jax32 = RunKey("jax", "cpu")
