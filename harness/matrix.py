@@ -69,20 +69,28 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
 
-def check_port_start(loaded: LoadedSpec, problem: Problem, fresh: bool = True) -> Check:
+def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
     """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
-    forward pass against torch's (parity.initial_forward_check), in a fresh process (JAX's
-    thread pool never starts in the driver), or in this one where every run does (the
-    inline executor)."""
+    forward pass against torch's (parity.initial_forward_check). Never in the driver (JAX's
+    thread pool never starts there), but where every run does (the inline executor); on the
+    local executor, in the process it keeps for torch's calibration runs, which the members
+    then take as it is (a fresh process cost a port check 7 of its 67 s, issue 54); on any
+    other, in a fresh process."""
     from harness.execute.fresh import in_fresh_process
     from harness.run import port_start
 
-    if fresh:
-        outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
-    else:
+    if isinstance(executor, executors.Inline):
         outputs = port_start.check_start(problem, loaded.port_sha256)
+    elif isinstance(executor, executors.Local):
+        job = jobs.Job(f"{loaded.name} start", PORT_START, ((PORT_REFERENCE_KEY, f"{loaded.name} {FORWARD}"),), recorded=False, own_process=False)
+        outputs = executor.submit(job, port_start.check_start, problem, loaded.port_sha256).result()
+    else:
+        outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
     return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+
+
+PORT_START = "a port's start"  # the role of check_port_start's job
 
 
 def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check: Check) -> SpecResult:
@@ -129,7 +137,7 @@ def run_spec(
     if problem.port is not None:  # no oracle nor array-module code: torch's float64 run is the reference
         keys = plan.port_keys(keys)
         if any(k.framework == "jax" for k in keys):  # the converter and the initial forward pass, before any run
-            start = check_port_start(loaded, problem, fresh=not isinstance(executor, executors.Inline))
+            start = check_port_start(loaded, problem, executor)
             if start.verdict == Verdict.FAIL:
                 result = not_trained(loaded, problem, keys, start)
                 then = "training it anyway (--train-anyway)" if train_anyway else "nothing trains (--train-anyway trains it)"

@@ -218,7 +218,9 @@ def check_port(
         argv = ["--frameworks", "torch,jax"]
         argv += ["--devices", ",".join(where)] if where else []
         argv += ["--data-dir", str(used)] if used else []
-        argv += ["--results", str(out)] if out else ["--no-records"]
+        # no records, no floor: nothing holds a run's speed against the hardware's (6 of the
+        # example's 79 s, issue 54); with `results` the records carry it as `harness run`'s do
+        argv += ["--results", str(out)] if out else ["--no-records", "--no-floor"]
         argv += ["--in-process"] if in_process else []
         argv += ["--train-anyway"] if train_anyway else []
         with port.given(source, callables if in_process else None):

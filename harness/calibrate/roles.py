@@ -102,8 +102,9 @@ LIBRARY_WHOLE = "library reference, whole run"
 
 
 def _job(role: str, key: RunKey, label: str, **fields) -> Job:
-    """One run as a job named by its key; only the twins' runs are recorded (Job.recorded)."""
-    return Job(key.label, role, ((key, label),), recorded=role in (TWIN, ANCHORED_TWIN), **fields)
+    """One run as a job named by its key; only the twins' runs are recorded (Job.recorded),
+    and none is timed (it may run in a kept process, Job.kept_group)."""
+    return Job(key.label, role, ((key, label),), recorded=role in (TWIN, ANCHORED_TWIN), own_process=False, **fields)
 
 
 def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, int]]) -> list[Job]:

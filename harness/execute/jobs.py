@@ -122,6 +122,9 @@ class Job:
     # probe outputs only, and skip the whole-set predictions (most of a CNN member's time)
     metrics: bool = True
     recorded: bool = True  # False: a run that calibrates the checks; no record holds it, nothing times it
+    # True: a process of its own (a framework's run, timed for its record; a run again in a
+    # fresh process); False: a calibration's run, a float64 twin included (recorded, not timed)
+    own_process: bool = True
 
     @property
     def keys(self) -> list[RunKey]:
@@ -145,15 +148,17 @@ class Job:
     @property
     def kept_group(self) -> tuple[str, ...] | None:
         """The kept process this job may run in (executors.Local), or None for a fresh one:
-        a job no record holds and nothing times, on the CPU, shares a process with the like
-        jobs of its adapter and precision (the array-module code's calibration runs, a port's
-        torch members); a recorded run, a timed one or a GPU's starts a process of its own."""
+        a calibration's job on the CPU shares a process with the like jobs of its adapter
+        (the array-module code's calibration runs; a port's torch members in float32 and
+        float64, each run setting torch's flags as it needs; a framework's float64 twins over
+        the first steps and re-anchored: a fresh process each cost a port check 14 of its
+        79 s, issue 54); a framework's run (timed for its record), a run again in a fresh
+        process or a GPU's starts a process of its own."""
         if self.calibrates:
             return ("calibration",)
-        if self.recorded or self.gpu or len({(k.adapter, k.precision) for k in self.keys}) != 1:
+        if self.own_process or self.gpu or len({k.adapter for k in self.keys}) != 1:
             return None
-        key = self.keys[0]
-        return (key.adapter, key.precision)
+        return (self.keys[0].adapter,)
 
     def problem(self, base: Problem) -> Problem:
         """This job's problem, made from the spec's."""
