@@ -115,23 +115,47 @@ def _jitter(torch, model, problem) -> None:
             return None
         return moved(output)
 
+    class Tanh(torch.autograd.Function):
+        """tanh's value moved by TANH_ULPS, and its derivative 1 - a * a taken from that moved
+        value a, as the array-module members take theirs (harness/layers/activations.py
+        activation_grad) and XLA its own, from its output: near saturation 1 - a * a cancels,
+        and a tanh MLP of width 1's float64 twin was 7.5x the spread of members whose
+        derivative came from torch's own tanh (port seed 20261405, draw 88)."""
+
+        @staticmethod
+        def forward(ctx, z, forward_u, backward_u):
+            a = torch.tanh(z)
+            a = a + a * forward_u
+            ctx.save_for_backward(a, backward_u)
+            return a
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, backward_u = ctx.saved_tensors
+            grad = grad + grad * backward_u
+            return grad * (1 - a * a), None, None
+
+    def tanh(z):
+        return Tanh.apply(z, draw(z, TANH_ULPS), draw(z, TANH_ULPS))
+
     model.rounds = moved  # the loss's lse too (torch_layers.cross_entropy_rounded)
 
     for part in model.inner.modules():
         if not list(part.children()):
             part.register_forward_hook(rounded)
     layer_norm = _layer_norm_fast(torch, moved) if problem.port_layer_norm_fast else None
-    model.rounding = _activations_rounded(torch, moved, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance), layer_norm)
+    model.rounding = _activations_rounded(torch, moved, tanh, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance), layer_norm)
 
 
-def _activations_rounded(torch, moved, batch_norm, layer_norm=None):
+def _activations_rounded(torch, moved, tanh, batch_norm, layer_norm=None):
     """A TorchFunctionMode under which a member's forward rounds its activations as the
     array-module members round theirs (harness/layers/activations.py), however the user
     wrote them (a module or a function): tanh's values TANH_ULPS otherwise (XLA's tanh lands
-    up to 4 ulps from the exact value, torch's 1), and a GELU as 0.5 z (1 + t) with t, its
-    tanh or its erf, rounded otherwise before the sum, where it cancels for negative z (two
-    libraries' GELUs differ there by thousands of ulps of the result). The same function in
-    exact arithmetic; its derivative is autograd's of that formula. (A tanh MLP port's
+    up to 4 ulps from the exact value, torch's 1), its derivative from the moved value
+    (`tanh`), and a GELU as 0.5 z (1 + t) with t, its tanh (so) or its erf, rounded
+    otherwise before the sum, where it cancels for negative z (two libraries' GELUs differ
+    there by thousands of ulps of the result). The same function in exact arithmetic; its
+    derivative is autograd's of that formula. (A tanh MLP port's
     initial outputs in float64: XLA's at 1.02x the spread of members that left tanh as
     torch rounds it, 2026-11-26.) A batch norm in training takes its sums as `batch_norm`
     (_batch_norm_summed) takes them; with `layer_norm` (_layer_norm_fast), a layer norm
@@ -143,12 +167,12 @@ def _activations_rounded(torch, moved, batch_norm, layer_norm=None):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func in tanhs:
-                return moved(func(*args, **kwargs), TANH_ULPS)
+                return tanh(args[0] if args else kwargs["input"])
             if func is functional.gelu:
                 z = args[0]
                 approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
                 if approximate == "tanh":
-                    t = moved(torch.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS)
+                    t = tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z))
                 else:
                     t = moved(torch.erf(z / math.sqrt(2)))
                 return 0.5 * z * (1 + t)
