@@ -144,7 +144,8 @@ def _jitter(torch, model, problem) -> None:
         if not list(part.children()):
             part.register_forward_hook(rounded)
     layer_norm = _layer_norm_fast(torch, moved) if problem.port_layer_norm_fast else None
-    model.rounding = _activations_rounded(torch, moved, tanh, _batch_norm_summed(torch, rng, fast=problem.port_fast_variance), layer_norm)
+    batch_norm = _batch_norm_summed(torch, rng, fast=problem.port_fast_variance, moved=moved)
+    model.rounding = _activations_rounded(torch, moved, tanh, batch_norm, layer_norm)
 
 
 def _activations_rounded(torch, moved, tanh, batch_norm, layer_norm=None):
@@ -294,7 +295,7 @@ _BATCH_NORM = inspect.Signature(
 )  # torch.nn.functional.batch_norm's
 
 
-def _batch_norm_summed(torch, rng, fast: bool = False):
+def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
     """torch.nn.functional.batch_norm in training, its long sums (the batch's mean and
     variance forward; the scale's, the bias's and the input's gradients backward, each over
     the batch and the pixels) taken pairwise over the terms in a seeded order. torch's own
@@ -305,7 +306,14 @@ def _batch_norm_summed(torch, rng, fast: bool = False):
     to 1.69x the spread of such members (issue 52). Members summing as those libraries do
     span them. The same function in exact arithmetic; the running statistics updated as
     torch updates them (the unbiased variance). `fast`: the batch's variance as
-    E[x^2] - E[x]^2 (flax's use_fast_variance). No `rng`: the terms in their order."""
+    max(0, E[x^2] - E[x]^2) (flax's use_fast_variance), with `moved` (a member's) its
+    squares and means rounded otherwise, as XLA's fusion may: over a channel whose mean is
+    large beside its spread the difference cancels, in float64 too (port seed 20261405,
+    draw 99), and reordering the sums does not move what it magnifies. No `rng`: the terms
+    in their order."""
+
+    def again(value):
+        return value if moved is None else moved(value)
 
     def ordered(a):
         return a if rng is None else a[:, torch.from_numpy(rng.permutation(a.shape[1])).to(a.device)]
@@ -340,7 +348,10 @@ def _batch_norm_summed(torch, rng, fast: bool = False):
         count = input.numel() // input.shape[1]
         mean = per_channel(input) / count
         centred = input - Spread.apply(mean, input)
-        var = per_channel(input * input) / count - mean * mean if fast else per_channel(centred * centred) / count
+        if fast:
+            var = torch.clamp(again(again(per_channel(again(input * input))) / count) - again(mean * mean), min=0)
+        else:
+            var = per_channel(centred * centred) / count
         out = centred * Spread.apply(1 / torch.sqrt(var + eps), input)
         if weight is not None:
             out = out * Spread.apply(weight, input)
