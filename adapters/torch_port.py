@@ -249,6 +249,17 @@ _LAYER_NORM = inspect.Signature(
 )  # torch.nn.functional.layer_norm's
 
 
+def _again(moved):
+    """A member's rounding once more (`moved`, _jitter), or none (the reference's)."""
+    return (lambda value: value) if moved is None else moved
+
+
+def _fast_variance(torch, mean, mean_of_squares, again):
+    """The variance as flax's norms take it by default (flax/linen/normalization.py
+    _compute_stats, use_fast_variance): max(0, E[x^2] - E[x]^2), E[x]^2 rounded `again`."""
+    return torch.clamp(mean_of_squares - again(mean * mean), min=0)
+
+
 def _layer_norm_fast(torch, moved):
     """torch.nn.functional.layer_norm with the variance over each example's features taken
     as flax's LayerNorm takes it by default (flax/linen/normalization.py _compute_stats and
@@ -260,15 +271,12 @@ def _layer_norm_fast(torch, moved):
     intermediate arrays is rounded otherwise, as XLA's fusion rounds it: the cancellation
     magnifies the rounding of the squares and their means alike, which reordering two
     terms does not move."""
-
-    def again(value):
-        return value if moved is None else moved(value)
+    again = _again(moved)
 
     def layer_norm(input, normalized_shape, weight, bias, eps):
         dims = tuple(range(-len(tuple(normalized_shape)), 0))
         mean = again(input.mean(dim=dims, keepdim=True))
-        mean2 = again(again(input * input).mean(dim=dims, keepdim=True))
-        var = torch.clamp(mean2 - again(mean * mean), min=0)
+        var = _fast_variance(torch, mean, again(again(input * input).mean(dim=dims, keepdim=True)), again)
         mul = torch.rsqrt(again(var + eps))
         if weight is not None:
             mul = mul * weight
@@ -311,9 +319,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
     large beside its spread the difference cancels, in float64 too (port seed 20261405,
     draw 99), and reordering the sums does not move what it magnifies. No `rng`: the terms
     in their order."""
-
-    def again(value):
-        return value if moved is None else moved(value)
+    again = _again(moved)
 
     def ordered(a):
         return a if rng is None else a[:, torch.from_numpy(rng.permutation(a.shape[1])).to(a.device)]
@@ -349,7 +355,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
         mean = per_channel(input) / count
         centred = input - Spread.apply(mean, input)
         if fast:
-            var = torch.clamp(again(again(per_channel(again(input * input))) / count) - again(mean * mean), min=0)
+            var = _fast_variance(torch, mean, again(again(per_channel(again(input * input))) / count), again)
         else:
             var = per_channel(centred * centred) / count
         out = centred * Spread.apply(1 / torch.sqrt(var + eps), input)

@@ -69,6 +69,9 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
 
 
+PORT_START = "a port's start"  # the role of check_port_start's job
+
+
 def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
     """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
@@ -80,17 +83,12 @@ def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.E
     from harness.execute.fresh import in_fresh_process
     from harness.run import port_start
 
-    if isinstance(executor, executors.Inline):
-        outputs = port_start.check_start(problem, loaded.port_sha256)
-    elif isinstance(executor, executors.Local):
+    if isinstance(executor, executors.Inline | executors.Local):
         job = jobs.Job(f"{loaded.name} start", PORT_START, ((PORT_REFERENCE_KEY, f"{loaded.name} {FORWARD}"),), recorded=False, own_process=False)
         outputs = executor.submit(job, port_start.check_start, problem, loaded.port_sha256).result()
     else:
         outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
     return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
-
-
-PORT_START = "a port's start"  # the role of check_port_start's job
 
 
 def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check: Check) -> SpecResult:

@@ -248,12 +248,12 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
     import jax
 
     found, dropping = set(), []
+    fast = ((nn.BatchNorm, "batch_norm.variance=fast"), (nn.LayerNorm, "layer_norm.variance=fast"))
 
     def spy(next_fun, args, kwargs, context):
-        if isinstance(context.module, nn.BatchNorm) and getattr(context.module, "use_fast_variance", True):
-            found.add("batch_norm.variance=fast")
-        if isinstance(context.module, nn.LayerNorm) and getattr(context.module, "use_fast_variance", True):
-            found.add("layer_norm.variance=fast")
+        for kind, option in fast:
+            if isinstance(context.module, kind) and getattr(context.module, "use_fast_variance", True):
+                found.add(option)
         if isinstance(context.module, nn.Dropout) and context.method_name == "__call__" and context.module.rate > 0:
             dropping.append(f"{'/'.join(context.module.path) or context.module.name} (rate {context.module.rate:g})")
         return next_fun(*args, **kwargs)
