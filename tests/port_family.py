@@ -258,7 +258,8 @@ def drawn(count: int, seed: int | None = None, kinds: tuple[str, ...] | None = N
 
 def tool_arguments(argv: list[str]) -> tuple[int, int, int, int, Path, tuple[str, ...] | None, tuple[str, ...], bool]:
     """tools/port_family.py's and tools/forward_family.py's arguments, N SEED A B OUT
-    [slips] [text]: those five, the kinds drawn (None: the family's own), their slips, and
+    [slips] [text | image]: those five, the kinds drawn (None: the family's own; `image`:
+    its image networks alone, where the batch norms are), their slips, and
     whether `slips` was given. Keeps XLA's executables on disk beside OUT, before anything
     imports jax: the ports' runs compile the same programs again and again (2026-11-28: a
     text port's 25.6 s of compiling, 2.0 s with them kept); the same program gives the
@@ -275,7 +276,7 @@ def tool_arguments(argv: list[str]) -> tuple[int, int, int, int, Path, tuple[str
     }
     for name, value in kept.items():
         os.environ.setdefault(name, value)
-    kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in argv[5:] else (None, SLIPS)
+    kinds, slips = (("text",), text_ports.TEXT_SLIPS) if "text" in argv[5:] else (("image",) if "image" in argv[5:] else None, SLIPS)
     return n, seed, first, stop, out, kinds, slips, "slips" in argv[5:]
 
 

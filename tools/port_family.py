@@ -5,13 +5,14 @@ appends one JSON line per port to OUT (its checks' counts, failing checks with t
 diagnosis, known entries, seconds); ports already in OUT are skipped, so slices can run
 side by side into files of their own and a stopped run goes on.
 
-    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl [slips] [text]
+    HARNESS_DATA_DIR=... python tools/port_family.py N SEED A B OUT.jsonl [slips] [text | image]
 
 With `slips`, each port is written again with each classic slip its layers can take
 (tests/port_family.py SLIPS), one row per slip: whether a check fails, diagnosed
 `implementation`, and whether its diagnosis names the module the slip is in (or the first
 one after it). With `text`, the family's transformers on Debian's licences
-(tests/text_ports.py), with their own slips.
+(tests/text_ports.py), with their own slips; with `image`, the family's image networks
+alone (the kind with batch norms).
 """
 
 import json
