@@ -164,6 +164,11 @@ def run_spec(
     if looked is not None:
         planned, done, found = looked
         checks = judged(found.calibration)
+    unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)  # a library entry's members, run where a check needs them
+    measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
+    if measured is not None:
+        planned, done, found = measured
+        checks = judged(found.calibration)
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
         found, checks = wider, judged(wider.calibration)

@@ -272,3 +272,54 @@ def test_a_ratio_is_said_the_same_everywhere():
         "1e-05x its tolerance",
         "its tolerance is zero",
     ]
+
+
+def test_a_check_needing_a_librarys_float32_members_names_that_library_until_they_run():
+    """diagnosis.unmeasured_libraries: a failing check a library entry covers with none of
+    its library's float32 members run, by the library whose members it needs (the library
+    look runs them); one they measured needs none, nor one that no entry covers."""
+    unmeasured = diagnosis.diagnose(ADAM, diagnosis.apply_known_differences(ADAM, [fake_check("fail")], {}))
+    assert diagnosis.unmeasured_libraries(ADAM, unmeasured) == {"jax": unmeasured}
+    beyond = diagnosis.diagnose(ADAM, diagnosis.apply_known_differences(ADAM, [fake_check("fail", ratio=4.0e11)], REACHED))
+    assert beyond[0].verdict == "fail" and diagnosis.unmeasured_libraries(ADAM, beyond) == {}
+    assert diagnosis.unmeasured_libraries(ADAM, [fake_check("fail")]) == {}  # no entry covers it: nothing to measure
+
+
+def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_the_same_verdicts(monkeypatch):
+    """Issue 54: the float32 members computing a library's catalogued behaviour bound only
+    the failing checks its entries cover (diagnosis.reach), so they run after a first
+    judgement, where such a check fails (calibration.library_look). On peaks' Adam, optax's
+    float32 bias corrections move JAX's runs from step 1: its members run, and every check
+    is what it is with them planned from the start (as before), ratio and diagnosis alike."""
+    import io
+
+    from rich.console import Console
+
+    from harness.calibrate import calibration, roles
+    from harness.core.paths import SPECS_DIR
+    from harness.spec.load import load_spec
+
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
+    problem = quick_problem("peaks_mlp")
+    spec = problem.spec
+    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 4}), "checks": checks_section})
+    short = type(problem)(**{**problem.__dict__, "spec": spec})
+    keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
+
+    def judged():
+        out = io.StringIO()
+        result = matrix.run_spec(loaded, short, keys, None, Console(file=out, width=300), repeats=1)
+        return [(c.name, c.a, c.b, c.verdict, c.ratio, c.diagnosis) for c in result.checks], out.getvalue()
+
+    lazy, said = judged()
+    assert "running 8 members computing jax's catalogued behaviour" in said
+    assert any(verdict == "known" and "optax-adam-float32-bias-corrections" in why for _, _, _, verdict, _, why in lazy)
+    planned = calibration.jobs
+
+    def eager(loaded, problem, keys, twins, scheme=roles.ORACLE_SCHEME):  # the plan before the library look: its members from the start
+        return [*planned(loaded, problem, keys, twins, scheme), *roles.library32_jobs(loaded, problem, keys, scheme)]
+
+    monkeypatch.setattr(calibration, "jobs", eager)
+    before, said = judged()
+    assert "where a library entry covers them" not in said and before == lazy

@@ -5,6 +5,9 @@
 - `gather`: from the finished jobs, the spreads that set every tolerance (`Calibration`,
   measured in harness/calibrate/spread.py), with the members the terminal shows and the
   float64 twins the records hold (`Calibrated`);
+- `library_look`: where a failing float32 check is covered by a library entry, the float32
+  members computing that library's behaviour (how far the entry carries its runs), run
+  only then;
 - `second_look`: where float32 checks fail on rounding alone, the envelope measured again
   on more members.
 
@@ -51,13 +54,12 @@ class Calibrated:
 
 
 def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME) -> list[Job]:
-    """Calibration's jobs for the runs `keys` of a spec: the float32 members and the library
-    float32 members; with `twins`, math parity's reference, members and twins over the
-    first steps, the library references with their members, and the re-anchored members,
-    twins and library references, which start from the reference's states."""
+    """Calibration's jobs for the runs `keys` of a spec: the float32 members; with `twins`,
+    math parity's reference, members and twins over the first steps, the library references
+    with their members, and the re-anchored members, twins and library references, which
+    start from the reference's states. The library float32 members run only where a check
+    needs them (library_look)."""
     found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme))
-    if scheme.libraries:
-        found += roles.library32_jobs(loaded, problem, keys, scheme)
     return found + roles.twin_jobs(loaded, problem, keys, scheme) if twins else found
 
 
@@ -115,6 +117,43 @@ class Doubt(Protocol):
     a: RunKey
     b: RunKey
     ratio: float | None
+
+
+def library_look(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    planned: list[Job],
+    done: Done,
+    runs: dict[RunKey, Outcome],
+    unmeasured: dict[str, list[Doubt]],
+    run: Callable[[list[Job]], Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> tuple[list[Job], Done, Calibrated] | None:
+    """The float32 members computing a library's catalogued behaviour (roles.library32_jobs)
+    of each library in `unmeasured` (diagnosis.unmeasured_libraries: those a failing check
+    covered by a library entry needs, none of them run), for its runs among those asked for
+    (`keys`). They bound how far an entry explains a failing check (diagnosis.reach) and say
+    nothing of a check that passes or that no library entry covers, so they run only here,
+    by `run`, and everything is gathered again from both looks' jobs: the same verdicts as
+    had they run with the rest from the start, at none of their cost on a run whose covered
+    checks pass (issue 54). None where nothing needs them or no library has members
+    computing its behaviour."""
+    if not unmeasured or not scheme.libraries:
+        return None
+    again = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in unmeasured], scheme)
+    again = [j for j in again if j.name not in done]
+    if not again:
+        return None
+    doubted = list(dict.fromkeys(c for checks in unmeasured.values() for c in checks))
+    worst = max(doubted, key=lambda c: c.ratio or 0)
+    console.print(
+        f"  {loaded.name}: {len(doubted)} float32 checks fail where a library entry covers them ({worst.a.label} vs {worst.b.label}: "
+        f"{worst.name}, {worst.ratio:.3g}x); running {len(again)} members computing {', '.join(unmeasured)}'s catalogued behaviour"
+    )
+    planned, done = [*planned, *again], {**done, **run(again)}
+    return planned, done, gather(planned, done, runs, scheme)
 
 
 def math_second_look(

@@ -51,6 +51,7 @@ def _label(entry: KnownDifference) -> str:
 
 
 BEYOND = "beyond what"  # how a covered check a library entry cannot explain is marked, before its diagnosis
+NO_MEMBERS = "no members computing its behaviour ran"  # ... where its library's float32 members did not run
 
 
 def reach(spec: Spec, outcomes: dict, cal: Calibration) -> dict[str, dict[str, float]]:
@@ -173,7 +174,7 @@ def apply_known_differences(
             if beyond_reach and lies is None:
                 # it fails, and diagnose() says why as for any failing check (the twin tells
                 # implementation from rounding), then how far beyond the entry it is
-                beyond = "no members computing its behaviour ran" if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
+                beyond = NO_MEMBERS if bound == 0 else f"{(check.ratio or math.inf) / bound:.3g}x"
                 reach_text = "" if bound == 0 else f"; the float32 members computing it reach {bound:.3g}x the tolerance"
                 check = dataclasses.replace(check, diagnosis=f"{BEYOND} {ids} ({beyond}{reach_text})")
             else:
@@ -315,7 +316,28 @@ def beyond_entries(checks: list[Check]) -> list[Check]:
     explain as far as their members reach (apply_known_differences): those whose library's
     formula the last look runs over the whole run (harness/calibrate/calibration.py
     library_whole)."""
-    return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and "no members computing" not in c.diagnosis]
+    return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and NO_MEMBERS not in c.diagnosis]
+
+
+def unmeasured_libraries(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> dict[str, list[Check]]:
+    """The libraries whose float32 members computing their catalogued behaviour a failing
+    check needs and none of which ran (apply_known_differences: "no members computing its
+    behaviour ran"), each with those checks: the frameworks of its float32 sides whose
+    reach bounds what its covering library entries explain (_explained). The library look
+    runs their members (harness/calibrate/calibration.py library_look), then every check is
+    judged again."""
+    entries = [e for e in catalogue.library_differences() if catalogue.applies(e, spec)]
+    found: dict[str, list[Check]] = {}
+    for check in checks:
+        if check.verdict != Verdict.FAIL or f"{BEYOND} " not in (check.diagnosis or "") or NO_MEMBERS not in check.diagnosis:
+            continue
+        covering = [e for e in entries if covers(e, check, reference)]
+        for side in (check.a, check.b):
+            if side.framework in (ORACLE, reference.framework) or side == reference or side.precision == FLOAT64:
+                continue
+            if any(e.framework in (side.framework, reference.framework) for e in covering):
+                found.setdefault(side.framework, []).append(check)
+    return found
 
 
 NOT_REPRODUCIBLE = "not reproducible"  # how a check begins whose run gave other bits in a fresh process
