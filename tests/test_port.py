@@ -1205,6 +1205,50 @@ def test_flaxs_batch_norm_variance_is_the_twins_math_and_an_eps_slip_on_it_still
     assert all(d.startswith("implementation") and "bn1" in d for d in failing.values()), failing
 
 
+# Port seed 20261409's draw 39 (tools/port_family.py 200 20261409 ... image): one channel's
+# batch norm over batches of 40 x 7 x 6 values. XLA's float64 mean of that shape lands up to
+# 12 ulps from the exact value, torch's members' pairwise sums within a few: flax's float64
+# twin fails math parity at 1.41x, a false alarm (docs/findings.md, "XLA's float64 mean over
+# a small batch norm"), not yet fixed.
+SMALL_BATCH_NORM_DRAW = {
+    "name": "generated",
+    "title": "a generated workload",
+    "article": "tests/family.py",
+    "data": {"kind": "image_patterns", "n_samples": 128, "shape": [3, 12, 8], "classes": 2, "noise": 0.3, "seed": 74},
+    "model": {
+        "input_shape": [3, 12, 8],
+        "layers": [
+            {"kind": "conv2d", "filters": 4, "kernel": 1, "stride": 1, "padding": [[2, 0], [2, 2]], "activation": "gelu_tanh"},
+            {"kind": "conv2d", "filters": 1, "kernel": 1, "stride": 2, "padding": "same", "activation": "gelu_tanh"},
+            {"kind": "batch_norm", "momentum": 0.01, "eps": 1e-05, "running_var": "unbiased"},
+            {"kind": "flatten"},
+            {"width": 16, "activation": "tanh"},
+            {"width": 2},
+        ],
+    },
+    "init": {"weights": "normal_over_sqrt_fan_in", "biases": "torch_linear_default", "seed": 284},
+    "loss": {"kind": "cross_entropy", "reduction": "sum"},
+    "optimizer": {"kind": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-08},
+    "training": {"epochs": 13, "batch_size": 40, "shuffle": True, "shuffle_seed": 79, "last_batch": "keep"},
+    "logging": {"loss_every": 1, "print_every": 1000},
+    "checks": {"params_after_steps": {"step": 10}},
+    "timing": {"repeats": 1},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a false alarm not yet fixed: XLA's float64 mean over 1,680 values (docs/findings.md)")
+def test_a_small_batch_norms_honest_port_passes(tmp_path):
+    """The honest port of SMALL_BATCH_NORM_DRAW: no check fails. It fails today (strict: it
+    says so when the members span XLA's sums and it passes)."""
+    pytest.importorskip("jax")
+    from tests import port_family
+
+    path, _ = port_family.port_of(SMALL_BATCH_NORM_DRAW, tmp_path)
+    result = judged(path)
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+
+
 @pytest.mark.slow
 def test_a_run_tipped_by_its_librarys_clipping_lies_with_that_formula_and_is_known(tmp_path):
     """Draw 101 of port seed 20261216 (2 -> 29 tanh -> 32 ReLU -> 2 on moons; AdamW clipped
