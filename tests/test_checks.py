@@ -220,22 +220,28 @@ def test_an_isolated_run_gives_the_same_bits():
     assert there.status == "ok" and np.array_equal(here.losses, there.losses)
 
 
+def short_quick(name: str, epochs: int):
+    """A spec's quick profile, loaded, and its problem cut to `epochs` epochs, its
+    parameters snapshot after step 2."""
+    from harness.core.paths import SPECS_DIR
+    from harness.spec.load import load_spec
+
+    problem = quick_problem(name)
+    spec = problem.spec
+    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": epochs}), "checks": checks_section})
+    return load_spec(SPECS_DIR / f"{name}.yaml", "quick"), type(problem)(**{**problem.__dict__, "spec": spec})
+
+
 def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     import io
 
     from rich.console import Console
 
     from harness.core import registry
-    from harness.core.paths import SPECS_DIR
-    from harness.spec.load import load_spec
 
     monkeypatch.setitem(registry.ADAPTERS, "absent", "adapters.no_such_framework")
-    loaded = load_spec(SPECS_DIR / "moons_net.yaml", "quick")
-    problem = quick_problem("moons_net")
-    spec = problem.spec
-    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
-    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 3}), "checks": checks_section})
-    short = type(problem)(**{**problem.__dict__, "spec": spec})
+    loaded, short = short_quick("moons_net", 3)
     keys = plan.matrix_keys(["absent", "numpy", "cupy"], ["cpu", "gpu"])
     result = matrix.run_spec(loaded, short, keys, None, Console(file=io.StringIO()))
     statuses = {k.label: o.status for k, o in result.outcomes.items()}
@@ -296,15 +302,8 @@ def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_t
     from rich.console import Console
 
     from harness.calibrate import calibration, roles
-    from harness.core.paths import SPECS_DIR
-    from harness.spec.load import load_spec
 
-    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
-    problem = quick_problem("peaks_mlp")
-    spec = problem.spec
-    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
-    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": 4}), "checks": checks_section})
-    short = type(problem)(**{**problem.__dict__, "spec": spec})
+    loaded, short = short_quick("peaks_mlp", 4)
     keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
 
     def judged():

@@ -143,7 +143,6 @@ def library_look(
     if not unmeasured or not scheme.libraries:
         return None
     again = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in unmeasured], scheme)
-    again = [j for j in again if j.name not in done]
     if not again:
         return None
     doubted = list(dict.fromkeys(c for checks in unmeasured.values() for c in checks))

@@ -110,6 +110,19 @@ def _lies_with_its_formula(check: Check, lying: dict, reference: RunKey) -> tupl
     return worst
 
 
+def _bounded_by_members(side: RunKey, entries: list, reference: RunKey) -> bool:
+    """Whether what a check may reach on `side` is its library's float32 members' reach
+    (_explained): a side other than the oracle, the reference or a run of the reference's
+    own library, covered by a library entry of its own library or of the reference's (a
+    port's reference computes its own library's formulas: an entry of that library carries
+    the other libraries' runs from it, as far as their members computing their formula as
+    the reference stands for them reach, roles.standing_for)."""
+    if side.framework in (ORACLE, reference.framework) or side == reference:
+        return False
+    carrying = (side.framework, reference.framework)
+    return any(isinstance(e, LibraryDifference) and e.framework in carrying for e in entries)
+
+
 def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[str, float]], reference: RunKey = ORACLE_KEY) -> float:
     """The largest ratio a check may reach and stay explained by `entries` (those of its
     sides' libraries that cover it): by the triangle inequality, the sum over its sides
@@ -122,11 +135,7 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     for side in (check.a, check.b):
         if side.framework == ORACLE or side == reference:
             continue
-        # a port's reference computes its own library's formulas: an entry of that library
-        # carries the other libraries' runs from it, as far as their members computing their
-        # formula as the reference stands for them reach (roles.standing_for)
-        carrying = (side.framework, reference.framework)
-        if side.framework == reference.framework or not any(isinstance(e, LibraryDifference) and e.framework in carrying for e in entries):
+        if not _bounded_by_members(side, entries, reference):
             total += 1.0
             continue
         ratio = reached.get(side.framework, {}).get(check.name)
@@ -329,13 +338,11 @@ def unmeasured_libraries(spec: Spec, checks: list[Check], reference: RunKey = OR
     entries = [e for e in catalogue.library_differences() if catalogue.applies(e, spec)]
     found: dict[str, list[Check]] = {}
     for check in checks:
-        if check.verdict != Verdict.FAIL or f"{BEYOND} " not in (check.diagnosis or "") or NO_MEMBERS not in check.diagnosis:
+        if check.verdict != Verdict.FAIL or NO_MEMBERS not in (check.diagnosis or ""):
             continue
         covering = [e for e in entries if covers(e, check, reference)]
         for side in (check.a, check.b):
-            if side.framework in (ORACLE, reference.framework) or side == reference or side.precision == FLOAT64:
-                continue
-            if any(e.framework in (side.framework, reference.framework) for e in covering):
+            if _bounded_by_members(side, covering, reference):
                 found.setdefault(side.framework, []).append(check)
     return found
 
