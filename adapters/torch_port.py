@@ -286,6 +286,12 @@ def _layer_norm_fast(torch, moved):
     return layer_norm
 
 
+# XLA's CPU reductions add one term after another over arrays of up to 4,096 values (a
+# float64 mean over one channel of 40 x 7 x 6 values: up to 12 ulps from the exact value;
+# over 4,200 values or more: within 3, as pairwise sums do), measured on jax 0.10.2
+# (docs/findings.md); a member's batch norm sums so up to twice that size.
+SEQUENTIAL_VALUES = 8192
+
 _BATCH_NORM = inspect.Signature(
     [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
@@ -318,23 +324,33 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
     squares and means rounded otherwise, as XLA's fusion may: over a channel whose mean is
     large beside its spread the difference cancels, in float64 too (port seed 20261405,
     draw 99), and reordering the sums does not move what it magnifies. No `rng`: the terms
-    in their order."""
+    in their order.
+
+    Over a small batch (SEQUENTIAL_VALUES values or fewer in the batch norm's input), a
+    float64 member adds each channel's terms one after another in its seeded order
+    (torch.cumsum), as XLA does there: its float64 mean over 40 x 7 x 6 values of one channel
+    lands up to 12 ulps from the exact value, where pairwise sums land within 2, and flax's
+    twin of such a port failed math parity at 1.41x the pairwise members' spread (port seed
+    20261409, draws 39-44; docs/findings.md). A float32 member sums pairwise at every size:
+    torch's CPU cumsum accumulates float32 in double, which would narrow it."""
     again = _again(moved)
 
     def ordered(a):
         return a if rng is None else a[:, torch.from_numpy(rng.permutation(a.shape[1])).to(a.device)]
 
     class Summed(torch.autograd.Function):
-        """(C, M) -> (C,): each row summed pairwise (torch.sum), its terms in a seeded order."""
+        """(C, M) -> (C,): each row summed pairwise (torch.sum), or one term after another
+        (`sequential`), its terms in a seeded order."""
 
         @staticmethod
-        def forward(ctx, a):
+        def forward(ctx, a, sequential=False):
             ctx.width = a.shape[1]
-            return ordered(a).sum(dim=1)
+            terms = ordered(a)
+            return torch.cumsum(terms, dim=1)[:, -1] if sequential else terms.sum(dim=1)
 
         @staticmethod
         def backward(ctx, grad):
-            return grad[:, None].expand(-1, ctx.width)
+            return grad[:, None].expand(-1, ctx.width), None
 
     class Spread(torch.autograd.Function):
         """A per-channel vector broadcast over x's shape; its gradient summed back as Summed sums."""
@@ -345,10 +361,11 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
 
         @staticmethod
         def backward(ctx, grad):
-            return Summed.apply(grad.transpose(0, 1).reshape(grad.shape[1], -1)), None
+            return per_channel(grad), None
 
     def per_channel(a):
-        return Summed.apply(a.transpose(0, 1).reshape(a.shape[1], -1))
+        sequential = rng is not None and a.dtype == torch.float64 and a.numel() <= SEQUENTIAL_VALUES
+        return Summed.apply(a.transpose(0, 1).reshape(a.shape[1], -1), sequential)
 
     def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps):
         count = input.numel() // input.shape[1]
