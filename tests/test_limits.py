@@ -575,8 +575,10 @@ def test_every_count_option_is_bounded_in_one_line(capsys, args, said):
     ["ray:", "ray:::1", "ray:host", "ray:host:0", "ray:host:65536", "ray:host:80/x", "ray:http://host:80"]
     + ["ray:-x:1", "ray:a b:1", "ray:$(id):1", "rays", "ray:" + "a" * 64 + ":1"],
 )
-def test_a_malformed_ray_address_is_refused_before_anything_runs(capsys, address):
-    """Refused as the options are read: before Ray is imported or a spec is loaded."""
+def test_a_malformed_ray_address_is_refused_before_anything_runs(capsys, monkeypatch, address):
+    """Refused as the options are read: before Ray is imported or a spec is loaded (Ray
+    taken out of sys.modules first, where a test before this one imported it)."""
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
     err = _one_line_refusal(capsys, "run", "moons_net", "--executor", address)
     assert "--executor" in err and "ray" not in sys.modules
 
