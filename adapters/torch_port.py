@@ -32,7 +32,8 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
             self.rounds = None  # a member's rounding once more (_jitter), for its loss's lse
             self.round_loss = None  # ... on this pass's jittered step (torch_layers.objective)
             self.rounding = None  # a member's TorchFunctionMode rounding the activations otherwise (_jitter)
-            self.fast = _flax_variance(torch, problem)  # flax's norms' variance, where the reference computes it
+            self.fast = _flax_variance(torch, problem, variances)  # flax's norms' variance, where the reference computes it
+            self.variances = variances  # each training batch norm's batch variance, as its forward took it (_store_biased_variance)
             self.no_dropout = _no_dropout(torch) if problem.port_dropout else None  # every dropout off (port.torch_dropout)
 
         def plain(self, x):
@@ -72,8 +73,9 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
         for name, value in params.items():
             if name in state:
                 state[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+    variances: dict = {}
     if problem.port_running_var == "biased":
-        _store_biased_variance(torch, inner, problem.port)
+        _store_biased_variance(torch, inner, problem.port, variances)
     model = Port(inner).train()
     if problem.jitter_seed is not None:
         _jitter(torch, model, problem)
@@ -144,7 +146,7 @@ def _jitter(torch, model, problem) -> None:
         if not list(part.children()):
             part.register_forward_hook(rounded)
     layer_norm = _layer_norm_fast(torch, moved) if problem.port_layer_norm_fast else None
-    batch_norm = _batch_norm_summed(torch, rng, fast=problem.port_fast_variance, moved=moved)
+    batch_norm = _batch_norm_summed(torch, rng, fast=problem.port_fast_variance, moved=moved, variances=model.variances)
     model.rounding = _activations_rounded(torch, moved, tanh, batch_norm, layer_norm)
 
 
@@ -216,7 +218,7 @@ def _no_dropout(torch):
     return NoDropout()
 
 
-def _flax_variance(torch, problem):
+def _flax_variance(torch, problem, variances=None):
     """A TorchFunctionMode under which the norms compute their variance as flax's do by
     default, E[x^2] - E[x]^2 (use_fast_variance), with torch's own sums: a training pass's
     batch norms where the problem's port_fast_variance, and every layer norm where its
@@ -225,7 +227,7 @@ def _flax_variance(torch, problem):
     flax-layer-norm-fast-variance), over the whole run. None where neither."""
     if not (problem.port_fast_variance or problem.port_layer_norm_fast):
         return None
-    batch_norm = _batch_norm_summed(torch, None, fast=True) if problem.port_fast_variance else None
+    batch_norm = _batch_norm_summed(torch, None, fast=True, variances=variances) if problem.port_fast_variance else None
     layer_norm = _layer_norm_fast(torch, None) if problem.port_layer_norm_fast else None
 
     class Fast(torch.overrides.TorchFunctionMode):
@@ -309,7 +311,7 @@ _BATCH_NORM = inspect.Signature(
 )  # torch.nn.functional.batch_norm's
 
 
-def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
+def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=None):
     """torch.nn.functional.batch_norm in training, its long sums (the batch's mean and
     variance forward; the scale's, the bias's and the input's gradients backward, each over
     the batch and the pixels) taken pairwise over the terms in a seeded order. torch's own
@@ -332,7 +334,10 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
     lands up to 12 ulps from the exact value, where pairwise sums land within 2, and flax's
     twin of such a port failed math parity at 1.41x the pairwise members' spread (port seed
     20261409, draws 39-44; docs/findings.md). A float32 member sums pairwise at every size:
-    torch's CPU cumsum accumulates float32 in double, which would narrow it."""
+    torch's CPU cumsum accumulates float32 in double, which would narrow it.
+
+    `variances` (a dict): each pass's batch variance, as computed here, by the id of the
+    running variance it updates, for _store_biased_variance to store."""
     again = _again(moved)
 
     def ordered(a):
@@ -386,17 +391,28 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None):
             if running_var is not None:
                 unbiased = var.detach() * (count / (count - 1)) if count > 1 else var.detach()
                 running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+                if variances is not None:
+                    variances[id(running_var)] = var.detach()
         return out
 
     return batch_norm
 
 
-def _store_biased_variance(torch, model, path) -> None:
+def _store_biased_variance(torch, model, path, variances: dict) -> None:
     """The reference computing flax's batch norm formula (harness/known_differences.yaml
     flax-batch-norm-biased-running-var; harness/inputs/library.py): after each training
     forward pass of each batch norm, its running variance is the one flax stores,
     (1 - momentum) * before + momentum * the batch's biased variance, where torch stored the
-    unbiased one. The user's code is not touched: hooks on its modules."""
+    unbiased one. The user's code is not touched: hooks on its modules.
+
+    The batch's variance is the one the pass normalized with, as flax stores the variance it
+    normalized with (flax/linen/normalization.py BatchNorm): where _batch_norm_summed took
+    it (a member's, or flax's E[x^2] - E[x]^2), the one it left in `variances`; otherwise
+    torch's. Over a channel whose mean is large beside its spread E[x^2] - E[x]^2 cancels:
+    a port whose ReLU left 291 of a one-channel batch norm's 360 values equal had flax's
+    float64 twin 1.6x the spread of members storing torch's two-pass variance (8.1x with
+    their sums pairwise), in bn1.running_var; its float32 run was 30x the float32
+    tolerance there (port seed 20261411, draw 162)."""
     for name, part in model.named_modules():
         if not isinstance(part, torch.nn.modules.batchnorm._BatchNorm) or not part.track_running_stats:
             continue
@@ -407,13 +423,16 @@ def _store_biased_variance(torch, model, path) -> None:
         def keep(module, inputs, before=before):
             if module.training:
                 before["var"] = module.running_var.detach().clone()
+                variances.clear()
 
         def store(module, inputs, output, before=before):
             if module.training and "var" in before:
                 x = inputs[0]
                 dims = [d for d in range(x.ndim) if d != 1]
                 with torch.no_grad():
-                    biased = x.detach().var(dim=dims, unbiased=False)
+                    biased = variances.pop(id(module.running_var), None)
+                    if biased is None:
+                        biased = x.detach().var(dim=dims, unbiased=False)
                     # a new tensor, not written in place: autograd holds the old one for the backward pass
                     module.running_var = (1 - module.momentum) * before.pop("var") + module.momentum * biased
 

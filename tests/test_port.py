@@ -10,6 +10,7 @@ with the module or the tensor named."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -878,6 +879,33 @@ def test_a_port_members_float64_batch_norm_over_a_small_batch_adds_one_term_afte
     large = torch.randn(count, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     order = np.random.default_rng(6).permutation(count)
     assert torch.equal(running_mean(6, large)[0], large[torch.from_numpy(order), 0].sum() / count)
+
+
+def test_flaxs_stored_variance_is_the_one_its_batch_norm_normalized_with():
+    """The reference and members computing flax's batch-norm formulas store, as flax does,
+    the batch variance the pass normalized with: E[x^2] - E[x]^2 where flax takes it so,
+    which over a channel of mostly equal values cancels to other bits than torch's two-pass
+    variance (port seed 20261411, draw 162); with no such pass, torch's biased variance."""
+    torch = pytest.importorskip("torch")
+    from adapters import torch_port
+
+    x = torch.full((18, 1, 4, 5), -0.17, dtype=torch.float64)
+    x[:3] += torch.rand(3, 1, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.03
+    stored = {}
+    problem = dataclasses.replace(build_problem(load_spec(MLP / "mlp_port.yaml")), port_fast_variance=True)
+    for fast in (False, True):
+        norm = torch.nn.BatchNorm2d(1, momentum=0.5).double()
+        norm.running_var.zero_()  # what it stores is then half the batch's variance, exactly
+        variances: dict = {}
+        torch_port._store_biased_variance(torch, norm, "port.py", variances)
+        with torch_port._flax_variance(torch, problem, variances) if fast else contextlib.nullcontext():
+            norm(x)
+        stored[fast] = float(norm.running_var[0])
+        assert not variances
+    assert stored[False] == 0.5 * float(x.var(unbiased=False))
+    mean = x.reshape(1, -1).sum(dim=1) / x.numel()
+    fast_var = (x * x).reshape(1, -1).sum(dim=1) / x.numel() - mean * mean
+    assert stored[True] == 0.5 * float(fast_var[0]) and stored[True] != stored[False]
 
 
 def test_a_port_members_predictions_are_rounded_too():
