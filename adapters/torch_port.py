@@ -73,8 +73,10 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
         for name, value in params.items():
             if name in state:
                 state[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
-    variances: dict = {}
-    if problem.port_running_var == "biased":
+    # each training pass's batch variance, left by _batch_norm_summed for the hooks storing
+    # flax's running variance to take (none kept where no hook takes them)
+    variances: dict | None = {} if problem.port_running_var == "biased" else None
+    if variances is not None:
         _store_biased_variance(torch, inner, problem.port, variances)
     model = Port(inner).train()
     if problem.jitter_seed is not None:
@@ -427,12 +429,11 @@ def _store_biased_variance(torch, model, path, variances: dict) -> None:
 
         def store(module, inputs, output, before=before):
             if module.training and "var" in before:
-                x = inputs[0]
-                dims = [d for d in range(x.ndim) if d != 1]
                 with torch.no_grad():
                     biased = variances.pop(id(module.running_var), None)
                     if biased is None:
-                        biased = x.detach().var(dim=dims, unbiased=False)
+                        x = inputs[0]
+                        biased = x.detach().var(dim=[d for d in range(x.ndim) if d != 1], unbiased=False)
                     # a new tensor, not written in place: autograd holds the old one for the backward pass
                     module.running_var = (1 - module.momentum) * before.pop("var") + module.momentum * biased
 
