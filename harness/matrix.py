@@ -160,6 +160,11 @@ def run_spec(
         return early + diagnosis.verdicts(problem.spec, outcomes, cal)
 
     checks = judged(found.calibration)
+    # the rest of the members, where a check needs them
+    topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, checks, driver.run, console, scheme)
+    if topped is not None:
+        planned, done, found = topped
+        checks = judged(found.calibration)
     looked = calibration.math_second_look(loaded, problem, planned, done, chosen, diagnosis.math_doubted(checks), driver.run, console, scheme)
     if looked is not None:
         planned, done, found = looked
@@ -169,9 +174,19 @@ def run_spec(
     if measured is not None:
         planned, done, found = measured
         checks = judged(found.calibration)
+    measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, diagnosis.beyond_reach(checks), driver.run, console, scheme)
+    if measured is not None:
+        planned, done, found = measured
+        checks = judged(found.calibration)
     wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
         found, checks = wider, judged(wider.calibration)
+        beyond = diagnosis.beyond_reach(checks)
+        measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, beyond, driver.run, console, scheme)
+        if measured is not None:  # gathered again: the envelope's second look's members with them
+            planned, done, found = measured
+            found = replace(found, calibration=replace(found.calibration, float32=wider.calibration.float32), members=wider.members)
+            checks = judged(found.calibration)
     whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
     if whole is not None:
         found, checks = whole, judged(whole.calibration)

@@ -305,6 +305,7 @@ def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_t
 
     loaded, short = short_quick("peaks_mlp", 4)
     keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
+    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)  # every member from the start (tests/test_first_look.py: the first look)
 
     def judged():
         out = io.StringIO()

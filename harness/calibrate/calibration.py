@@ -31,7 +31,7 @@ from rich.console import Console
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
 from harness.calibrate.spread import Calibration, measure, measure_segments, measure_segments_against
-from harness.core.registry import FLOAT32, FLOAT64, ORACLE, RunKey
+from harness.core.registry import FLOAT32, FLOAT64, ORACLE, RunKey, Verdict
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
 from harness.inputs.problem import Problem
@@ -53,14 +53,56 @@ class Calibrated:
     twins: dict[RunKey, Outcome]  # each float64 twin's outcome over the first steps
 
 
-def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME) -> list[Job]:
+def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME, part: str = roles.FIRST) -> list[Job]:
     """Calibration's jobs for the runs `keys` of a spec: the float32 members; with `twins`,
     math parity's reference, members and twins over the first steps, the library references
     with their members, and the re-anchored members, twins and library references, which
-    start from the reference's states. The library float32 members run only where a check
-    needs them (library_look)."""
-    found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme))
-    return found + roles.twin_jobs(loaded, problem, keys, scheme) if twins else found
+    start from the reference's states. The members of every kind are the first look's
+    (roles.FIRST_LOOK; the rest run where a check needs them, top_up) unless `part` says
+    all. The library float32 members run only where a check needs them (library_look)."""
+    found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme, part=part))
+    return found + roles.twin_jobs(loaded, problem, keys, scheme, part) if twins else found
+
+
+class Judged(Protocol):
+    """A check, as top_up reads it (harness/verdict/checks.py Check)."""
+
+    a: RunKey
+    verdict: Verdict
+
+
+def top_up(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    planned: list[Job],
+    done: Done,
+    runs: dict[RunKey, Outcome],
+    checks: list[Judged],
+    run: Callable[..., Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> tuple[list[Job], Done, Calibrated] | None:
+    """The rest of the spec's members (roles.rest_jobs) where a check calibrated on the first
+    look's does not pass: the float32 members where a float32 pair's check fails or is
+    known, math parity's float64 members of every kind where a float64 twin's does, run by
+    `run` (the re-anchored ones from the reference's states), and everything gathered again
+    from both looks' jobs. A tolerance grows with the spread, the largest distance of any
+    member: a check that passes on the first look's members passes on all of them, so the
+    verdicts are those of every member from the start. None where every check passes."""
+    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
+    float64 = any(c.a.precision == FLOAT64 for c in standing)  # a twin's check: a pair's `a` is never the reference
+    float32 = any(c.a.precision != FLOAT64 for c in standing)
+    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64 and any(c.role == roles.TWIN for c in planned))
+    if not again:
+        return None
+    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
+    console.print(
+        f"  {loaded.name}: {len(standing)} checks do not pass on the first look's members; "
+        f"running the {len(again)} other {kinds} members the spec asks for"
+    )
+    planned, done = [*planned, *again], {**done, **run(again, done)}  # the re-anchored ones start from the reference's states
+    return planned, done, gather(planned, done, runs, scheme)
 
 
 def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: Scheme = ORACLE_SCHEME) -> Calibrated:
@@ -142,7 +184,7 @@ def library_look(
     computing its behaviour."""
     if not unmeasured or not scheme.libraries:
         return None
-    again = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in unmeasured], scheme)
+    again = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in unmeasured], scheme, roles.FIRST)
     if not again:
         return None
     doubted = list(dict.fromkeys(c for checks in unmeasured.values() for c in checks))
@@ -150,6 +192,40 @@ def library_look(
     console.print(
         f"  {loaded.name}: {len(doubted)} float32 checks fail where a library entry covers them ({worst.a.label} vs {worst.b.label}: "
         f"{worst.name}, {worst.ratio:.3g}x); running {len(again)} members computing {', '.join(unmeasured)}'s catalogued behaviour"
+    )
+    planned, done = [*planned, *again], {**done, **run(again)}
+    return planned, done, gather(planned, done, runs, scheme)
+
+
+def library_top_up(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    planned: list[Job],
+    done: Done,
+    runs: dict[RunKey, Outcome],
+    beyond: list[Doubt],
+    run: Callable[[list[Job]], Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> tuple[list[Job], Done, Calibrated] | None:
+    """The rest of the float32 members computing a library's catalogued behaviour (after
+    library_look's first look, roles.FIRST_LOOK) where a check fails beyond what its entries
+    explain on the first look's (`beyond`, diagnosis.beyond_reach): an entry explains a check
+    up to the largest distance any of its members reaches, so a check explained on the first
+    look's members is explained on all of them, and one that is not is judged on all of them,
+    as had they run from the start. None where nothing is beyond, or every member ran."""
+    ran = [c for c in planned if c.role == roles.LIBRARY32]
+    frameworks = {key.variant.removeprefix("as-").rsplit("-", 1)[0] for c in ran for key in c.keys}  # numpy@cpu~as-<framework>-order<i>
+    named = {c.name for c in ran}
+    rest = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in frameworks], scheme, roles.REST)
+    again = [j for j in rest if j.name not in named]
+    if not beyond or not again:
+        return None
+    worst = max(beyond, key=lambda c: c.ratio or 0)
+    console.print(
+        f"  {loaded.name}: {len(beyond)} float32 checks fail beyond what the first look's members computing a library's behaviour reach "
+        f"({worst.a.label} vs {worst.b.label}: {worst.name}, {worst.ratio:.3g}x); running the {len(again)} other members the spec asks for"
     )
     planned, done = [*planned, *again], {**done, **run(again)}
     return planned, done, gather(planned, done, runs, scheme)

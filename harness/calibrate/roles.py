@@ -79,6 +79,16 @@ def scheme_of(problem: Problem) -> Scheme:
     return ORACLE_SCHEME if problem.references == "cpu" else GPU_ORACLE_SCHEME
 
 
+# The members a verdict runs first, of each kind (issue 54). A tolerance is
+# factor * spread + floor, the spread the largest distance of any member from the
+# reference: a check that passes on the first members' spread passes on more members'.
+# The rest of the spec's members (long_run.members, math_parity.members) run only where a
+# check calibrated on them does not pass (calibration.top_up), and the verdicts are then
+# those of all of them: the same verdict in every case, with fewer members where every
+# check passes (docs/measurements.md, the first look).
+FIRST_LOOK = 1
+ALL, FIRST, REST = "all", "first", "rest"  # which of the spec's members (member_seeds)
+
 # The roles of calibration's jobs, in the order the tables name them.
 MEMBER = "calibration member"  # float32, whole run
 REFERENCE = "math parity's reference"  # the reference over the twins' first steps
@@ -116,11 +126,12 @@ def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, 
     return found
 
 
-def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
+def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, part: str = ALL) -> list[Job]:
     """For each framework whose library has catalogued behaviours on this spec
     (harness/known_differences.yaml), float32 members computing them: the member code,
-    reordered as the envelope's members are, whole runs. How far they get from the
-    reference is how far those entries can explain a check (diagnosis.reach)."""
+    reordered as the envelope's members are (those of `part`, member_seeds), whole runs.
+    How far they get from the reference is how far those entries can explain a check
+    (diagnosis.reach)."""
     found = []
     ours = (scheme.reference.framework, scheme.member.framework)
     runs: dict[str, RunKey] = {}  # each framework's first float32 run, in the keys' order
@@ -132,22 +143,23 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
         behaviour = computable(resolved(standing_for(problem.spec, run, behaviour, scheme), problem), scheme)
         if behaviour is None:
             continue
-        for key, seed in member_seeds(problem, FLOAT32, scheme=scheme):
+        for key, seed in member_seeds(problem, FLOAT32, scheme=scheme, part=part):
             mk = RunKey(key.framework, key.device, f"as-{framework}-{key.variant}")
             label = f"{loaded.name} {mk.label} (calibration: {framework}'s catalogued behaviour, its sums in another order)"
             found.append(_job(LIBRARY32, mk, label, member=seed, formula=behaviour, cost=problem.total_steps))
     return found
 
 
-def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
+def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, part: str = ALL) -> list[Job]:
     """Math parity's jobs: its reference, members and twins over the first steps, and where
-    the whole reference runs with anchors, re-anchored along the run from its states."""
+    the whole reference runs with anchors, re-anchored along the run from its states; the
+    float64 members (of every kind) those of `part` (member_seeds)."""
     name, first_steps = loaded.name, twin_problem(problem).total_steps
     ref64 = scheme.reference64
     first = replace(ref64, variant=f"first{first_steps}")
     label = f"{name} {first.label} (math parity's reference)"
     found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
-    seeds = member_seeds(problem, FLOAT64, scheme=scheme)
+    seeds = member_seeds(problem, FLOAT64, scheme=scheme, part=part)
     found += _member64_jobs(name, seeds, first_steps, "math parity's calibration")
     states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
     anchored_cost = _segments_cost(problem, scheme)
@@ -176,6 +188,19 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             found.append(_job(LIBRARY_ANCHORED, at, label, formula=formula, needs=states, cost=anchored_cost))
             why = f"re-anchored math parity's calibration, {key.framework}'s formula"
             found += _anchored_members(name, library_members, states, anchored_cost, why, formula)
+    return found
+
+
+FLOAT64_MEMBERS = (MEMBER64, ANCHORED_MEMBER, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER)  # math parity's members, of every kind
+
+
+def rest_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, float32: bool, float64: bool) -> list[Job]:
+    """The members after the first look's (FIRST_LOOK): the envelope's float32 members with
+    `float32`, math parity's float64 members of every kind with `float64` (with twins);
+    together with the first look's, the jobs calibration.jobs plans with every member."""
+    found = member_jobs(loaded, problem, member_seeds(problem, FLOAT32, scheme=scheme, part=REST)) if float32 else []
+    if float64:
+        found += [j for j in twin_jobs(loaded, problem, keys, scheme, part=REST) if j.role in FLOAT64_MEMBERS]
     return found
 
 
@@ -294,17 +319,24 @@ def computable(formula, scheme: Scheme):
     return formula if set(formula.model_dump(exclude_none=True)) <= scheme.computes else None
 
 
-def member_seeds(problem: Problem, dtype: str = FLOAT32, upto: int | None = None, scheme: Scheme = ORACLE_SCHEME) -> list[tuple[RunKey, int]]:
+def member_seeds(
+    problem: Problem, dtype: str = FLOAT32, upto: int | None = None, scheme: Scheme = ORACLE_SCHEME, part: str = ALL
+) -> list[tuple[RunKey, int]]:
     """The calibration members' keys and seeds: the scheme's code on the problem with its
     sums in another order (members.reordered), each with its own seed. float32: the
     envelope's members (long_run.members, whole runs); float64: math parity's
-    (math_parity.members, over the twins' first steps). With `upto`, the members after
-    those, up to that many in all (the envelope's second look)."""
+    (math_parity.members, over the twins' first steps). `part`: all of them, the first
+    look's (FIRST_LOOK of them) or the rest. With `upto`, the members after all of them,
+    up to that many in all (the envelope's second look)."""
     if dtype == FLOAT32:
         count, code = problem.spec.checks.long_run.members, scheme.member
     else:
         count, code = problem.spec.checks.math_parity.members, scheme.reference64
-    seeds = range(count + 1, upto + 1) if upto is not None else range(1, count + 1)
+    first = min(count, FIRST_LOOK)
+    if upto is not None:
+        seeds = range(count + 1, upto + 1)
+    else:
+        seeds = {ALL: range(1, count + 1), FIRST: range(1, first + 1), REST: range(first + 1, count + 1)}[part]
     return [(replace(code, variant=f"order{i}"), i) for i in seeds]
 
 

@@ -328,6 +328,14 @@ def beyond_entries(checks: list[Check]) -> list[Check]:
     return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and NO_MEMBERS not in c.diagnosis]
 
 
+def beyond_reach(checks: list[Check]) -> list[Check]:
+    """The failing checks that library entries cover but do not explain as far as the float32
+    members computing their library's behaviour reach, those members having run
+    (apply_known_differences): those the rest of those members judge again
+    (harness/calibrate/calibration.py library_top_up)."""
+    return [c for c in checks if c.verdict == Verdict.FAIL and f"{BEYOND} " in (c.diagnosis or "") and NO_MEMBERS not in c.diagnosis]
+
+
 def unmeasured_libraries(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> dict[str, list[Check]]:
     """The libraries whose float32 members computing their catalogued behaviour a failing
     check needs and none of which ran (apply_known_differences: "no members computing its

@@ -1,0 +1,133 @@
+"""The first look (harness/calibrate/roles.py FIRST_LOOK, calibration.top_up): a verdict runs
+the first of the spec's members of each kind, and the rest only where a check calibrated on
+them does not pass; its verdicts are those of every member from the start."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+
+import pytest
+from rich.console import Console
+
+from harness import matrix
+from harness.calibrate import calibration, roles
+from harness.core.paths import SPECS_DIR
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey, Verdict
+from harness.execute import plan
+from harness.inputs.problem import build_problem
+from harness.spec.load import load_spec
+from harness.verdict import checks
+from tests.conftest import quick_problem
+
+TWIN = RunKey("jax", "cpu", precision=FLOAT64)
+JAX = RunKey("jax", "cpu")
+
+
+@pytest.mark.parametrize(
+    "name, kinds",
+    [
+        ("moons_net", {roles.MEMBER64, roles.ANCHORED_MEMBER}),  # one float32 member: all of them in the first look
+        ("gpl_transformer", {roles.MEMBER, roles.MEMBER64, roles.LIBRARY_MEMBER}),  # its JAX twin judged against optax's formula
+    ],
+)
+def test_the_first_look_and_the_rest_are_every_member_the_spec_asks_for(name, kinds):
+    """moons_net re-anchors its twins along the run; gpl_transformer's JAX twin is judged against
+    optax's formula, with members computing it: every kind of member, split in two."""
+    loaded, problem = load_spec(SPECS_DIR / f"{name}.yaml", "quick"), quick_problem(name)  # nothing runs: the quick profile's whole plan
+    keys = plan.matrix_keys(["torch", "jax", "numpy"], ["cpu"])
+    every = Counter(j.name for j in calibration.jobs(loaded, problem, keys, True, part=roles.ALL))
+    first = calibration.jobs(loaded, problem, keys, True)
+    rest = roles.rest_jobs(loaded, problem, keys, roles.ORACLE_SCHEME, float32=True, float64=True)
+    assert Counter(j.name for j in [*first, *rest]) == every
+    members = [j for j in first if j.role in (roles.MEMBER, *roles.FLOAT64_MEMBERS)]
+    assert members and all(j.member <= roles.FIRST_LOOK for j in members)
+    assert all(j.member > roles.FIRST_LOOK for j in rest)
+    assert {j.role for j in rest} == kinds
+
+
+def check(verdict: Verdict, a: RunKey) -> checks.Check:
+    return checks.Check("a check", a, ORACLE_KEY, verdict, "rule")
+
+
+@pytest.mark.parametrize(
+    "standing, kinds",
+    [
+        ([], set()),
+        ([check(Verdict.SKIPPED, JAX), check(Verdict.SKIPPED, TWIN)], set()),  # nothing more members can judge
+        ([check(Verdict.FAIL, JAX)], {roles.MEMBER}),
+        ([check(Verdict.KNOWN, JAX)], {roles.MEMBER}),  # known or passing: only all the members say which
+        ([check(Verdict.FAIL, TWIN)], {roles.MEMBER64, roles.LIBRARY_MEMBER}),
+        ([check(Verdict.FAIL, JAX), check(Verdict.KNOWN, TWIN)], {roles.MEMBER, roles.MEMBER64, roles.LIBRARY_MEMBER}),
+    ],
+)
+def test_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing, kinds):
+    loaded, problem = load_spec(SPECS_DIR / "gpl_transformer.yaml", "quick"), quick_problem("gpl_transformer")  # its JAX twin: optax's formula
+    keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
+    planned = calibration.jobs(loaded, problem, keys, True)
+    asked: list = []
+
+    def run(jobs, done=None):
+        asked.extend(jobs)
+        return {}
+
+    passing = [check(Verdict.PASS, JAX), check(Verdict.PASS, TWIN), check(Verdict.PASS, CALIBRATION_KEY)]
+    topped = calibration.top_up(loaded, problem, keys, planned, {}, {}, [*passing, *standing], run, Console(file=io.StringIO()))
+    assert {j.role for j in asked} == kinds
+    assert (topped is None) == (not kinds)
+    assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
+
+
+def short(name: str, epochs: int):
+    """A spec's quick profile cut to `epochs` epochs, its parameters snapshot after step 2 (as
+    tests/test_checks.py short_quick), on the data its run takes: an MNIST spec on the real
+    MNIST test-set files shipped with the harness."""
+    loaded = load_spec(SPECS_DIR / f"{name}.yaml", "quick")
+    problem = build_problem(loaded)  # the shipped files where the spec's own are not here
+    spec = problem.spec
+    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": epochs}), "checks": checks_section})
+    return loaded, type(problem)(**{**problem.__dict__, "spec": spec})
+
+
+EXPLAINS = re.compile(r"([\d.e+-]+) of what it explains")  # a known check's share of its entry's reach
+
+
+def verdicts(name: str, epochs: int, frameworks: list[str]):
+    loaded, short_problem = short(name, epochs)
+    out = io.StringIO()
+    result = matrix.run_spec(loaded, short_problem, plan.matrix_keys(frameworks, ["cpu"]), None, Console(file=out, width=300), repeats=1)
+    return result, out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, epochs, frameworks, topped",
+    [
+        ("mnist_mlp", 1, ["torch", "jax", "numpy"], False),  # on the real MNIST files: every check passes on the first look
+        ("peaks_mlp", 4, ["jax", "numpy"], True),  # optax's bias corrections: known float32 checks need every member
+    ],
+)
+def test_a_matrix_gives_the_verdicts_of_every_member(monkeypatch, name, epochs, frameworks, topped):
+    """The same matrix with the first look and with every member from the start: the same
+    check by check verdicts and diagnoses; each passing check's tolerance no wider on the
+    first look's members, a check that does not pass the same to the bit."""
+    first, said = verdicts(name, epochs, frameworks)
+    looked = roles.FIRST_LOOK
+    assert ("do not pass on the first look's members" in said) == topped
+    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)
+    every, said = verdicts(name, epochs, frameworks)
+    assert "first look" not in said
+    assert [(c.name, c.a, c.b, c.verdict) for c in first.checks] == [(c.name, c.a, c.b, c.verdict) for c in every.checks]
+    for a, b in zip(first.checks, every.checks):
+        if b.verdict == Verdict.PASS:
+            assert (a.ratio or 0) >= (b.ratio or 0) or a.ratio == b.ratio == 0  # the first look's spread is a part of every member's
+        elif b.verdict == Verdict.KNOWN:  # its library's members too: a reach no further on the first look's
+            assert a.ratio == b.ratio and EXPLAINS.sub("", a.diagnosis) == EXPLAINS.sub("", b.diagnosis), a.name
+            assert float(EXPLAINS.search(a.diagnosis)[1]) >= float(EXPLAINS.search(b.diagnosis)[1])
+        else:
+            assert (a.ratio, a.diagnosis) == (b.ratio, b.diagnosis), a.name
+    spec = first.problem.spec.checks
+    assert len(every.members) == spec.long_run.members
+    assert len(first.members) == (spec.long_run.members if topped else looked)
