@@ -513,13 +513,14 @@ def test_math_paritys_second_look_measures_a_ports_float64_spread_on_more_member
     assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.ratio) for c in result.checks if c.verdict == Verdict.FAIL]
     math = next(c for c in result.checks if c.name == "math_params_after_step_10")
     assert math.verdict == Verdict.PASS
-    # On the Intel host (OpenBLAS's SkylakeX kernels) the first look's three members fell
-    # short and the second look ran; on the AMD EPYC host (Haswell kernels, 2026-11-27, at
-    # 64eb82f too) the twin passes the first look, and nothing is looked at again.
+    # On the Intel host (OpenBLAS's SkylakeX kernels) the spec's three members fell short
+    # and the second look ran; on the AMD EPYC host (Haswell kernels, 2026-11-27, at 64eb82f
+    # too) the twin passes on them, and nothing is looked at again (since bee77a6 on the
+    # first look's one member, harness/calibrate/roles.py FIRST_LOOK, where it passes there).
     if len(result.members64) > 3:
         assert len(result.members64) == 16 and math.bound.members == 16
     else:
-        assert math.bound.members == 3
+        assert math.bound.members == len(result.members64) in (1, 3)
 
 
 @pytest.mark.slow
