@@ -16,10 +16,10 @@ from harness.calibrate import calibration, roles
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.execute import plan
-from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
 from harness.verdict import checks
 from tests.conftest import quick_problem
+from tests.test_checks import short_quick
 
 TWIN = RunKey("jax", "cpu", precision=FLOAT64)
 JAX = RunKey("jax", "cpu")
@@ -79,23 +79,11 @@ def test_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing
     assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
 
 
-def short(name: str, epochs: int):
-    """A spec's quick profile cut to `epochs` epochs, its parameters snapshot after step 2 (as
-    tests/test_checks.py short_quick), on the data its run takes: an MNIST spec on the real
-    MNIST test-set files shipped with the harness."""
-    loaded = load_spec(SPECS_DIR / f"{name}.yaml", "quick")
-    problem = build_problem(loaded)  # the shipped files where the spec's own are not here
-    spec = problem.spec
-    checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
-    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": epochs}), "checks": checks_section})
-    return loaded, type(problem)(**{**problem.__dict__, "spec": spec})
-
-
 EXPLAINS = re.compile(r"([\d.e+-]+) of what it explains")  # a known check's share of its entry's reach
 
 
 def verdicts(name: str, epochs: int, frameworks: list[str]):
-    loaded, short_problem = short(name, epochs)
+    loaded, short_problem = short_quick(name, epochs)
     out = io.StringIO()
     result = matrix.run_spec(loaded, short_problem, plan.matrix_keys(frameworks, ["cpu"]), None, Console(file=out, width=300), repeats=1)
     return result, out.getvalue()

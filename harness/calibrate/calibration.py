@@ -91,9 +91,10 @@ def top_up(
     member: a check that passes on the first look's members passes on all of them, so the
     verdicts are those of every member from the start. None where every check passes."""
     standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
-    float64 = any(c.a.precision == FLOAT64 for c in standing)  # a twin's check: a pair's `a` is never the reference
+    # a twin's check (a pair's `a` is never the reference), where twins run
+    float64 = any(c.a.precision == FLOAT64 for c in standing) and any(c.role == roles.TWIN for c in planned)
     float32 = any(c.a.precision != FLOAT64 for c in standing)
-    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64 and any(c.role == roles.TWIN for c in planned))
+    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)
     if not again:
         return None
     kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
@@ -136,7 +137,7 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         library_spread[key.framework, key.device] = (measure(first, outcomes(roles.LIBRARY_MEMBER, theirs), FLOAT64), segments_of)
     library32: dict[str, list[Outcome]] = {}
     for o in outcomes(roles.LIBRARY32):  # numpy@cpu~as-<framework>-order<i>
-        library32.setdefault(o.key.variant.removeprefix("as-").rsplit("-", 1)[0], []).append(o)
+        library32.setdefault(roles.library32_framework(o.key), []).append(o)
     calibration = Calibration(
         measure(runs.get(scheme.reference), [runs.get(scheme.member), *float32], FLOAT32),
         measure(reference, float64, FLOAT64),
@@ -216,8 +217,8 @@ def library_top_up(
     look's members is explained on all of them, and one that is not is judged on all of them,
     as had they run from the start. None where nothing is beyond, or every member ran."""
     ran = [c for c in planned if c.role == roles.LIBRARY32]
-    frameworks = {key.variant.removeprefix("as-").rsplit("-", 1)[0] for c in ran for key in c.keys}  # numpy@cpu~as-<framework>-order<i>
-    named = {c.name for c in ran}
+    frameworks = {roles.library32_framework(key) for c in ran for key in c.keys}
+    named = {c.name for c in ran}  # after the envelope's second look, the rest may have run already
     rest = roles.library32_jobs(loaded, problem, [k for k in keys if k.framework in frameworks], scheme, roles.REST)
     again = [j for j in rest if j.name not in named]
     if not beyond or not again:

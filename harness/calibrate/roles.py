@@ -144,10 +144,16 @@ def library32_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], sch
         if behaviour is None:
             continue
         for key, seed in member_seeds(problem, FLOAT32, scheme=scheme, part=part):
-            mk = RunKey(key.framework, key.device, f"as-{framework}-{key.variant}")
+            mk = RunKey(key.framework, key.device, f"as-{framework}-{key.variant}")  # library32_framework reads it back
             label = f"{loaded.name} {mk.label} (calibration: {framework}'s catalogued behaviour, its sums in another order)"
             found.append(_job(LIBRARY32, mk, label, member=seed, formula=behaviour, cost=problem.total_steps))
     return found
+
+
+def library32_framework(key: RunKey) -> str:
+    """The framework whose catalogued behaviour a library float32 member computes, from its
+    key as library32_jobs names it (numpy@cpu~as-<framework>-order<i>)."""
+    return key.variant.removeprefix("as-").rsplit("-", 1)[0]
 
 
 def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, part: str = ALL) -> list[Job]:

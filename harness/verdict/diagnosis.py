@@ -325,7 +325,7 @@ def beyond_entries(checks: list[Check]) -> list[Check]:
     explain as far as their members reach (apply_known_differences): those whose library's
     formula the last look runs over the whole run (harness/calibrate/calibration.py
     library_whole)."""
-    return [c for c in on_rounding_alone(checks) if f"; {BEYOND} " in (c.diagnosis or "") and NO_MEMBERS not in c.diagnosis]
+    return [c for c in on_rounding_alone(checks) if _past_members_reach(c)]
 
 
 def beyond_reach(checks: list[Check]) -> list[Check]:
@@ -333,7 +333,12 @@ def beyond_reach(checks: list[Check]) -> list[Check]:
     members computing their library's behaviour reach, those members having run
     (apply_known_differences): those the rest of those members judge again
     (harness/calibrate/calibration.py library_top_up)."""
-    return [c for c in checks if c.verdict == Verdict.FAIL and f"{BEYOND} " in (c.diagnosis or "") and NO_MEMBERS not in c.diagnosis]
+    return [c for c in checks if c.verdict == Verdict.FAIL and _past_members_reach(c)]
+
+
+def _past_members_reach(check: Check) -> bool:
+    """Marked beyond what its library entries explain, by members that ran (apply_known_differences)."""
+    return f"{BEYOND} " in (check.diagnosis or "") and NO_MEMBERS not in check.diagnosis
 
 
 def unmeasured_libraries(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> dict[str, list[Check]]:
