@@ -13,6 +13,7 @@ import numpy as np
 
 from harness.inputs import port
 from harness.layers.activations import GELU_TANH_CUBIC, SQRT_2_OVER_PI, TANH_ULPS
+from harness.reference.network import move_bytes, moves
 
 
 def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
@@ -108,8 +109,8 @@ def _jitter(torch, model, problem) -> None:
             return grad + grad * backward_u, None, None
 
     def draw(like, ulps: float = 1.0):
-        eps = torch.finfo(like.dtype).eps * ulps
-        return torch.from_numpy(rng.uniform(-eps, eps, tuple(like.shape))).to(like.device, like.dtype)
+        raw = torch.from_numpy(move_bytes(rng, tuple(like.shape))).to(like.device)
+        return moves(raw.to(like.dtype), torch.finfo(like.dtype).eps * ulps)
 
     def moved(value, ulps: float = 1.0):
         return Jitter.apply(value, draw(value, ulps), draw(value, ulps))

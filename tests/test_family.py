@@ -155,7 +155,11 @@ def test_the_fresh_draws_false_alarms_pass_and_their_bug_is_still_caught(doc):
         assert cal.library_spread[jax][1].curve[30].max() > 10 * cal.segments.curve[30].max()
     else:
         twin = next(c for c in result.checks if c.a == RunKey("jax", "cpu", precision="float64") and c.name == "math_initial_loss")
-        assert twin.bound.spread == 0 and twin.bound.floor == 4 * np.finfo(np.float64).eps  # 4 ulps of 1, not of 0.70
+        assert twin.bound.floor == 4 * np.finfo(np.float64).eps  # 4 ulps of 1, not of 0.70
+        # The twin's step-0 error is past 4 ulps of the loss, where a floor at the loss's size
+        # failed it on members that landed on the oracle's value (spread 0, on their uniform
+        # draws of 2026-11-25); on their moves drawn as bytes (2026-11-29) they spread an ulp.
+        assert twin.ratio * twin.bound.allowed > 4 * np.spacing(0.70)
 
 
 # A workload of a fresh draw (HARNESS_FAMILY_SEED=20261128, 300 workloads) on which the rules
