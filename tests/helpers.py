@@ -86,6 +86,8 @@ def a_sample_outcome() -> Outcome:
         "segments": {100: rng.standard_normal(20), 200: rng.standard_normal(20)},
         "segment_ends": {100: {**params(), "m/dense1.weight": rng.standard_normal((3, 4))}},
         "segment_outputs": {100: rng.standard_normal((16, 2)), 200: rng.standard_normal((16, 2)).astype(np.float32)},
+        "first_params": params(),
+        "first_outputs": rng.standard_normal((16, 2)),
         "worker": {"hostname": "node-a", "node": "c143eb17c71b", "threads": 1, "fingerprint": {"CPU": ["x", 2], "GPUs": []}},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.

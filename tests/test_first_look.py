@@ -119,3 +119,85 @@ def test_a_matrix_gives_the_verdicts_of_every_member(monkeypatch, name, epochs, 
     spec = first.problem.spec.checks
     assert len(every.members) == spec.long_run.members
     assert len(first.members) == (spec.long_run.members if topped else looked)
+
+
+def _first_steps_apart(problem, key: RunKey, first: int):
+    """`key`'s whole run, math parity's reference read from it (runner.first_steps), and a
+    run of the first `first` steps alone."""
+    from dataclasses import replace
+
+    from harness.inputs.problem import truncated
+    from harness.run import runner
+
+    problem = replace(
+        problem,
+        spec=problem.spec.model_copy(
+            update={
+                "checks": problem.spec.checks.model_copy(update={"math_parity": problem.spec.checks.math_parity.model_copy(update={"steps": first})})
+            }
+        ),
+    )
+    assert problem.twin_steps == first < problem.total_steps
+    whole = runner.run(problem, key)
+    at = replace(key, variant=f"first{first}")
+    return runner.first_steps(whole, at, first), runner.run(truncated(problem, first), key)
+
+
+def _same(read, alone) -> None:
+    import numpy as np
+
+    assert read is not None and read.status == alone.status == "ok"
+    assert np.array_equal(read.losses, alone.losses)
+    for field in ("final_params", "snapshots", "layer_outputs"):
+        mine, theirs = getattr(read, field), getattr(alone, field)
+        assert mine.keys() == theirs.keys(), field
+        for name in theirs:
+            if isinstance(theirs[name], dict):
+                assert all(np.array_equal(mine[name][k], v) for k, v in theirs[name].items()), (field, name)
+            else:
+                assert np.array_equal(mine[name], theirs[name]), (field, name)
+    assert np.array_equal(read.initial_outputs, alone.initial_outputs) and np.array_equal(read.final_outputs, alone.final_outputs)
+
+
+@pytest.mark.parametrize("name,epochs,first", [("moons_net", 12, 5), ("cnn_norm_mnist", 1, 3)])
+def test_math_paritys_reference_read_from_the_oracles_whole_run_is_a_run_of_its_first_steps(name, epochs, first):
+    """The reference over the twins' first steps is not run on its own where the oracle's
+    whole run is in the matrix (issue 54): the oracle keeps its state at that step, and what
+    runner.first_steps reads from it is a run of those steps alone, bit for bit: losses,
+    parameters (batch norm's running statistics too), snapshots, the probe's outputs and the
+    first batch's layer outputs (moons_net full-batch; the CNN with batch norm and dropout
+    on minibatches of the real MNIST files)."""
+    _, problem = short_quick(name, epochs)
+    _same(*_first_steps_apart(problem, ORACLE_KEY, first))
+
+
+def test_a_ports_reference_read_from_its_whole_run_is_a_run_of_its_first_steps():
+    """The same for a port, whose reference is torch's float64 run of the user's module."""
+    from harness.core.paths import PROJECT_ROOT
+    from harness.core.registry import PORT_REFERENCE_KEY
+    from harness.inputs.problem import build_problem
+
+    pytest.importorskip("torch")
+    problem = build_problem(load_spec(PROJECT_ROOT / "examples" / "mlp_port" / "mlp_port.yaml"))
+    _same(*_first_steps_apart(problem, PORT_REFERENCE_KEY, 4))
+
+
+def test_a_matrix_reads_math_paritys_reference_from_the_oracles_whole_run(monkeypatch):
+    """In a matrix, math parity's reference over the first steps is the oracle's whole run's
+    (no run of its own), and every check is what it is on a reference run on its own."""
+    from harness.execute import schedule
+
+    loaded, problem = short_quick("peaks_mlp", 2)
+    keys = plan.matrix_keys(["torch", "jax"], ["cpu"])
+
+    def judged() -> tuple[str, list]:
+        out = io.StringIO()
+        result = matrix.run_spec(loaded, problem, keys, None, Console(file=out, width=300))
+        return out.getvalue(), [(c.name, c.a, c.b, c.verdict, c.ratio) for c in result.checks]
+
+    read, checks_read = judged()
+    assert re.search(r"oracle@cpu~first\d+ \(math parity's reference\): read from oracle@cpu's whole run", read)
+    monkeypatch.setattr(schedule, "first_steps", lambda *_: None)  # the reference runs on its own
+    alone, checks_alone = judged()
+    assert "read from" not in alone and "math parity's reference" in alone
+    assert any(name.startswith("math_") for name, *_ in checks_alone) and checks_read == checks_alone

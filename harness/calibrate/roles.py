@@ -164,7 +164,10 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     ref64 = scheme.reference64
     first = replace(ref64, variant=f"first{first_steps}")
     label = f"{name} {first.label} (math parity's reference)"
-    found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False)]
+    # read from the reference's whole run where it is in the matrix (it keeps its state at
+    # the twins' last step: runner.first_steps), and run on its own only where that run did not
+    reads = ref64 if ref64 in keys else None
+    found = [_job(REFERENCE, first, label, steps=first_steps, cost=cost(first, first_steps), metrics=False, reads=reads)]
     seeds = member_seeds(problem, FLOAT64, scheme=scheme, part=part)
     found += _member64_jobs(name, seeds, first_steps, "math parity's calibration")
     states = (scheme.reference.label,) if scheme.reference in keys and problem.anchors else None
@@ -375,11 +378,7 @@ def _optax_rates(optimizer: str, kind: type, steps: int) -> tuple[float, ...]:
     return tuple(adapter.schedule_rates(kind.model_validate_json(optimizer), steps))
 
 
-def twin_steps(problem: Problem) -> int:
-    return min(problem.total_steps, problem.spec.checks.math_parity.steps)
-
-
 def twin_problem(problem: Problem) -> Problem:
     """The problem the float64 twins, the reference's first steps and math parity's members
     train: its first `twin_steps` steps."""
-    return truncated(problem, twin_steps(problem))
+    return truncated(problem, problem.twin_steps)

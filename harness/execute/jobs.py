@@ -115,6 +115,10 @@ class Job:
     member: int | None = None  # a calibration member's seed (members.reordered)
     formula: Any = None  # a library's formula (harness/known_differences.yaml)
     needs: tuple[str, ...] = ()  # the jobs whose outcomes it takes (the oracle's, for its states)
+    # the whole run (a framework job's key) whose kept first steps this job's outcome is, where
+    # that run is planned beside it and kept them (math parity's reference: runner.first_steps);
+    # it runs on its own only where they are not there
+    reads: RunKey | None = None
     cost: float = 0.0  # training steps times repeats: the longest start first
     place: str | None = None  # where an executor must run it (harness/execute/ray_executor.py), if anywhere
     # the final loss and accuracy on the whole sets: what a record and the float32 envelope

@@ -28,7 +28,7 @@ from harness.execute.fresh import PROCESS_DIED, ProcessDied
 from harness.execute.jobs import Finished, Job, Source, remember, run_job, source_of
 from harness.execute.workdir import job_path, machine
 from harness.inputs.problem import Problem
-from harness.run.runner import Outcome
+from harness.run.runner import Outcome, first_steps
 from harness.spec.load import LoadedSpec
 
 
@@ -114,6 +114,12 @@ def execute(
     running: dict[Future, Job] = {}
     local = executor.slots.kind != RAY  # Ray places and queues jobs itself
 
+    planned = {c.name for c in jobs} | set(done)
+
+    def waits_on(job: Job) -> tuple[str, ...]:  # a job that reads a run's first steps waits for it where it is planned
+        read = () if job.reads is None or job.reads.label not in planned else (job.reads.label,)
+        return (*job.needs, *read)
+
     def start(job: Job) -> None:
         files = kept.get(job.name)
         if files and len(files) == len(job.labels):
@@ -122,6 +128,14 @@ def execute(
                 for key, label in job.labels:
                     console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)
                 done[job.name] = found
+                return
+        if job.reads is not None:  # math parity's reference: the reference's whole run kept its first steps
+            whole = done.get(job.reads.label, {}).get(job.reads)
+            (key, label), *_ = job.labels
+            read = None if whole is None else first_steps(whole, key, job.steps or total_steps)
+            if read is not None:
+                console.print(f"[bold]{label}[/bold]: read from {job.reads.label}'s whole run, which kept its first steps", highlight=False)
+                finish(job, {key: read})
                 return
         given = None
         if job.anchored:
@@ -147,7 +161,7 @@ def execute(
             interrupt.check()
             gpu_busy = local and any(c.gpu for c in running.values())
             for job in list(waiting):
-                if not all(n in done for n in job.needs):
+                if not all(n in done for n in waits_on(job)):
                     continue
                 if job.gpu and gpu_busy:
                     continue
@@ -157,7 +171,7 @@ def execute(
                 start(job)
                 gpu_busy = local and any(c.gpu for c in running.values())
             if not running:
-                if waiting and not any(all(n in done for n in c.needs) for c in waiting):
+                if waiting and not any(all(n in done for n in waits_on(c)) for c in waiting):
                     raise RuntimeError("jobs wait on jobs that never run")  # a planning bug, never an input
                 continue
             finished, _ = wait(list(running), timeout=0.25, return_when=FIRST_COMPLETED)

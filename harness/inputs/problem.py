@@ -162,6 +162,12 @@ class Problem:
         return steps if self.step_limit is None else min(steps, self.step_limit)
 
     @property
+    def twin_steps(self) -> int:
+        """The steps the float64 twins, math parity's reference over the first steps and its
+        members train: math_parity.steps, or the whole run where it is shorter."""
+        return min(self.total_steps, self.spec.checks.math_parity.steps)
+
+    @property
     def probe(self) -> np.ndarray:
         return self.x_train[: self.spec.checks.probe_size]
 

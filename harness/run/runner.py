@@ -57,8 +57,33 @@ class Outcome:
     # are judged against.
     segment_ends: dict[int, Params] = field(default_factory=dict)
     segment_outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    # the reference's whole run: its parameters and the probe's outputs at the twins' last
+    # step (Problem.twin_steps), math parity's reference over the first steps (first_steps)
+    first_params: Params | None = None
+    first_outputs: np.ndarray | None = None
     # where it ran (harness/execute/jobs.py where): hostname, Ray node, thread cap, fingerprint
     worker: dict[str, Any] = field(default_factory=dict)
+
+
+def first_steps(whole: Outcome, key: RunKey, steps: int) -> Outcome | None:
+    """Math parity's reference over the first `steps` (`key`), read from the reference's
+    whole run, which kept its state there: what a run of those steps alone gives, bit for
+    bit (the same code from the same state; the chunks a run trains in change no bit, as its
+    repeats' bitwise checks show, tests/test_first_look.py). None where the whole run kept
+    nothing there or its first steps are not finite: that run then goes on its own."""
+    if whole.first_params is None or whole.losses is None or len(whole.losses) < steps or not np.isfinite(whole.losses[:steps]).all():
+        return None
+    return Outcome(
+        key,
+        "ok",
+        describe=dict(whole.describe),
+        losses=whole.losses[:steps].copy(),
+        snapshots={s: p for s, p in whole.snapshots.items() if s <= steps},
+        initial_outputs=whole.initial_outputs,
+        final_outputs=whole.first_outputs,
+        final_params=whole.first_params,
+        layer_outputs=whole.layer_outputs,
+    )
 
 
 def first_batch_layers(adapter, trainer, problem: Problem) -> dict[str, np.ndarray]:
@@ -189,7 +214,9 @@ class _Trial:
         reference = key == problem.reference_key or (key.framework == ORACLE and not key.variant)
         self.anchors = set(problem.anchors) if reference and isinstance(adapter, KeepsTrainingState) else set()
         self.ends = {a + problem.spec.checks.math_parity.steps: a for a in self.anchors}
-        self.plan = chunk_plan(problem, tuple(self.ends))
+        # ... and at the twins' last step, math parity's reference over the first steps (first_steps)
+        self.first = problem.twin_steps if reference else None
+        self.plan = chunk_plan(problem, (*self.ends, *([self.first] if self.first else [])))
         self.transfer: list[float] = []
         self.warmup: list[float] = []
         self.train: list[float] = []
@@ -229,6 +256,9 @@ class _Trial:
             if repeat == 0 and stop in ends:
                 outcome.segment_ends[ends[stop]] = adapter.training_state(trainer)
                 outcome.segment_outputs[ends[stop]] = adapter.predict(trainer, problem.probe)
+            if repeat == 0 and stop == self.first:
+                outcome.first_params = adapter.state(trainer, stop).params
+                outcome.first_outputs = adapter.predict(trainer, problem.probe)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
         self.others.append(load.others_share(host, load.sample()))
