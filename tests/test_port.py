@@ -1131,14 +1131,19 @@ TANH_DRAW = {
 
 
 @pytest.mark.slow
-def test_a_width_1_tanh_ports_members_take_tanhs_derivative_from_its_rounded_value(tmp_path):
+def test_a_width_1_tanh_ports_members_take_tanhs_derivative_from_its_rounded_value(tmp_path, monkeypatch):
     """XLA's tanh lands up to 4 ulps from the exact value and its derivative is taken from
     that value, 1 - a^2, which cancels near saturation: members that move tanh's value but
     take the derivative from torch's own tanh undershot flax's float64 twin (7.53x). With
     the derivative from the moved value, as the array-module members take theirs: no check
-    fails, math parity's after step 1 well inside (0.21 measured)."""
+    fails, math parity's after step 1 well inside on the spec's members (0.21 measured on
+    their uniform draws, 0.07 on their bytes, 2026-11-29). On the first look's one member
+    alone it is a draw: 0.65 on the bytes, where the rest would run past 1."""
     pytest.importorskip("jax")
+    from harness.calibrate import roles
     from tests import port_family
+
+    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)  # every member from the start (tests/test_first_look.py: the first look)
 
     path, _ = port_family.port_of(TANH_DRAW, tmp_path)
     result = judged(path)
