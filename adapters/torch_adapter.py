@@ -231,8 +231,7 @@ def _round_update(torch, problem, optimizer, before, step: int) -> None:
     decoupled = opt.kind == "adamw" and opt.weight_decay != 0
 
     def u(p):  # one relative move per element, within an ulp of 1
-        raw = torch.from_numpy(network.move_bytes(rng, tuple(p.shape))).to(p.device)
-        return network.moves(raw.to(p.dtype), torch.finfo(p.dtype).eps)
+        return torch_port.moves_like(torch, rng, p)
 
     with torch.no_grad():
         for p, old in before:

@@ -85,6 +85,14 @@ def network(torch, problem, params: dict[str, np.ndarray], device: str, dtype):
     return model
 
 
+def moves_like(torch, rng, like, ulps: float = 1.0):
+    """A member's relative moves for a tensor like `like` (its shape, dtype and device), `ulps`
+    units in the last place at most: the random bytes and levels the array-module members
+    draw theirs from (harness.reference.network move_bytes, moves)."""
+    raw = torch.from_numpy(move_bytes(rng, tuple(like.shape))).to(like.device)
+    return moves(raw.to(like.dtype), torch.finfo(like.dtype).eps * ulps)
+
+
 def _jitter(torch, model, problem) -> None:
     """A calibration member's other roundings (harness/inputs/members.py reordered), without
     touching the user's code: over the member's jittered steps, every leaf module's output
@@ -108,12 +116,8 @@ def _jitter(torch, model, problem) -> None:
             (backward_u,) = ctx.saved_tensors
             return grad + grad * backward_u, None, None
 
-    def draw(like, ulps: float = 1.0):
-        raw = torch.from_numpy(move_bytes(rng, tuple(like.shape))).to(like.device)
-        return moves(raw.to(like.dtype), torch.finfo(like.dtype).eps * ulps)
-
     def moved(value, ulps: float = 1.0):
-        return Jitter.apply(value, draw(value, ulps), draw(value, ulps))
+        return Jitter.apply(value, moves_like(torch, rng, value, ulps), moves_like(torch, rng, value, ulps))
 
     def rounded(module, inputs, output):
         if (module.training and not problem.jittered(model.step)) or not isinstance(output, torch.Tensor) or not output.is_floating_point():
@@ -141,7 +145,7 @@ def _jitter(torch, model, problem) -> None:
             return grad * (1 - a * a), None, None
 
     def tanh(z):
-        return Tanh.apply(z, draw(z, TANH_ULPS), draw(z, TANH_ULPS))
+        return Tanh.apply(z, moves_like(torch, rng, z, TANH_ULPS), moves_like(torch, rng, z, TANH_ULPS))
 
     model.rounds = moved  # the loss's lse too (torch_layers.cross_entropy_rounded)
 
