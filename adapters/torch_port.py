@@ -340,8 +340,12 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
     (torch.cumsum), as XLA does there: its float64 mean over 40 x 7 x 6 values of one channel
     lands up to 12 ulps from the exact value, where pairwise sums land within 2, and flax's
     twin of such a port failed math parity at 1.41x the pairwise members' spread (port seed
-    20261409, draws 39-44; docs/findings.md). A float32 member sums pairwise at every size:
-    torch's CPU cumsum accumulates float32 in double, which would narrow it.
+    20261409, draws 39-44; docs/findings.md). A float32 member there sums as float32 sums one
+    term after another (_one_after_another; torch's CPU cumsum accumulates float32 in
+    double), as XLA's float32 mean does: 13 ulps from the exact value over 12 x 13 x 10
+    values of one channel, where pairwise sums land within 2, and flax's float32 loss curve
+    of such a port, its variance E[x^2] - E[x]^2 cancelling, failed at 1.02x the spread of
+    members summing pairwise (port seed 20261502, draw 471).
 
     `variances` (a dict): each pass's batch variance, as computed here, by the id of the
     running variance it updates, for _store_biased_variance to store."""
@@ -358,7 +362,9 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
         def forward(ctx, a, sequential=False):
             ctx.width = a.shape[1]
             terms = ordered(a)
-            return torch.cumsum(terms, dim=1)[:, -1] if sequential else terms.sum(dim=1)
+            if not sequential:
+                return terms.sum(dim=1)
+            return torch.cumsum(terms, dim=1)[:, -1] if terms.dtype == torch.float64 else _one_after_another(torch, terms)
 
         @staticmethod
         def backward(ctx, grad):
@@ -376,7 +382,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
             return per_channel(grad), None
 
     def per_channel(a):
-        sequential = rng is not None and a.dtype == torch.float64 and a.numel() <= SEQUENTIAL_VALUES
+        sequential = rng is not None and a.numel() <= SEQUENTIAL_VALUES
         return Summed.apply(a.transpose(0, 1).reshape(a.shape[1], -1), sequential)
 
     def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps):
@@ -403,6 +409,20 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
         return out
 
     return batch_norm
+
+
+def _one_after_another(torch, terms):
+    """Each row of `terms` (float32) summed as float32 sums one term after another round: the
+    exact partial sums (torch.cumsum in float64), and at each term the rounding of adding it
+    in float32 to its partial sum rounded to float32, the errors added up exactly. torch's CPU
+    cumsum of float32 accumulates in double, so it cannot sum so itself; a loop of float32
+    additions lands where this does (within a few ulps over 360 to 4,000 terms, the same
+    worst cases; tests/test_port_sums.py)."""
+    wide = terms.double()
+    partial = torch.cumsum(wide, dim=1)
+    before = torch.nn.functional.pad(partial[:, :-1], (1, 0)).float()
+    errors = ((before + terms).double() - (before.double() + wide)).sum(dim=1)
+    return (partial[:, -1] + errors).to(terms.dtype)
 
 
 def _store_biased_variance(torch, model, path, variances: dict) -> None:
