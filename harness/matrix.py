@@ -66,7 +66,10 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
     together (harness/execute/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
     calibrating = calibration.jobs(loaded, problem, keys, twins, roles.scheme_of(problem))
-    return [*plan.framework_jobs(loaded, problem, keys, repeats), *calibrating]
+    # a twin of the reference's own code reads its metrics at the twins' last step too
+    read = {c.reads.label for c in calibrating if c.reads is not None and c.role == roles.TWIN}
+    framework = [replace(c, first_metrics=True) if c.name in read else c for c in plan.framework_jobs(loaded, problem, keys, repeats)]
+    return [*framework, *calibrating]
 
 
 PORT_START = "a port's start"  # the role of check_port_start's job

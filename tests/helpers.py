@@ -88,6 +88,7 @@ def a_sample_outcome() -> Outcome:
         "segment_outputs": {100: rng.standard_normal((16, 2)), 200: rng.standard_normal((16, 2)).astype(np.float32)},
         "first_params": params(),
         "first_outputs": rng.standard_normal((16, 2)),
+        "first_metrics": {"train_loss": 0.5, "train_accuracy": 0.75},
         "worker": {"hostname": "node-a", "node": "c143eb17c71b", "threads": 1, "fingerprint": {"CPU": ["x", 2], "GPUs": []}},
     }
     # A field added to Outcome or RunKey fails here until the sample (and the codec) has it.

@@ -16,6 +16,7 @@ from harness.calibrate import calibration, roles
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey, Verdict
 from harness.execute import plan
+from harness.inputs.problem import truncated
 from harness.spec.load import load_spec
 from harness.verdict import checks
 from tests.conftest import quick_problem
@@ -197,7 +198,77 @@ def test_a_matrix_reads_math_paritys_reference_from_the_oracles_whole_run(monkey
 
     read, checks_read = judged()
     assert re.search(r"oracle@cpu~first\d+ \(math parity's reference\): read from oracle@cpu's whole run", read)
-    monkeypatch.setattr(schedule, "first_steps", lambda *_: None)  # the reference runs on its own
+    monkeypatch.setattr(schedule, "first_steps", lambda *_, **__: None)  # the reference runs on its own
     alone, checks_alone = judged()
     assert "read from" not in alone and "math parity's reference" in alone
     assert any(name.startswith("math_") for name, *_ in checks_alone) and checks_read == checks_alone
+
+
+def _with_parity(problem, steps: int, every: int):
+    """`problem` with math parity over `steps` steps, re-anchored every `every` steps."""
+    from dataclasses import replace
+
+    parity = problem.spec.checks.math_parity.model_copy(update={"steps": steps, "every": every})
+    return replace(problem, spec=problem.spec.model_copy(update={"checks": problem.spec.checks.model_copy(update={"math_parity": parity})}))
+
+
+NUMPY64 = RunKey("numpy", "cpu", precision=FLOAT64)
+
+
+@pytest.mark.parametrize("name,epochs", [("moons_net", 16), ("cnn_norm_mnist", 1)])
+def test_numpys_float64_twin_read_from_the_oracles_whole_run_is_a_run_of_its_own(name, epochs):
+    """NumPy's float64 twin is the oracle's code (roles.same_code), so its runs are read from
+    the oracle's whole run (issue 54: 10 s of moons_net's quick verdict trained it twice):
+    over the first steps (runner.first_steps) and re-anchored (anchored.segments_read), what
+    is read is what the twin's own runs give, bit for bit: losses, its metrics on the whole
+    sets, every tensor (batch norm's
+    running statistics and the optimizer's state at each segment's end too) and the probe's
+    outputs (moons_net full-batch; the CNN with batch norm and dropout on minibatches of the
+    real MNIST files)."""
+    import numpy as np
+
+    from harness.run import anchored, runner
+
+    assert roles.same_code(NUMPY64, ORACLE_KEY) and not roles.same_code(TWIN, ORACLE_KEY)
+    assert not roles.same_code(RunKey("cupy", "gpu", precision=FLOAT64), ORACLE_KEY)
+    _, problem = short_quick(name, epochs)
+    problem = _with_parity(problem, 3, 4)
+    assert len(problem.anchors) >= 2
+    whole = runner.run_alternating(problem, [ORACLE_KEY], first_metrics=True)[ORACLE_KEY]
+    first, own = runner.first_steps(whole, NUMPY64, 3, metrics=True), runner.run(truncated(problem, 3), NUMPY64)
+    _same(first, own)
+    assert first.metrics == own.metrics and set(own.metrics) >= {"train_loss", "train_accuracy"}
+    at = anchored.anchored_key(NUMPY64)
+    read, alone = anchored.segments_read(whole, at, 3), anchored.run_segments(problem, at, whole.anchor_states)
+    assert read is not None and alone.status == "ok" and read.segments.keys() == alone.segments.keys() == set(problem.anchors)
+    for start in problem.anchors:
+        assert np.array_equal(read.segments[start], alone.segments[start])
+        assert np.array_equal(read.segment_outputs[start], alone.segment_outputs[start])
+        ends, theirs = read.segment_ends[start], alone.segment_ends[start]
+        assert ends.keys() == theirs.keys() and all(np.array_equal(ends[k], v) for k, v in theirs.items()), start
+
+
+def test_a_matrix_reads_numpys_float64_twin_from_the_oracles_whole_run(monkeypatch):
+    """In a matrix with NumPy, its float64 twin (first steps and re-anchored) is read from the
+    oracle's whole run, its record says so, and every check is what it is on the twin's own
+    runs."""
+    from harness.execute import schedule
+    from harness.records import build
+
+    loaded, problem = short_quick("moons_net", 16)
+    problem = _with_parity(problem, 3, 4)
+    keys = plan.matrix_keys(["numpy"], ["cpu"])
+
+    def judged() -> tuple[str, list, dict]:
+        out = io.StringIO()
+        result = matrix.run_spec(loaded, problem, keys, None, Console(file=out, width=300))
+        return out.getvalue(), sorted((c.name, c.a.label, c.b.label, c.verdict, c.ratio) for c in result.checks), result.outcomes
+
+    read, checks_read, outcomes = judged()
+    assert "numpy@cpu+float64 (float64 twin, first 3 steps): read from oracle@cpu's whole run, which kept its first steps" in read
+    assert "numpy@cpu+float64~anchored (float64 twin, re-anchored): read from oracle@cpu's whole run, which kept its segment ends" in read
+    assert "read from oracle@cpu's run" in build.implementation(NUMPY64, outcomes[NUMPY64].describe)
+    monkeypatch.setattr(schedule, "_read", lambda *_: None)  # every run on its own
+    alone, checks_alone = judged()[:2]
+    assert "read from" not in alone and "numpy@cpu+float64~anchored (float64 twin, re-anchored)" in alone
+    assert any(name.startswith("math_anchored") for name, *_ in checks_alone) and checks_read == checks_alone

@@ -62,7 +62,11 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
         jsonschema.validate(doc, schema)
         assert doc["status"] == "ok" and doc["spec"]["profile"] == "quick" and doc["spec"]["overrides"]
         assert doc["calibration"]["float32_runs"] == 2 and doc["calibration"]["twin_steps"] == 100
-        if doc["framework"] == "oracle" or doc["precision_mode"] == "float64":  # the reference and twins run once
+        twin = doc["precision_mode"] == "float64"  # NumPy's twin is the oracle's code: read from its run, not timed
+        assert doc["read_from"] == ("oracle@cpu" if twin else None)
+        if twin:
+            assert doc["timings"] is None and doc["repeats_bitwise_identical"] is None
+        elif doc["framework"] == "oracle":  # the reference runs once
             assert doc["timings"]["repeats"] == 1 and doc["repeats_bitwise_identical"] is None
         else:
             assert doc["timings"]["repeats"] == 2 and doc["repeats_bitwise_identical"] is True
@@ -71,7 +75,7 @@ def test_one_valid_record_per_run_with_its_artifact(moons_result):
         npz = path.with_name(doc["artifacts"]["file"])
         assert hashlib.sha256(npz.read_bytes()).hexdigest() == doc["artifacts"]["sha256"]
         with np.load(npz) as arrays:
-            assert len(arrays["losses"]) == doc["timings"]["total_steps"]
+            assert len(arrays["losses"]) == (doc["calibration"]["twin_steps"] if twin else doc["timings"]["total_steps"])
             assert doc["metrics"]["loss_curve"]["values"][0] == arrays["losses"][0]
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 

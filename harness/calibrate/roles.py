@@ -175,12 +175,15 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
     if states:
         found += _anchored_members(name, seeds, states, anchored_cost, "re-anchored math parity's calibration")
     for key in [t for t in plan.twin_keys(keys) if t.framework != ref64.framework]:
+        # a twin that is the reference's own code (NumPy's float64 run is the oracle's) is read
+        # from the reference's whole run, which kept its first steps and segment ends
+        whole = ref64 if ref64 in keys and same_code(key, ref64) else None
         label = f"{name} {key.label} (float64 twin, first {first_steps} steps)"
-        found.append(_job(TWIN, key, label, steps=first_steps, cost=cost(key, first_steps)))
+        found.append(_job(TWIN, key, label, steps=first_steps, cost=cost(key, first_steps), reads=whole))
         if states:
             at = anchored.anchored_key(key)
             label = f"{name} {at.label} (float64 twin, re-anchored)"
-            found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost))
+            found.append(_job(ANCHORED_TWIN, at, label, needs=states, cost=anchored_cost, reads=whole))
         formula = _computed_formula(problem, key, scheme)
         ref = library_reference(key, scheme)
         if formula is None or any(c.name == ref.label for c in found):  # one per framework, whatever its devices
@@ -198,6 +201,15 @@ def twin_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
             why = f"re-anchored math parity's calibration, {key.framework}'s formula"
             found += _anchored_members(name, library_members, states, anchored_cost, why, formula)
     return found
+
+
+def same_code(twin: RunKey, reference: RunKey) -> bool:
+    """Whether `twin` runs the reference's own code: the same adapter on the same device in
+    float64, eager (NumPy's float64 twin is the oracle: harness.reference.network bound to
+    NumPy in float64, plain steps bitwise the eager ones, tests/test_fast_xp.py). Its runs
+    are the reference's, bit for bit (tests/test_first_look.py), so they are read from it."""
+    same = (twin.adapter, twin.device, twin.dtype, twin.mode, twin.variant)
+    return same == (reference.adapter, reference.device, reference.dtype, reference.mode, reference.variant)
 
 
 FLOAT64_MEMBERS = (MEMBER64, ANCHORED_MEMBER, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER)  # math parity's members, of every kind

@@ -119,6 +119,9 @@ class Job:
     # that run is planned beside it and kept them (math parity's reference: runner.first_steps);
     # it runs on its own only where they are not there
     reads: RunKey | None = None
+    # a whole run whose metrics at the twins' last step a job reads too (a twin of its own
+    # code, harness/calibrate/roles.py same_code: its record holds them)
+    first_metrics: bool = False
     cost: float = 0.0  # training steps times repeats: the longest start first
     place: str | None = None  # where an executor must run it (harness/execute/ray_executor.py), if anywhere
     # the final loss and accuracy on the whole sets: what a record and the float32 envelope
@@ -250,5 +253,5 @@ def run_job(source: Source, job: Job, states: dict[int, Params] | None = None, q
     else:
         every = problem.spec.logging.print_every
         printers = None if quiet else {key: progress.printer(out, label, problem.total_steps, every) for key, label in job.labels}
-        outcomes = run_alternating(problem, job.keys, job.repeats, printers, job.metrics)
+        outcomes = run_alternating(problem, job.keys, job.repeats, printers, job.metrics, job.first_metrics)
     return Finished({key: in_plain_units(outcome, problem.unit_orders) for key, outcome in outcomes.items()}, where())

@@ -28,6 +28,7 @@ from harness.execute.fresh import PROCESS_DIED, ProcessDied
 from harness.execute.jobs import Finished, Job, Source, remember, run_job, source_of
 from harness.execute.workdir import job_path, machine
 from harness.inputs.problem import Problem
+from harness.run import anchored
 from harness.run.runner import Outcome, first_steps
 from harness.spec.load import LoadedSpec
 
@@ -129,12 +130,13 @@ def execute(
                     console.print(f"[bold]{label}[/bold]: finished earlier, taken from {files[key]}", highlight=False)
                 done[job.name] = found
                 return
-        if job.reads is not None:  # math parity's reference: the reference's whole run kept its first steps
+        if job.reads is not None:  # the reference's whole run kept its first steps (and segment ends)
             whole = done.get(job.reads.label, {}).get(job.reads)
             (key, label), *_ = job.labels
-            read = None if whole is None else first_steps(whole, key, job.steps or total_steps)
+            read = None if whole is None or whole.status != "ok" else _read(job, whole, key, source, total_steps)
             if read is not None:
-                console.print(f"[bold]{label}[/bold]: read from {job.reads.label}'s whole run, which kept its first steps", highlight=False)
+                kept_there = "segment ends" if job.anchored else "first steps"
+                console.print(f"[bold]{label}[/bold]: read from {job.reads.label}'s whole run, which kept its {kept_there}", highlight=False)
                 finish(job, {key: read})
                 return
         given = None
@@ -191,6 +193,20 @@ def execute(
                 _report(console, job, outcomes)
                 finish(job, outcomes)
     return done
+
+
+def _read(job: Job, whole: Outcome, key: RunKey, source: Source, total_steps: int) -> Outcome | None:
+    """`job`'s outcome read from the whole run it reads (Job.reads), or None: its first steps
+    (math parity's reference, or a twin of the reference's own code), or its segments."""
+    if job.anchored:
+        read = anchored.segments_read(whole, key, source.document["checks"]["math_parity"]["steps"])
+    else:
+        read = first_steps(whole, key, job.steps or total_steps, metrics=job.metrics and job.recorded)
+    if read is not None:
+        read.worker = dict(whole.worker)  # where its bits were computed
+        if key.framework != job.reads.framework:  # a twin: its record says whose run it is
+            read.describe["read_from"] = job.reads.label
+    return read
 
 
 @dataclass

@@ -23,7 +23,8 @@ def implementation(key: RunKey, describe: dict) -> str:
     if key.framework == ORACLE:
         return f"array-module MLP on {'NumPy' if key.device == 'cpu' else 'CuPy (on the GPU)'}, float64 (reference oracle)"
     if key.precision == FLOAT64:
-        return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps)"
+        read = f", read from {describe['read_from']}'s run (the same code)" if "read_from" in describe else ""
+        return f"{describe.get('library', key.adapter)} adapter in float64: the float64 twin (math parity, first steps){read}"
     fast = f", fast mode: {describe['fast_mode']}" if "fast_mode" in describe else ""
     if key == GPU_CALIBRATION_KEY:
         return f"array-module MLP on CuPy, float32 (calibrates the envelope: the references ran on the GPU){fast}"
@@ -151,6 +152,7 @@ def build_record(
         ),
         framework=key.framework,
         implementation=implementation(key, outcome.describe),
+        read_from=outcome.describe.get("read_from"),
         library_version=outcome.describe.get("version"),
         device=schema.Device(kind=key.device, name=outcome.describe.get("device_name")),
         dtype=key.dtype,

@@ -225,6 +225,10 @@ class Record(Frozen):
     seeds: Seeds
     data: DataUsed
     timings: Timings | None
+    # the run this one's steps were read from, where it trained none of its own: NumPy's float64
+    # twin is the oracle's own code, its first steps and segments the oracle's
+    # (harness/calibrate/roles.py same_code); its timings are then absent
+    read_from: str | None = None
     metrics: Metrics | None
     checks: list[CheckRecord]
     repeats_bitwise_identical: bool | None

@@ -85,7 +85,7 @@ def final_loss_vs_oracle(record: Record, oracle: Record | None) -> str:
         return "(reference)"
     if record.precision_mode == FLOAT64:  # a twin: its first steps against the oracle's same steps
         curve = oracle_check(record, "math_loss_curve")
-        steps = record.timings.total_steps if record.timings else "its"
+        steps = record.timings.total_steps if record.timings else record.calibration.twin_steps if record.calibration else "its"
         return "-" if curve is None or curve.max_rel_error is None else f"{curve.max_rel_error:.2g} (curve, first {steps} steps)"
     check = oracle_check(record, "final_train_loss")
     if check is not None and check.max_rel_error is not None:

@@ -83,3 +83,24 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
         detail = described(exc)
         return Outcome(key, "failed", f"{key.label} raised {detail}")
     return outcome
+
+
+def segments_read(whole: Outcome, key: RunKey, steps: int) -> Outcome | None:
+    """`key`'s re-anchored run read from the reference's whole run (a twin running the
+    reference's own code, roles.same_code): each segment [a, a + `steps`) is that run's own
+    steps from its state at a, which it kept at each segment's end with the probe's
+    outputs (runner._Trial), so the segments a run of them from those states trains are
+    these, bit for bit (tests/test_first_look.py). None where it kept no end for one of its
+    anchors, or a segment's losses are not finite: that run then goes on its own."""
+    starts = sorted(whole.anchor_states)
+    if whole.losses is None or not starts or set(starts) != set(whole.segment_ends) or set(starts) != set(whole.segment_outputs):
+        return None
+    outcome = Outcome(key, "ok", describe=dict(whole.describe))
+    for start in starts:
+        losses = np.asarray(whole.losses[start : start + steps], np.float64)
+        if len(losses) < steps or not np.isfinite(losses).all():
+            return None
+        outcome.segments[start] = losses
+        outcome.segment_ends[start] = whole.segment_ends[start]
+        outcome.segment_outputs[start] = whole.segment_outputs[start]
+    return outcome

@@ -61,17 +61,22 @@ class Outcome:
     # step (Problem.twin_steps), math parity's reference over the first steps (first_steps)
     first_params: Params | None = None
     first_outputs: np.ndarray | None = None
+    # ... and its metrics there, where a twin of its own code reads them (Job.first_metrics)
+    first_metrics: dict[str, float] = field(default_factory=dict)
     # where it ran (harness/execute/jobs.py where): hostname, Ray node, thread cap, fingerprint
     worker: dict[str, Any] = field(default_factory=dict)
 
 
-def first_steps(whole: Outcome, key: RunKey, steps: int) -> Outcome | None:
+def first_steps(whole: Outcome, key: RunKey, steps: int, metrics: bool = False) -> Outcome | None:
     """Math parity's reference over the first `steps` (`key`), read from the reference's
     whole run, which kept its state there: what a run of those steps alone gives, bit for
     bit (the same code from the same state; the chunks a run trains in change no bit, as its
     repeats' bitwise checks show, tests/test_first_look.py). None where the whole run kept
-    nothing there or its first steps are not finite: that run then goes on its own."""
+    nothing there or its first steps are not finite, or (`metrics`: a twin of its own code,
+    whose record holds them) no metrics there: that run then goes on its own."""
     if whole.first_params is None or whole.losses is None or len(whole.losses) < steps or not np.isfinite(whole.losses[:steps]).all():
+        return None
+    if metrics and not whole.first_metrics:
         return None
     return Outcome(
         key,
@@ -83,6 +88,7 @@ def first_steps(whole: Outcome, key: RunKey, steps: int) -> Outcome | None:
         final_outputs=whole.first_outputs,
         final_params=whole.first_params,
         layer_outputs=whole.layer_outputs,
+        metrics=dict(whole.first_metrics) if metrics else {},
     )
 
 
@@ -133,13 +139,19 @@ def run(problem: Problem, key: RunKey, repeats: int = 1, progress: Progress | No
 
 
 def run_alternating(
-    problem: Problem, keys: list[RunKey], repeats: int = 1, progress: dict[RunKey, Progress] | None = None, metrics: bool = True
+    problem: Problem,
+    keys: list[RunKey],
+    repeats: int = 1,
+    progress: dict[RunKey, Progress] | None = None,
+    metrics: bool = True,
+    first_metrics: bool = False,
 ) -> dict[RunKey, Outcome]:
     """Train `problem` with each key `repeats` times, the keys taking turns repeat by repeat
     (eager, fast, eager, fast, ...): a drift in the machine's speed during the run falls on
     every key alike, so their time ratio holds where back-to-back repeats would not.
     `metrics`: the final loss and accuracy on the whole training and validation sets (a
-    prediction over each); without, the outcome has the probe's final outputs only."""
+    prediction over each); without, the outcome has the probe's final outputs only.
+    `first_metrics`: the reference's the same at the twins' last step too (Job.first_metrics)."""
     outcomes: dict[RunKey, Outcome] = {}
     trials: dict[RunKey, _Trial] = {}
 
@@ -161,7 +173,7 @@ def run_alternating(
             continue
 
         def start(key=key, adapter=adapter) -> None:
-            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key), metrics)
+            trials[key] = _Trial(adapter, problem, key, (progress or {}).get(key), metrics, first_metrics)
 
         attempt(key, start)
     for repeat in range(repeats):
@@ -206,7 +218,7 @@ class _Trial:
     state, each phase timed apart; the first keeps the curve, snapshots and outputs, the
     others are compared with it bit for bit."""
 
-    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None, metrics: bool = True):
+    def __init__(self, adapter, problem: Problem, key: RunKey, progress: Progress | None, metrics: bool = True, first_metrics: bool = False):
         self.adapter, self.problem, self.key, self.progress, self.metrics = adapter, problem, key, progress, metrics
         self.outcome = Outcome(key, "ok", describe=adapter.describe(key))
         # the reference (the oracle, on either device; a port's torch float64 run) keeps its
@@ -216,6 +228,7 @@ class _Trial:
         self.ends = {a + problem.spec.checks.math_parity.steps: a for a in self.anchors}
         # ... and at the twins' last step, math parity's reference over the first steps (first_steps)
         self.first = problem.twin_steps if reference else None
+        self.first_metrics = first_metrics and reference
         self.plan = chunk_plan(problem, (*self.ends, *([self.first] if self.first else [])))
         self.transfer: list[float] = []
         self.warmup: list[float] = []
@@ -259,6 +272,8 @@ class _Trial:
             if repeat == 0 and stop == self.first:
                 outcome.first_params = adapter.state(trainer, stop).params
                 outcome.first_outputs = adapter.predict(trainer, problem.probe)
+                if self.first_metrics:
+                    outcome.first_metrics = _metrics(adapter, trainer, problem, outcome.first_params)
         adapter.synchronize(trainer)
         self.train.append(time.perf_counter() - start)
         self.others.append(load.others_share(host, load.sample()))
@@ -304,9 +319,14 @@ def _finish(adapter, trainer, problem: Problem, outcome: Outcome, metrics: bool 
     outcome.final_outputs = adapter.predict(trainer, problem.probe)
     if not metrics:
         return
+    outcome.metrics = _metrics(adapter, trainer, problem, outcome.final_params)
+
+
+def _metrics(adapter, trainer, problem: Problem, params: Params) -> dict[str, float]:
+    """final_metrics of the trainer's present state, whose tensors are `params`."""
     train_out = adapter.predict(trainer, problem.x_train)
     val_out = adapter.predict(trainer, problem.x_val) if problem.x_val is not None else None
-    outcome.metrics = final_metrics(problem, outcome.final_params, train_out, val_out)
+    return final_metrics(problem, params, train_out, val_out)
 
 
 def _first_non_finite(losses: np.ndarray, params: Params) -> int | None:
