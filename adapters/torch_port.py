@@ -300,6 +300,13 @@ def _layer_norm_fast(torch, moved):
 # over 4,200 values or more: within 3, as pairwise sums do), measured on jax 0.10.2
 # (docs/findings.md); a member's batch norm sums so up to twice that size.
 SEQUENTIAL_VALUES = 8192
+# In float32 only up to the switch itself: there XLA's float32 mean is pairwise-accurate from
+# about 4,096 values on ((64, 8, 8, 1) 1.0 ulp, (21, 8, 10, 4) 1.3, where one term after
+# another lands 14), and members summing so would be wider than the run they calibrate: flax's
+# fast variance over 21 x 8 x 10 x 4 values, 3.87x the pairwise members' spread, passed within
+# theirs (FAST_VARIANCE_DRAW, tests/test_port.py). Below it XLA lands up to one term after
+# another's ((12, 13, 10, 1) 10-13 ulps, sequential 11-14; (97, 7, 6, 1) 5.7, sequential 21).
+SEQUENTIAL_VALUES_FLOAT32 = 4096
 
 _BATCH_NORM = inspect.Signature(
     [
@@ -340,9 +347,10 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
     (torch.cumsum), as XLA does there: its float64 mean over 40 x 7 x 6 values of one channel
     lands up to 12 ulps from the exact value, where pairwise sums land within 2, and flax's
     twin of such a port failed math parity at 1.41x the pairwise members' spread (port seed
-    20261409, draws 39-44; docs/findings.md). A float32 member there sums as float32 sums one
-    term after another (_one_after_another; torch's CPU cumsum accumulates float32 in
-    double), as XLA's float32 mean does: 13 ulps from the exact value over 12 x 13 x 10
+    20261409, draws 39-44; docs/findings.md). A float32 member, up to
+    SEQUENTIAL_VALUES_FLOAT32, sums as float32 sums one term after another
+    (_one_after_another; torch's CPU cumsum accumulates float32 in double), as XLA's float32
+    mean does: 13 ulps from the exact value over 12 x 13 x 10
     values of one channel, where pairwise sums land within 2, and flax's float32 loss curve
     of such a port, its variance E[x^2] - E[x]^2 cancelling, failed at 1.02x the spread of
     members summing pairwise (port seed 20261502, draw 471).
@@ -382,7 +390,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
             return per_channel(grad), None
 
     def per_channel(a):
-        sequential = rng is not None and a.numel() <= SEQUENTIAL_VALUES
+        sequential = rng is not None and a.numel() <= (SEQUENTIAL_VALUES if a.dtype == torch.float64 else SEQUENTIAL_VALUES_FLOAT32)
         return Summed.apply(a.transpose(0, 1).reshape(a.shape[1], -1), sequential)
 
     def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps):

@@ -858,8 +858,8 @@ def test_a_port_members_float64_batch_norm_over_a_small_batch_adds_one_term_afte
     """Over a small batch (one channel of 40 x 7 x 6 values, as XLA's float64 mean there lands
     up to 12 ulps from the exact value), sixteen float64 members' batch means spread as
     sequential sums do, several ulps, where pairwise sums stay within 2; a float32 member's
-    are float32's one term after another (_one_after_another of its seeded order), and a
-    float64 member's beyond SEQUENTIAL_VALUES pairwise."""
+    are float32's one term after another (_one_after_another of its seeded order), and
+    pairwise beyond SEQUENTIAL_VALUES_FLOAT32, a float64 member's beyond SEQUENTIAL_VALUES."""
     torch = pytest.importorskip("torch")
     from adapters import torch_port
 
@@ -881,6 +881,10 @@ def test_a_port_members_float64_batch_norm_over_a_small_batch_adds_one_term_afte
     large = torch.randn(count, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     order = np.random.default_rng(6).permutation(count)
     assert torch.equal(running_mean(6, large)[0], large[torch.from_numpy(order), 0].sum() / count)
+    count = torch_port.SEQUENTIAL_VALUES_FLOAT32 + 1  # float32: pairwise beyond XLA's switch
+    single = large[:count].float()
+    order = np.random.default_rng(7).permutation(count)
+    assert torch.equal(running_mean(7, single)[0], single[torch.from_numpy(order), 0].sum() / count)
 
 
 @pytest.mark.parametrize("kind", ["relu", "repeated", "normal"])
