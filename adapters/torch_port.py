@@ -425,7 +425,7 @@ def _one_after_another(torch, terms):
     in float32 to its partial sum rounded to float32, the errors added up exactly. torch's CPU
     cumsum of float32 accumulates in double, so it cannot sum so itself; a loop of float32
     additions lands where this does (within a few ulps over 360 to 4,000 terms, the same
-    worst cases; tests/test_port_sums.py)."""
+    worst cases; tests/test_port.py)."""
     wide = terms.double()
     partial = torch.cumsum(wide, dim=1)
     before = torch.nn.functional.pad(partial[:, :-1], (1, 0)).float()

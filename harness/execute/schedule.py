@@ -201,7 +201,7 @@ def _read(job: Job, whole: Outcome, key: RunKey, source: Source, total_steps: in
     if job.anchored:
         read = anchored.segments_read(whole, key, source.document["checks"]["math_parity"]["steps"])
     else:
-        read = first_steps(whole, key, job.steps or total_steps, metrics=job.metrics and job.recorded)
+        read = first_steps(whole, key, job.steps or total_steps, metrics=job.metrics)
     if read is not None:
         read.worker = dict(whole.worker)  # where its bits were computed
         if key.framework != job.reads.framework:  # a twin: its record says whose run it is
