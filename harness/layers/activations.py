@@ -11,6 +11,7 @@ import math
 from typing import Any, Literal
 
 from harness.layers.base import plain
+from harness.reference.threads import unary
 
 Array = Any
 Activation = Literal["relu", "tanh", "identity", "gelu", "gelu_tanh"]
@@ -47,11 +48,11 @@ def activate(xp, z: Array, name: str, jitter=plain) -> Array:
     if name == "relu":
         return xp.maximum(z, 0)
     if name == "tanh":
-        return jitter(xp.tanh(z), TANH_ULPS)
+        return jitter(unary(xp, xp.tanh, z), TANH_ULPS)
     if name == "gelu":
-        return 0.5 * z * (1 + jitter(erf(xp)(z / math.sqrt(2))))
+        return 0.5 * z * (1 + jitter(unary(xp, erf(xp), z / math.sqrt(2))))
     if name == "gelu_tanh":
-        return 0.5 * z * (1 + jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS))
+        return 0.5 * z * (1 + jitter(unary(xp, xp.tanh, SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS))
     return z
 
 
@@ -63,9 +64,9 @@ def activation_grad(xp, z: Array, a: Array, name: str, jitter=plain) -> Array:
     if name == "tanh":
         return 1 - a * a
     if name == "gelu":
-        cdf = 0.5 * (1 + jitter(erf(xp)(z / math.sqrt(2))))
-        return cdf + z * xp.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + jitter(unary(xp, erf(xp), z / math.sqrt(2))))
+        return cdf + z * unary(xp, xp.exp, -0.5 * z * z) / math.sqrt(2 * math.pi)
     if name == "gelu_tanh":
-        t = jitter(xp.tanh(SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS)
+        t = jitter(unary(xp, xp.tanh, SQRT_2_OVER_PI * (z + GELU_TANH_CUBIC * z * z * z)), TANH_ULPS)
         return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_TANH_CUBIC * z * z)
     return xp.ones_like(z)

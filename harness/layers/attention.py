@@ -24,6 +24,7 @@ from pydantic import Field
 from harness.core.strict import Strict
 from harness.layers.base import Context, Cost, Shape, draw_bias, draw_weight
 from harness.layers.sizes import Channels
+from harness.reference.threads import unary
 
 KIND = "attention"
 PREFIX = "attn"
@@ -131,7 +132,7 @@ def softmax(xp, scores, ctx: Context):
     order (torch's CPU kernel sums them block by block, online)."""
     jitter = ctx.jitter
     top = scores.max(axis=-1, keepdims=True)
-    e = jitter(xp.exp(scores - top))
+    e = jitter(unary(xp, xp.exp, scores - top))
     return jitter(e / jitter(ctx.total(xp, e, e.ndim - 1)[..., None]))
 
 

@@ -19,6 +19,7 @@ from harness import optimizers
 from harness.layers import ACTIVATED, Placed, residual_starts
 from harness.layers.activations import activate, activation_grad
 from harness.layers.base import Context, plain
+from harness.reference import threads
 
 Array = Any
 Jitter = Callable[[Array], Array]
@@ -64,7 +65,10 @@ def jitter_function(xp, seed: int) -> Jitter:
     rng = np.random.default_rng(seed)
 
     def jitter(a: Array, ulps: float = 1.0) -> Array:
-        u = moves(xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype), float(xp.finfo(a.dtype).eps) * ulps)
+        eps = float(xp.finfo(a.dtype).eps) * ulps
+        if threads.splittable(xp, a):
+            return _moved(a, move_bytes(rng, a.shape), eps)
+        u = moves(xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype), eps)
         if u.ndim == 0:
             return a + a * u
         # a + a*u in u's own memory: the same two roundings (u*a, then that + a), without
@@ -75,6 +79,28 @@ def jitter_function(xp, seed: int) -> Jitter:
         return u
 
     return jitter
+
+
+def _moved(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """A large NumPy array's jitter: the same operations on the same draws, element by
+    element, as `jitter`'s whole-array ones (so the same bits), cut into pieces of
+    threads.GRAIN elements that stay in a core's cache, spread over the job's threads: five
+    passes over an array of a million float64 values cost their memory traffic each
+    (issue 54)."""
+    out = np.empty(a.shape, a.dtype)
+    flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+
+    def work(start: int, stop: int) -> None:
+        for first in range(start, stop, threads.GRAIN):
+            last = min(first + threads.GRAIN, stop)
+            u = flat_out[first:last]
+            u[...] = flat_b[first:last]  # the bytes as floats, exactly, as astype
+            moves(u, eps)
+            u *= flat_a[first:last]
+            u += flat_a[first:last]
+
+    threads.split(flat_out.size, work)
+    return out
 
 
 def weights(placed: list[Placed], params: Params) -> list[Array]:
@@ -126,7 +152,7 @@ def log_softmax(xp, logits: Array, jitter: Jitter = plain) -> Array:
     rounded the loss at its own size only)."""
     top = logits.max(axis=1, keepdims=True)
     shifted = logits - top
-    log_sum = xp.log(jitter(xp.exp(shifted).sum(axis=1, keepdims=True)))
+    log_sum = xp.log(jitter(threads.unary(xp, xp.exp, shifted).sum(axis=1, keepdims=True)))
     if jitter is plain:
         return shifted - log_sum
     return logits - jitter(top + log_sum)
@@ -190,12 +216,12 @@ def data_loss(
                 # every step. Exactly p - q, but the softmax scaled by 1 + delta on every step
                 # drifts a long run systematically: both libraries' float32 runs of an AdamW
                 # MNIST recipe ended 7x beyond members computing p - q (issue 56).
-                d_out = jitter(xp.exp(logp)) * jitter(q.sum(axis=1, keepdims=True)) - q
+                d_out = jitter(threads.unary(xp, xp.exp, logp)) * jitter(q.sum(axis=1, keepdims=True)) - q
             else:
-                d_out = jitter(xp.exp(logp)) - q
+                d_out = jitter(threads.unary(xp, xp.exp, logp)) - q
         else:
             total = _summed(xp, -logp[rows, targets], sequential)
-            d_out = jitter(xp.exp(logp))
+            d_out = jitter(threads.unary(xp, xp.exp, logp))
             d_out[rows, targets] -= 1
         denom = n if loss_section.reduction == "mean" else 1
     return total / denom, d_out / denom
