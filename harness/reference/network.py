@@ -82,22 +82,17 @@ def jitter_function(xp, seed: int) -> Jitter:
 
 
 def _moved(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """A large NumPy array's jitter: the same operations on the same draws, element by
-    element, as `jitter`'s whole-array ones (so the same bits), cut into pieces of
-    threads.GRAIN elements that stay in a core's cache, spread over the job's threads: five
-    passes over an array of a million float64 values cost their memory traffic each
-    (issue 54)."""
+    """A large NumPy array's jitter on the job's threads, a piece each: the same operations on
+    the same draws, element by element, as `jitter`'s whole-array ones, so the same bits."""
     out = np.empty(a.shape, a.dtype)
     flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
 
     def work(start: int, stop: int) -> None:
-        for first in range(start, stop, threads.GRAIN):
-            last = min(first + threads.GRAIN, stop)
-            u = flat_out[first:last]
-            u[...] = flat_b[first:last]  # the bytes as floats, exactly, as astype
-            moves(u, eps)
-            u *= flat_a[first:last]
-            u += flat_a[first:last]
+        u = flat_out[start:stop]
+        u[...] = flat_b[start:stop]  # the bytes as floats, exactly, as astype
+        moves(u, eps)
+        u *= flat_a[start:stop]
+        u += flat_a[start:stop]
 
     threads.split(flat_out.size, work)
     return out
