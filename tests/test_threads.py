@@ -167,3 +167,15 @@ def test_a_forked_child_splits_on_threads_of_its_own(monkeypatch):
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_jobs_process_starts_with_openblas_threads_that_sleep_soon(monkeypatch):
+    """A spawned job's process (harness/execute/fresh.py) has OpenBLAS's short spin, so that its
+    BLAS threads leave the cores to the element-wise threads; a caller's own setting wins."""
+    from harness.execute.capacity import WORKER_ENVIRONMENT
+    from harness.execute.fresh import in_fresh_process
+
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    assert in_fresh_process(os.getenv, "OPENBLAS_THREAD_TIMEOUT") == WORKER_ENVIRONMENT["OPENBLAS_THREAD_TIMEOUT"]
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "24")
+    assert in_fresh_process(os.getenv, "OPENBLAS_THREAD_TIMEOUT") == "24"

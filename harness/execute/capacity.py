@@ -27,6 +27,25 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+# What every job's process starts with, unless the caller's environment says otherwise.
+# OpenBLAS's threads spin for 2^28 cycles (about 0.1 s) after each product by default,
+# holding the cores that the array-module code's element-wise work (its tanh, exp, erf and a
+# member's extra rounding: harness/reference/threads.py) would run on; after 2^16 (about
+# 30 microseconds) they sleep. Waiting changes no bits (docs/executor.md); on moons_net's
+# oracle, 2 element-wise threads took 150 steps from 4.9 s to 4.8 s with the default spin,
+# to 3.4 s with it short (2026-11-29).
+WORKER_ENVIRONMENT = {"OPENBLAS_THREAD_TIMEOUT": "16"}
+
+
+def prepare_worker_environment() -> dict[str, str]:
+    """Set WORKER_ENVIRONMENT's variables in this process's environment where they are not
+    set, before it starts a job's process (a spawned child starts with it); the variables a
+    Ray worker needs."""
+    for name, value in WORKER_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in WORKER_ENVIRONMENT}
+
+
 _CAPPED: int | None = None  # the cap this process set (a kept process sets it once)
 
 

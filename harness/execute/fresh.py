@@ -20,6 +20,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from harness.execute.capacity import prepare_worker_environment
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -47,6 +49,7 @@ def _die_with_parent(parent: int) -> None:
 def _pool() -> ProcessPoolExecutor:
     """A pool of one spawned process, which dies with this one."""
     context = multiprocessing.get_context("spawn")
+    prepare_worker_environment()
     return ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.paths import PROJECT_ROOT
-from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Slots, cap_threads
+from harness.execute.capacity import GPU_TYPE, RAY, RAY_RETRIES, Slots, cap_threads, prepare_worker_environment
 
 
 def _task(threads: int, call: Callable[..., Any], *args: Any) -> Any:
@@ -42,7 +42,8 @@ class RayExecutor:
         if not ray.is_initialized():
             # the workers import the project from its checkout: on a cluster, every node has
             # one at the same path (or give Ray a runtime_env working_dir)
-            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}}
+            path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+            env = {"env_vars": {"PYTHONPATH": path, **prepare_worker_environment()}}
             try:
                 ray.init(address=address, include_dashboard=False, logging_level="WARNING", runtime_env=env)
             except (ConnectionError, RuntimeError, ValueError) as exc:
