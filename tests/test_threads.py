@@ -1,5 +1,5 @@
-"""The array-module code's element-wise work on several threads (harness/reference/threads.py)
-gives the bits one call gives: function by function, for a member's extra rounding, and for
+"""The array-module code's transcendental element-wise work on several threads
+(harness/reference/threads.py) gives the bits one call gives: function by function, and for
 whole runs of the oracle and its members."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from harness.reference import network, threads
+from harness.reference import threads
 from harness.reference.threads import GRAIN, pieces, split, unary
 
 SIZES = [2 * GRAIN - 1, 2 * GRAIN, 3 * GRAIN + 17, 1_000_003]
@@ -100,25 +100,6 @@ def test_the_pieces_keep_the_callers_floating_point_error_handling(monkeypatch):
         unary(np, np.exp, x)
     with np.errstate(over="ignore"):
         assert np.isinf(unary(np, np.exp, x)).all()
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("cap", ["1", "2", "3"])
-def test_a_members_jitter_on_several_threads_is_the_whole_arrays(dtype, cap, monkeypatch):
-    """jitter_function's split path (network._moved) against the whole-array operations on the
-    same draws: the bytes as floats, moves, times a, plus a."""
-    monkeypatch.setenv("HARNESS_THREADS", cap)
-    for n in SIZES:
-        a = values(n, dtype)
-        a[~np.isfinite(a)] = 1.0
-        jitter = network.jitter_function(np, 11)
-        draws = np.random.default_rng(11)
-        for ulps in (1.0, 4.0):
-            eps = float(np.finfo(dtype).eps) * ulps
-            expected = network.moves(network.move_bytes(draws, a.shape).astype(dtype), eps)
-            expected *= a
-            expected += a
-            assert np.array_equal(bits(jitter(a, ulps)), bits(expected)), (n, ulps)
 
 
 @pytest.mark.slow

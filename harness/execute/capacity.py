@@ -29,12 +29,12 @@ def cores() -> int:
 
 # What every job's process starts with, unless the caller's environment says otherwise.
 # OpenBLAS's threads spin for 2^28 cycles (about 0.1 s) after each product by default,
-# holding the cores that the array-module code's element-wise work (its tanh, exp, erf and a
-# member's extra rounding: harness/reference/threads.py) would run on; after 2^16 (about
-# 30 microseconds) they sleep. Waiting changes no bits (docs/executor.md); on moons_net's
-# oracle, 2 element-wise threads took 150 steps from 4.9 s to 4.8 s with the default spin,
-# to 3.4 s with it short (2026-11-29).
-WORKER_ENVIRONMENT = {"OPENBLAS_THREAD_TIMEOUT": "16"}
+# holding the cores that the array-module code's element-wise work (its tanh, exp and erf:
+# harness/reference/threads.py) would run on; after 2^20 (about 0.4 ms) they sleep, and a
+# step's products, closer together than that, still find them awake. Waiting changes no
+# bits (docs/executor.md). moons_net's oracle, 150 steps in one process, 1 against 2
+# element-wise threads (2026-11-29): 4.9 / 4.8 s with the default spin; 4.8 / 3.4 s with 2^20.
+WORKER_ENVIRONMENT = {"OPENBLAS_THREAD_TIMEOUT": "20"}
 
 
 def prepare_worker_environment() -> dict[str, str]:

@@ -65,10 +65,7 @@ def jitter_function(xp, seed: int) -> Jitter:
     rng = np.random.default_rng(seed)
 
     def jitter(a: Array, ulps: float = 1.0) -> Array:
-        eps = float(xp.finfo(a.dtype).eps) * ulps
-        if threads.splittable(xp, a):
-            return _moved(a, move_bytes(rng, a.shape), eps)
-        u = moves(xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype), eps)
+        u = moves(xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype), float(xp.finfo(a.dtype).eps) * ulps)
         if u.ndim == 0:
             return a + a * u
         # a + a*u in u's own memory: the same two roundings (u*a, then that + a), without
@@ -79,23 +76,6 @@ def jitter_function(xp, seed: int) -> Jitter:
         return u
 
     return jitter
-
-
-def _moved(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """A large NumPy array's jitter on the job's threads, a piece each: the same operations on
-    the same draws, element by element, as `jitter`'s whole-array ones, so the same bits."""
-    out = np.empty(a.shape, a.dtype)
-    flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-
-    def work(start: int, stop: int) -> None:
-        u = flat_out[start:stop]
-        u[...] = flat_b[start:stop]  # the bytes as floats, exactly, as astype
-        moves(u, eps)
-        u *= flat_a[start:stop]
-        u += flat_a[start:stop]
-
-    threads.split(flat_out.size, work)
-    return out
 
 
 def weights(placed: list[Placed], params: Params) -> list[Array]:

@@ -1,17 +1,20 @@
-"""The array-module code's large element-wise work split across the job's cores, bit for bit
-what one call computes.
+"""The array-module code's large transcendental element-wise work (tanh, exp, SciPy's erf)
+split across the job's cores, bit for bit what one call computes.
 
 An element-wise function computes each element from that element alone, so cutting a
 C-contiguous array into pieces and computing the pieces on several threads gives the same
 bits as one call (tests/test_threads.py holds this for every function split here, on odd
-sizes, odd cuts and special values). NumPy releases the GIL inside its loops, and the
-transcendental ones are where a NumPy network spends its time: float64 tanh costs about
-24 ns an element on this project's VM (glibc's, scalar), most of a step of `moons_net`'s
-oracle (1,000 x 1,000 values), where torch's and XLA's tanh run on every core.
+sizes, odd cuts and special values). NumPy releases the GIL inside its loops. NumPy's
+float64 tanh is glibc's scalar one, 14 to 24 ns a value on this project's VM: most of a
+step of `moons_net`'s oracle (1,000 x 1,000 values), where torch's and XLA's tanh run on
+every core. The cheap element-wise operations (a member's extra rounding, products and
+sums of arrays) are bound by memory, and splitting them gained nothing measurable.
 
 The frameworks' runs keep their own default threads (2 on this project's VM) unless the
 executor caps them (harness.execute.capacity); so do these. Arrays under `GRAIN` elements
 stay on the calling thread, as torch's element-wise loops do (at::internal::GRAIN_SIZE).
+A job's process starts with OpenBLAS's threads sleeping soon after a product
+(capacity.WORKER_ENVIRONMENT), or they would hold the cores these pieces run on.
 """
 
 from __future__ import annotations
