@@ -95,6 +95,21 @@ def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
     assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")], REACHED)] == ["fail"]
 
 
+def test_a_check_known_by_several_library_entries_names_every_one():
+    """The float32 members standing for a library compute every entry of it that applies at
+    once (catalogue.library_behaviour), so a check within their reach is explained by all of
+    them together: its diagnosis and reason name each, not the first alone."""
+    cnn = quick_problem("cnn_norm_mnist").spec  # Adam and a batch norm
+    port_like = cnn.model_copy(update={"model": cnn.model.model_copy(update={"port_options": ["batch_norm.variance=fast"]})})
+    marked = diagnosis.apply_known_differences(port_like, [fake_check("fail")], REACHED)[0]
+    assert marked.verdict == "known"
+    assert marked.diagnosis == "known (flax-batch-norm-fast-variance + optax-adam-float32-bias-corrections, 0.6 of what they explain)"
+    assert "flax-batch-norm-fast-variance: flax.linen.BatchNorm" in marked.reason
+    assert "optax-adam-float32-bias-corrections: optax.adam" in marked.reason
+    alone = diagnosis.apply_known_differences(cnn, [fake_check("fail")], REACHED)[0]
+    assert alone.diagnosis == "known (optax-adam-float32-bias-corrections, 0.6 of what it explains)"
+
+
 def test_a_library_entry_never_explains_a_check_of_a_run_whose_twin_computes_other_math():
     """Within its members' reach but with the framework's float64 twin failing math parity,
     a covered float32 check stays a failure, diagnosed implementation: the run computes

@@ -80,7 +80,7 @@ def test_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing
     assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
 
 
-EXPLAINS = re.compile(r"([\d.e+-]+) of what it explains")  # a known check's share of its entry's reach
+EXPLAINS = re.compile(r"([\d.e+-]+) of what (?:it explains|they explain)")  # a known check's share of its entry's reach
 
 
 def verdicts(name: str, epochs: int, frameworks: list[str]):

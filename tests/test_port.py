@@ -715,7 +715,8 @@ def test_an_honest_port_with_another_librarys_optimizer_recipe_passes(tmp_path, 
     counts = counted(result.checks)
     assert counts["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
     known = [c.diagnosis for c in result.checks if c.verdict == Verdict.KNOWN]
-    assert known and all("optax" in d and "of what it explains" in d for d in known), known  # bounded by members computing it
+    within = ("of what it explains", "of what they explain")  # within what members computing optax's behaviours reach
+    assert known and all("optax" in d and any(w in d for w in within) for d in known), known
 
 
 @pytest.mark.slow

@@ -422,6 +422,33 @@ def test_each_known_difference_is_explained_once_with_its_checks_shares_listed()
     assert len(listed.split(", ")) == text.count("bias-corrections, 0.0") - 1, listed  # every check's share, once more on the one line
 
 
+def test_a_check_known_by_several_entries_is_listed_under_them_together():
+    """A diagnosis naming several library entries (diagnosis.JOINED) is one explanation: its
+    reason once, its checks' shares listed, and 'they explain'."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.core.registry import Verdict
+    from harness.records.store import load_records
+    from harness.report.table import KNOWN_AT, print_failures
+
+    joint = "flax-batch-norm-fast-variance + optax-adam-float32-bias-corrections"
+    assert KNOWN_AT.match(f"known ({joint}, 0.5 of what they explain)")["entry"] == joint
+    records, share = [], iter(range(1, 100))
+    for record in load_records(ROOT / "results" / "mnist_adamw").values():
+        update = {"diagnosis": f"known ({joint}, 0.0{next(share)} of what they explain)", "reason": "known difference: both, at once"}
+        checks = [c.model_copy(update=update) if c.verdict == Verdict.KNOWN else c for c in record.checks]
+        records.append(record.model_copy(update={"checks": checks}))
+    out = io.StringIO()
+    print_failures(Console(file=out, width=100), [SimpleNamespace(title="mnist_adamw", records=records, member_records=[])])
+    text = " ".join(out.getvalue().split())
+    assert text.count("known difference: both, at once") == 1, text
+    listed = text.split(f"known ({joint}, ")[-1].split(" of what they explain)")[0]
+    assert len(listed.split(", ")) == text.count("KNOWN ") >= 2, listed  # every known check's share, on the one line
+
+
 def test_a_failing_comparison_counts_on_the_row_of_the_run_that_differs_from_the_reference():
     """Issue 55: with a slip on flax's side, torch's float64 row (a port's reference) read
     `ok, FAIL` and counted every failing comparison with flax's runs. A failing comparison

@@ -26,6 +26,7 @@ from tests import port_family  # noqa: E402 (before jax: it keeps XLA's executab
 
 N, SEED, a, b, out, kinds, slips, slipped = port_family.tool_arguments(sys.argv[1:])
 from harness.core.registry import Verdict  # noqa: E402
+from harness.verdict.diagnosis import JOINED  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
 todo = port_family.to_write(out, N, SEED, a, b, slips if slipped else (None,), kinds)
@@ -38,7 +39,8 @@ for i, slip, doc, path, written, row in todo:
         row["reasons"] = {k.label: o.reason for k, o in result.outcomes.items() if o.status != "ok"}
         row["counts"] = counted(result.checks)
         row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:300]) for c in result.checks if c.verdict == Verdict.FAIL]
-        row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis})
+        known = [c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis]
+        row["known"] = sorted({entry for named in known for entry in named.split(JOINED)})  # each entry of a joint explanation
         passing = [c for c in result.checks if c.verdict == Verdict.PASS and c.ratio is not None]
         worst = max(passing, key=lambda c: c.ratio, default=None)
         row["worst_pass"] = worst.ratio if worst else 0

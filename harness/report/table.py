@@ -18,6 +18,7 @@ from harness.records.schema import Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
 from harness.verdict.bound import times_tolerance
+from harness.verdict.diagnosis import JOINED
 
 
 class Shown(Protocol):
@@ -174,7 +175,7 @@ def _print(console: Console, line: str, style: str | None = None) -> None:
     console.print(wrapped, style=style, highlight=False, soft_wrap=True, markup=False)
 
 
-KNOWN_AT = re.compile(r"known \((?P<entry>[^,()]+)(?:, (?P<share>[^,()]+) of what it explains)?\)")
+KNOWN_AT = re.compile(r"known \((?P<entry>[^,()]+)(?:, (?P<share>[^,()]+) of what (?:it explains|they explain))?\)")
 
 
 def print_failures(console: Console, results: Sequence[Shown]) -> None:
@@ -196,7 +197,7 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
         for (status, name, reason), labels in unfinished.items():
             _print(console, f"{status.upper()} {name} {', '.join(labels)}: {reason}")
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
-        share = f", {', '.join(shares[entry])} of what it explains" if entry in shares else ""
+        share = f", {', '.join(shares[entry])} of what {'they explain' if JOINED in entry else 'it explains'}" if entry in shares else ""
         what = entry if entry.startswith("known") else f"known ({entry}{share})"
         _print(console, f"{what}: {reason}", "dim")
 

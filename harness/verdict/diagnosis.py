@@ -50,6 +50,13 @@ def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
 
 
+JOINED = " + "  # the library entries that explain a known check together
+
+
+def _explains(named: list[str]) -> str:
+    return "they explain" if len(named) > 1 else "it explains"
+
+
 BEYOND = "beyond what"  # how a covered check a library entry cannot explain is marked, before its diagnosis
 NO_MEMBERS = "no members computing its behaviour ran"  # ... where its library's float32 members did not run
 
@@ -194,8 +201,11 @@ def apply_known_differences(
                         "the library's formula over the whole run"
                     )
                 else:
-                    said = _label(known) + ("" if bound is None else f", {check.ratio / bound:.2g} of what it explains")
-                check = dataclasses.replace(check, verdict=Verdict.KNOWN, reason=f"known difference: {known.reason}", diagnosis=f"known ({said})")
+                    # the library entries together: their members compute every one of them at once
+                    who = JOINED.join(named) if library else _label(known)
+                    said = who + ("" if bound is None else f", {check.ratio / bound:.2g} of what {_explains(named)}")
+                reason = "; ".join(f"{_label(e)}: {e.reason}" for e in sorted(library, key=_label)) if len(named) > 1 else known.reason
+                check = dataclasses.replace(check, verdict=Verdict.KNOWN, reason=f"known difference: {reason}", diagnosis=f"known ({said})")
         marked.append(check)
     for known in entries:
         judged = [c for c in checks if covers(known, c, reference) and c.verdict != Verdict.SKIPPED]
