@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -71,7 +72,8 @@ def test_what_cannot_be_split_is_one_call(monkeypatch):
 
     assert np.array_equal(bits(unary(np, spy, x.T)), bits(np.tanh(x.T))) and calls == [x.T.shape]
     calls.clear()
-    unary(np, spy, x.astype(np.float16))
+    with np.errstate(over="ignore"):
+        unary(np, spy, x.astype(np.float16))
     assert calls == [x.shape]
     calls.clear()
     unary(np, spy, x)
@@ -91,6 +93,18 @@ def test_a_piece_that_fails_fails_the_call(monkeypatch):
     with pytest.raises(ValueError, match="piece at"):
         split(4 * GRAIN, work)
     assert sorted(seen) == [0, 2 * GRAIN]
+
+    finished = []
+
+    def first_fails(start, stop):
+        if not start:
+            raise ValueError("the first piece")
+        time.sleep(0.2)
+        finished.append(start)
+
+    with pytest.raises(ValueError, match="the first piece"):
+        split(4 * GRAIN, first_fails)
+    assert finished == [2 * GRAIN]  # the other pieces were done before it raised
 
 
 def test_the_pieces_keep_the_callers_floating_point_error_handling(monkeypatch):

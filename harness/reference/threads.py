@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -75,7 +75,10 @@ def split(n: int, work: Callable[[int, int], None]) -> None:
             work(start, stop)
 
     futures = [_pool(len(cut) - 1).submit(piece, start, stop) for start, stop in cut[1:]]
-    work(*cut[0])
+    try:
+        work(*cut[0])
+    finally:  # no piece still writes once this returns or raises
+        wait(futures)
     for future in futures:
         future.result()
 
