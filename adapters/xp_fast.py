@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.core import threads
 from harness.optimizers import adam
-from harness.reference import network, threads
+from harness.reference import network
 
 # --------------------------------------------------------------------------- GPU kernels
 

@@ -1,5 +1,5 @@
 """The array-module code's transcendental element-wise work on several threads
-(harness/reference/threads.py) gives the bits one call gives: function by function, and for
+(harness/core/threads.py) gives the bits one call gives: function by function, and for
 whole runs of the oracle and its members."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from harness.reference import threads
-from harness.reference.threads import GRAIN, pieces, split, unary
+from harness.core import threads
+from harness.core.threads import GRAIN, pieces, split, unary
 
 SIZES = [2 * GRAIN - 1, 2 * GRAIN, 3 * GRAIN + 17, 1_000_003]
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310, -1e-310, 1e-40, 20.0, -20.0, 700.0, -745.5, 1e300]

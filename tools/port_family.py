@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import port_family  # noqa: E402 (before jax: it keeps XLA's executables beside OUT)
 
 N, SEED, a, b, out, kinds, slips, slipped = port_family.tool_arguments(sys.argv[1:])
-from harness.core.registry import Verdict  # noqa: E402
-from harness.verdict.diagnosis import JOINED  # noqa: E402
+from harness.core.registry import JOINED, Verdict  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
 todo = port_family.to_write(out, N, SEED, a, b, slips if slipped else (None,), kinds)

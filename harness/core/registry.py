@@ -173,3 +173,6 @@ def current_label(label: str) -> str:
 
 def load(adapter: str) -> ModuleType:
     return importlib.import_module(ADAPTERS[adapter])
+
+
+JOINED = " + "  # in a known check's diagnosis: the library entries that explain it together

@@ -14,23 +14,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from harness.core.threads import capped_threads, cores  # noqa: F401 (the executors' and workers' names)
+
 LOCAL, RAY, INLINE = "local", "ray", "in-process"
 # Ray retries a job whose worker died (killed, out of memory) this many times.
 RAY_RETRIES = 2
 GPU_TYPE = "gpu-type:"  # a place that is a GPU model (--gpu-types), not a custom resource
 
 
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 # What every job's process starts with, unless the caller's environment says otherwise.
 # OpenBLAS's threads spin for 2^28 cycles (about 0.1 s) after each product by default,
 # holding the cores that the array-module code's element-wise work (its tanh, exp and erf:
-# harness/reference/threads.py) would run on; after 2^20 (about 0.4 ms) they sleep, and a
+# harness/core/threads.py) would run on; after 2^20 (about 0.4 ms) they sleep, and a
 # step's products, closer together than that, still find them awake. Waiting changes no
 # bits (docs/executor.md). moons_net's oracle, 150 steps in one process, 1 against 2
 # element-wise threads (2026-11-29): 4.9 / 4.8 s with the default spin; 4.8 / 3.4 s with 2^20.
@@ -65,12 +60,6 @@ def cap_threads(threads: int | None) -> None:
     from threadpoolctl import threadpool_limits  # for a BLAS loaded before this call
 
     threadpool_limits(limits=threads)
-
-
-def capped_threads() -> int | None:
-    """The cap this process runs under (cap_threads), or None."""
-    value = os.environ.get("HARNESS_THREADS")
-    return int(value) if value and value.isdigit() else None
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from harness.core.threads import unary
 from harness.layers.base import plain
-from harness.reference.threads import unary
 
 Array = Any
 Activation = Literal["relu", "tanh", "identity", "gelu", "gelu_tanh"]

@@ -22,9 +22,9 @@ import numpy as np
 from pydantic import Field
 
 from harness.core.strict import Strict
+from harness.core.threads import unary
 from harness.layers.base import Context, Cost, Shape, draw_bias, draw_weight
 from harness.layers.sizes import Channels
-from harness.reference.threads import unary
 
 KIND = "attention"
 PREFIX = "attn"

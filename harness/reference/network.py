@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from harness import optimizers
+from harness.core import threads
 from harness.layers import ACTIVATED, Placed, residual_starts
 from harness.layers.activations import activate, activation_grad
 from harness.layers.base import Context, plain
-from harness.reference import threads
 
 Array = Any
 Jitter = Callable[[Array], Array]

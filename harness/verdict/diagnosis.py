@@ -20,7 +20,7 @@ import math
 from fnmatch import fnmatchcase
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -48,9 +48,6 @@ def covers(entry: KnownDifference, check: Check, reference: RunKey = ORACLE_KEY)
 
 def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
-
-
-JOINED = " + "  # the library entries that explain a known check together
 
 
 def _explains(named: list[str]) -> str:

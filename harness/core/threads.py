@@ -27,8 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from harness.execute.capacity import capped_threads, cores
-
 Array = Any
 # no piece smaller than this: torch's grain for its parallel element-wise loops
 GRAIN = 32768
@@ -36,6 +34,19 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 _lock = threading.Lock()
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # by (process, workers): a forked child has no threads
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def capped_threads() -> int | None:
+    """The cap this process runs under (harness.execute.capacity.cap_threads), or None."""
+    value = os.environ.get("HARNESS_THREADS")
+    return int(value) if value and value.isdigit() else None
 
 
 def threads() -> int:
