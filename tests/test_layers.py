@@ -4,6 +4,8 @@ check shown failing on a deliberately wrong backward of each kind."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -228,8 +230,6 @@ def test_the_oracle_sums_pairwise_and_a_member_serially():
     axis) within a few ulps of the exact sum; a calibration member's (a running sum in a
     seeded order) further off, as serial implementations are; NumPy's own mean over the
     axes (0, 2, 3) as far off as a running sum."""
-    import math
-
     x = np.random.default_rng(0).random((64, 8, 14, 14)) + 0.5
     exact = np.array([math.fsum(x[:, c].ravel()) for c in range(8)]) / (64 * 14 * 14)
     oracle = Context().mean(np, x, (0, 2, 3))
@@ -241,3 +241,31 @@ def test_the_oracle_sums_pairwise_and_a_member_serially():
     assert off(oracle) < 4 * np.finfo(np.float64).eps
     assert off(member) > 4 * off(oracle)
     assert off(x.mean(axis=(0, 2, 3))) > 4 * off(oracle)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "shape, axis",
+    [
+        *[((7,), 0), ((3, 5), 1), ((15, 40), 1), ((2, 300), 1)],
+        *[((16, 40), 1), ((17, 3), 1), ((16, 2000), 1), ((64, 10, 33), 2), ((300, 24), 0), ((4, 3, 9, 9), 1)],
+    ],
+)
+def test_a_members_running_sum_adds_one_term_after_another(shape, axis, dtype):
+    """A calibration member's sum (Context.total with a seeded order) is a serial loop's, term
+    after term in the drawn order, bit for bit, whichever way NumPy is asked for it
+    (base.running_sum: a cumulative sum under COLUMNS_AT_ONCE = 16 sums at once, the first
+    four shapes; one reduction over the outermost axis from there on, the rest), on
+    contiguous and strided terms, and on values whose order changes the rounding."""
+    rng = np.random.default_rng(sum(shape))
+    a = (rng.standard_normal(shape) * rng.choice([1e-4, 1.0, 3e3], shape)).astype(dtype)
+    found = Context(reorder=np.random.default_rng(7)).total(np, a, axis)
+    order = np.random.default_rng(7).permutation(shape[axis])
+    terms = np.moveaxis(a, axis, -1)
+    serial = terms[..., order[0]].copy()
+    for i in order[1:]:
+        serial = serial + terms[..., i]
+    assert found.dtype == dtype and found.shape == serial.shape
+    assert np.array_equal(np.ascontiguousarray(found).view(np.uint8), np.ascontiguousarray(serial).view(np.uint8))
+    cumulative = np.cumsum(np.take(terms, order, axis=-1), axis=-1)[..., -1]
+    assert np.array_equal(np.ascontiguousarray(found).view(np.uint8), np.ascontiguousarray(cumulative).view(np.uint8))

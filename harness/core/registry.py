@@ -176,3 +176,8 @@ def load(adapter: str) -> ModuleType:
 
 
 JOINED = " + "  # in a known check's diagnosis: the library entries that explain it together
+
+
+def explains(named: str) -> str:
+    """The verb of a known check's share, for the entries `named` (joined by JOINED where several)."""
+    return "they explain" if JOINED in named else "it explains"

@@ -3,6 +3,7 @@ for the floor, and the weight initialisations of the spec's `init` section."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,27 @@ Shape = tuple[int, ...]  # one example's shape: (features,), (channels, height, 
 
 def plain(a: Array, ulps: float = 1.0) -> Array:
     return a
+
+
+# From this many sums at once, a running sum is taken as one NumPy reduction over the terms'
+# axis held outermost (one sum per column, each added term after term: cumsum's last value,
+# bit for bit) rather than as a cumulative sum whose every partial sum is written out; below
+# it the cumulative sum is faster (its inner loop runs over the terms). A single sum is
+# always the cumulative one: NumPy sums one contiguous row pairwise. (issue 54: the members'
+# batch and layer norms, attention's softmax, convolution biases; docs/measurements.md)
+COLUMNS_AT_ONCE = 16
+
+
+def running_sum(xp, terms: Array, order: Array) -> Array:
+    """terms[..., order[0]] + terms[..., order[1]] + ... over the last axis, added one after
+    another in that order (a serial loop's rounding, not a pairwise one), for every index of
+    the other axes. On CuPy, the cumulative sum (CuPy computes its scan in an order of its own)."""
+    kept, n = terms.shape[:-1], terms.shape[-1]
+    count = math.prod(kept)
+    if xp is not np or count < COLUMNS_AT_ONCE:
+        return xp.cumsum(xp.take(terms, order, axis=-1), axis=-1)[..., -1]
+    rows = xp.take(xp.moveaxis(terms, -1, 0).reshape(n, count), order, axis=0)  # (n, count), one row per term
+    return rows.sum(axis=0).reshape(kept)
 
 
 @dataclass
@@ -56,8 +78,7 @@ class Context:
         terms = xp.moveaxis(a, axis, -1)
         if self.reorder is None:
             return xp.ascontiguousarray(terms).sum(axis=-1)
-        moved = xp.take(terms, xp.asarray(self.reorder.permutation(terms.shape[-1])), axis=-1)
-        return xp.cumsum(moved, axis=-1)[..., -1]
+        return running_sum(xp, terms, xp.asarray(self.reorder.permutation(terms.shape[-1])))
 
     def sum(self, xp, a: Array, axes: tuple[int, ...]) -> Array:
         """The sum over `axes` (the rest kept, in order), summed as `total` sums."""

@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import GPU_ORACLE_KEY, JOINED, ORACLE_KEY, PORT_REFERENCE_KEY, Verdict, verdict_counts
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, Verdict, explains, verdict_counts
 from harness.records.schema import Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
@@ -196,7 +196,7 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
         for (status, name, reason), labels in unfinished.items():
             _print(console, f"{status.upper()} {name} {', '.join(labels)}: {reason}")
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
-        share = f", {', '.join(shares[entry])} of what {'they explain' if JOINED in entry else 'it explains'}" if entry in shares else ""
+        share = f", {', '.join(shares[entry])} of what {explains(entry)}" if entry in shares else ""
         what = entry if entry.startswith("known") else f"known ({entry}{share})"
         _print(console, f"{what}: {reason}", "dim")
 

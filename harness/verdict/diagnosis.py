@@ -20,7 +20,7 @@ import math
 from fnmatch import fnmatchcase
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict
+from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict, explains
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -48,10 +48,6 @@ def covers(entry: KnownDifference, check: Check, reference: RunKey = ORACLE_KEY)
 
 def _label(entry: KnownDifference) -> str:
     return entry.id if isinstance(entry, LibraryDifference) else f"{entry.framework}/{entry.check or entry.patterns[0]}"
-
-
-def _explains(named: list[str]) -> str:
-    return "they explain" if len(named) > 1 else "it explains"
 
 
 BEYOND = "beyond what"  # how a covered check a library entry cannot explain is marked, before its diagnosis
@@ -200,7 +196,7 @@ def apply_known_differences(
                 else:
                     # the library entries together: their members compute every one of them at once
                     who = JOINED.join(named) if library else _label(known)
-                    said = who + ("" if bound is None else f", {check.ratio / bound:.2g} of what {_explains(named)}")
+                    said = who + ("" if bound is None else f", {check.ratio / bound:.2g} of what {explains(who)}")
                 reason = "; ".join(f"{_label(e)}: {e.reason}" for e in sorted(library, key=_label)) if len(named) > 1 else known.reason
                 check = dataclasses.replace(check, verdict=Verdict.KNOWN, reason=f"known difference: {reason}", diagnosis=f"known ({said})")
         marked.append(check)
