@@ -181,14 +181,14 @@ def run_spec(
     if measured is not None:
         planned, done, found = measured
         checks = judged(found.calibration)
-    wider = calibration.second_look(loaded, problem, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
+    wider = calibration.second_look(loaded, problem, planned, done, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
     if wider is not None:
-        found, checks = wider, judged(wider.calibration)
+        planned, done, found = wider
+        checks = judged(found.calibration)
         beyond = diagnosis.beyond_reach(checks)
         measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, beyond, driver.run, console, scheme)
-        if measured is not None:  # gathered again: the envelope's second look's members with them
+        if measured is not None:  # gathered again, the envelope's second look's members among them
             planned, done, found = measured
-            found = replace(found, calibration=replace(found.calibration, float32=wider.calibration.float32), members=wider.members)
             checks = judged(found.calibration)
     whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
     if whole is not None:

@@ -403,6 +403,7 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
 
     from rich.console import Console
 
+    from harness.calibrate import calibration
     from harness.core.paths import SPECS_DIR
     from harness.execute.plan import matrix_keys
     from harness.inputs.problem import build_problem
@@ -410,12 +411,25 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
     from harness.spec import catalogue
     from harness.spec.load import load_spec
 
+    library_top_up = calibration.library_top_up
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick")
     entries = tuple(e for e in catalogue.library_differences() if e.id != "optax-adam-float32-bias-corrections")
     out = io.StringIO()
+    looks = []  # what each library top-up was handed: the jobs planned and done, the runs
+
+    def top_up(loaded, problem, keys, planned, done, runs, *rest, **options):
+        looks.append((planned, done, runs))
+        return library_top_up(loaded, problem, keys, planned, done, runs, *rest, **options)
+
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(catalogue, "library_differences", lambda: entries)
+        monkeypatch.setattr(calibration, "library_top_up", top_up)
         result = run_spec(loaded, build_problem(loaded), matrix_keys(["jax", "numpy"], ["cpu"]), None, Console(file=out, width=400), repeats=1)
+    # the second look's jobs are among those a later look gathers again: its 16 members, the same spread
+    planned, done, runs = looks[-1]
+    again = calibration.gather(planned, done, runs).calibration.float32
+    assert again.runs == result.calibration.float32.runs == 17 and np.array_equal(again.curve, result.calibration.float32.curve)
+    assert again.params == result.calibration.float32.params and again.final_outputs == result.calibration.float32.final_outputs
     step1 = next(c for c in result.checks if {c.a, c.b} == {RunKey("jax", "cpu"), ORACLE_KEY} and c.name == "params_after_step_1")
     assert len(result.members) == 16 and step1.bound.members == 17
     assert step1.verdict == "fail" and step1.ratio > 2 and step1.diagnosis.startswith("rounding: float32 only")

@@ -273,18 +273,22 @@ def math_second_look(
 def second_look(
     loaded: LoadedSpec,
     problem: Problem,
+    planned: list[Job],
+    done: Done,
     found: Calibrated,
     runs: dict[RunKey, Outcome],
     doubted: list[Doubt],
     run: Callable[[list[Job]], Done],
     console: Console,
     scheme: Scheme = ORACLE_SCHEME,
-) -> Calibrated | None:
+) -> tuple[list[Job], Done, Calibrated] | None:
     """The envelope's second look before a rounding failure stands (`doubted`): the members
     after the first look's, up to long_run.second_look in all, run by `run` (the driver's,
-    harness/execute/schedule.py), and the float32 spread measured again on all of them. None
-    where nothing is doubted, there is nothing to look at again (no more members, no first
-    spread) or a new member failed: the first look's verdicts stand."""
+    harness/execute/schedule.py), and the float32 spread measured again on all of them; the
+    jobs planned and done with its own among them, as the other looks return them (a later
+    look gathers them again). None where nothing is doubted, there is nothing to look at
+    again (no more members, no first spread) or a new member failed: the first look's
+    verdicts stand, and its jobs are not kept."""
     more = roles.member_seeds(problem, FLOAT32, upto=problem.spec.checks.long_run.second_look, scheme=scheme)
     if not doubted or not more or found.calibration.float32 is None:
         return None
@@ -294,13 +298,13 @@ def second_look(
         f"{worst.name}, {worst.ratio:.3g}x); measuring the envelope again with {len(more)} more members"
     )
     again = roles.member_jobs(loaded, problem, more)
-    done = run(again)
-    extra = [o for c in again if not is_copy(c) for o in done.get(c.name, {}).values()]
+    finished = run(again)
+    extra = [o for c in again if not is_copy(c) for o in finished.get(c.name, {}).values()]
     members32 = [*found.members, *extra]
     wider = measure(runs.get(scheme.reference), [runs.get(scheme.member), *members32], FLOAT32)
     if wider is None:
         return None
-    return replace(found, calibration=replace(found.calibration, float32=wider), members=members32)
+    return [*planned, *again], {**done, **finished}, replace(found, calibration=replace(found.calibration, float32=wider), members=members32)
 
 
 def library_whole(
