@@ -93,10 +93,11 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     rates = session.measure_rates(args, keys, console)
     run_id = write.new_id()
     results = []
-    executor = session.make_executor(args, console)
+    executor = session.make_executor(args)
+    console.print(executor.slots.describe(), highlight=False)
     try:
         for i, (loaded, value) in enumerate(points, 1):
-            problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args))
+            problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args), port_apart=matrix.port_apart(loaded.name, executor))
             key = loaded.spec.sweep.key
             console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
             run = matrix.run_spec(

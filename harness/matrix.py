@@ -8,6 +8,7 @@ per run, made and written (harness/records/)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -72,7 +73,27 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
     return [*framework, *calibrating]
 
 
-PORT_START = "a port's start"  # the role of check_port_start's job
+PORT_START = "a port's start"  # the role of check_port_start's job and port_apart's
+
+
+def _start_job(name: str, what: str) -> jobs.Job:
+    """A job of a port's start, in the process the local executor keeps for torch's
+    calibration runs (Job.kept_group: torch's, as the reference's key is torch's)."""
+    return jobs.Job(f"{name} {what}", PORT_START, ((PORT_REFERENCE_KEY, f"{name} {what}"),), recorded=False, own_process=False)
+
+
+def port_apart(name: str, executor: executors.Executor) -> Callable:
+    """How a port's file is run apart from the driver while its problem is built
+    (problem.with_port's `apart`): on the inline executor in this process, as every run;
+    on the local executor in the process it keeps for torch's calibration runs, where
+    check_port_start and the members then go on (a fresh process of its own cost a port
+    check a process start and torch's import before its first run, issue 54); on any other
+    in a fresh process."""
+    from harness.execute.fresh import in_fresh_process
+
+    if isinstance(executor, executors.Inline | executors.Local):
+        return lambda call, *args: executor.submit(_start_job(name, "module's facts"), call, *args).result()
+    return in_fresh_process
 
 
 def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
@@ -87,8 +108,7 @@ def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.E
     from harness.run import port_start
 
     if isinstance(executor, executors.Inline | executors.Local):
-        job = jobs.Job(f"{loaded.name} start", PORT_START, ((PORT_REFERENCE_KEY, f"{loaded.name} {FORWARD}"),), recorded=False, own_process=False)
-        outputs = executor.submit(job, port_start.check_start, problem, loaded.port_sha256).result()
+        outputs = executor.submit(_start_job(loaded.name, FORWARD), port_start.check_start, problem, loaded.port_sha256).result()
     else:
         outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
     return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)

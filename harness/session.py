@@ -23,7 +23,6 @@ from harness.core.registry import (
     STRICT,
     runs_on,
 )
-from harness.execute.fresh import in_fresh_process
 from harness.records import write
 from harness.spec import load as spec_load
 
@@ -73,14 +72,12 @@ def prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, li
     return results_dir, keys
 
 
-def make_executor(args: argparse.Namespace, console: Console):
-    """The executor the options name (harness/execute/executors.py), its choice said."""
+def make_executor(args: argparse.Namespace):
+    """The executor the options name (harness/execute/executors.py)."""
     from harness.execute import executors
 
     kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
-    executor = executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
-    console.print(executor.slots.describe(), highlight=False)
-    return executor
+    return executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
 
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:
@@ -158,47 +155,50 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
     results_dir, keys = prepare(args, [spec.name for spec in loaded])
     ports = [spec.name for spec in loaded if spec.port is not None]
     also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)
-    problems, ready, unread = [], [], []
-    for spec in loaded:
-        try:
-            apart = None if getattr(args, "in_process", False) else in_fresh_process  # the driver never runs a port's file (it imports JAX)
-            problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args), apart))
-            ready.append(spec)
-            said = spec.spec.data
-            if getattr(said, "kind", None) == "idx" and problems[-1].data_source != said.source:
-                console.print(
-                    f"{spec.name}: its {said.source} files are not in the data folder; it runs on the real MNIST test-set files "
-                    f"shipped with the harness (data source {problems[-1].data_source}: harness/data/mnist/README.md). "
-                    f"--data-source {said.source} --download fetches the {said.source} files instead",
-                    style="yellow",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-        except PortError as exc:  # the user's code failed before any run: the other specs run
-            if len(loaded) == 1:
-                raise
-            unread.append(spec.name)
-            console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
-        except DataError as exc:
-            if len(loaded) == 1:
-                raise
-            # one spec's data missing (offline, say) keeps the others from nothing: they run
-            unread.append(spec.name)
-            console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
-    loaded = ready
-    source = getattr(args, "data_source", None)
-    without = [spec.name for spec in loaded if source and source not in (getattr(spec.spec.data, "sources", None) or {})]
-    if without:  # a note, not a refusal: the GPU contact passes it to every phase (issue 55)
-        console.print(
-            f"--data-source {source}: {', '.join(without)} name no such source and run on their own data",
-            style="yellow",
-            highlight=False,
-            soft_wrap=True,
-        )
-    rates = measure_rates(args, keys, console)
-    run_id = write.new_id()
-    executor = make_executor(args, console)
+    # made before the problems: a port's file runs where its start check and torch's
+    # members then run (matrix.port_apart); its choice said once it starts
+    executor = make_executor(args)
     try:
+        problems, ready, unread = [], [], []
+        for spec in loaded:
+            try:
+                apart = matrix.port_apart(spec.name, executor)  # the driver never runs a port's file (it imports JAX)
+                problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args), apart))
+                ready.append(spec)
+                said = spec.spec.data
+                if getattr(said, "kind", None) == "idx" and problems[-1].data_source != said.source:
+                    console.print(
+                        f"{spec.name}: its {said.source} files are not in the data folder; it runs on the real MNIST test-set files "
+                        f"shipped with the harness (data source {problems[-1].data_source}: harness/data/mnist/README.md). "
+                        f"--data-source {said.source} --download fetches the {said.source} files instead",
+                        style="yellow",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+            except PortError as exc:  # the user's code failed before any run: the other specs run
+                if len(loaded) == 1:
+                    raise
+                unread.append(spec.name)
+                console.print(f"FAILED {spec.name}: {exc}", style="red", highlight=False, soft_wrap=True)
+            except DataError as exc:
+                if len(loaded) == 1:
+                    raise
+                # one spec's data missing (offline, say) keeps the others from nothing: they run
+                unread.append(spec.name)
+                console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
+        loaded = ready
+        source = getattr(args, "data_source", None)
+        without = [spec.name for spec in loaded if source and source not in (getattr(spec.spec.data, "sources", None) or {})]
+        if without:  # a note, not a refusal: the GPU contact passes it to every phase (issue 55)
+            console.print(
+                f"--data-source {source}: {', '.join(without)} name no such source and run on their own data",
+                style="yellow",
+                highlight=False,
+                soft_wrap=True,
+            )
+        rates = measure_rates(args, keys, console)
+        run_id = write.new_id()
+        console.print(executor.slots.describe(), highlight=False)
         results = [
             matrix.run_spec(
                 spec,

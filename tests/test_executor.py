@@ -324,3 +324,19 @@ def test_jobs_run_later_take_the_states_of_jobs_finished_earlier():
             schedule.execute(later, source, executor, Console(file=io.StringIO()), states=given, total_steps=10)
     finally:
         executor.shutdown()
+
+
+def test_a_ports_file_runs_where_its_start_check_and_torchs_members_then_run():
+    """matrix.port_apart (issue 54): on the local executor a port's module facts run in the
+    process it keeps for torch's calibration runs, the one check_port_start's job and the
+    members then take, not in a fresh process of their own nor in the driver; inline, in
+    this process, as every run; on another executor, in a fresh process."""
+    local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
+    try:
+        there = matrix.port_apart("mlp_port", local)(os.getpid)
+        start = local.submit(matrix._start_job("mlp_port", "start"), os.getpid).result()
+        assert there == start != os.getpid()
+    finally:
+        local.shutdown()
+    assert matrix.port_apart("mlp_port", executors.Inline())(os.getpid) == os.getpid()
+    assert matrix.port_apart("mlp_port", object()) is executors.in_fresh_process

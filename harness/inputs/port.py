@@ -324,9 +324,11 @@ class Facts:
 def facts(
     path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...], tokens: bool = False
 ) -> Facts:
-    """The port's Facts, its bytes checked first: called in a fresh process by `harness run`'s
-    driver, which then never imports the user's file (nor the flax and JAX it imports: JAX's
-    gc callback swallowed a lease's Ctrl-C in the driver, which then ran on until killed)."""
+    """The port's Facts, its bytes checked first: called apart from `harness run`'s driver
+    (harness/matrix.py port_apart: in the process the local executor keeps for torch's
+    calibration runs, else a fresh one), which then never imports the user's file (nor the
+    flax and JAX it imports: JAX's gc callback swallowed a lease's Ctrl-C in the driver,
+    which then ran on until killed)."""
     check_loaded(path, loaded_sha256, functions)
     flax, flax_dropout = flax_options(path, in_shape, tokens)
     options = tuple(sorted(layer_options(path, seed) + flax))

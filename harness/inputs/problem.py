@@ -246,8 +246,9 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Ca
     """The problem of a port: its torch module's initial tensors, its output width checked
     against the data's targets (harness/inputs/port.py; PortError naming the file). Only a
     port whose file load_spec read (`loaded_sha256`) is run, and only with those bytes.
-    `apart(fn, *args)`: fn(*args) in a fresh process (harness/execute/fresh.py), where the
-    user's file is run, not in this one (the driver's); None: in this one."""
+    `apart(fn, *args)`: fn(*args) in another process (harness/matrix.py port_apart: the one
+    kept for torch's calibration runs, or a fresh one), where the user's file is run, not in
+    this one (the driver's); None: in this one."""
     from harness.inputs import port
 
     spec = problem.spec
