@@ -76,41 +76,30 @@ def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats:
 PORT_START = "a port's start"  # the role of check_port_start's job and port_apart's
 
 
-def _start_job(name: str, what: str) -> jobs.Job:
-    """A job of a port's start, in the process the local executor keeps for torch's
-    calibration runs (Job.kept_group: torch's, as the reference's key is torch's)."""
-    return jobs.Job(f"{name} {what}", PORT_START, ((PORT_REFERENCE_KEY, f"{name} {what}"),), recorded=False, own_process=False)
-
-
-def port_apart(name: str, executor: executors.Executor) -> Callable:
-    """How a port's file is run apart from the driver while its problem is built
-    (problem.with_port's `apart`): on the inline executor in this process, as every run;
-    on the local executor in the process it keeps for torch's calibration runs, where
-    check_port_start and the members then go on (a fresh process of its own cost a port
-    check a process start and torch's import before its first run, issue 54); on any other
-    in a fresh process."""
+def port_apart(name: str, executor: executors.Executor | None, what: str = "module's facts") -> Callable:
+    """How a port's start (`what`: its module's facts while its problem is built,
+    problem.with_port's `apart`; its start check) is run apart from the driver, which never
+    runs a port's file nor starts JAX's thread pool: on the inline executor in this process,
+    as every run; on the local executor in the process it keeps for torch's calibration runs
+    (Job.kept_group: torch's, the reference's key being torch's), where the start check and
+    the members then go on as it is (a fresh process each cost a port check a process start
+    and torch's import, issue 54); on any other, or none yet, in a fresh process."""
     from harness.execute.fresh import in_fresh_process
 
-    if isinstance(executor, executors.Inline | executors.Local):
-        return lambda call, *args: executor.submit(_start_job(name, "module's facts"), call, *args).result()
-    return in_fresh_process
+    if not isinstance(executor, executors.Inline | executors.Local):
+        return in_fresh_process
+    job = jobs.Job(f"{name} {what}", PORT_START, ((PORT_REFERENCE_KEY, f"{name} {what}"),), recorded=False, own_process=False)
+    return lambda call, *args: executor.submit(job, call, *args).result()
 
 
 def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
     """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
-    forward pass against torch's (parity.initial_forward_check). Never in the driver (JAX's
-    thread pool never starts there), but where every run does (the inline executor); on the
-    local executor, in the process it keeps for torch's calibration runs, which the members
-    then take as it is (a fresh process cost a port check 7 of its 67 s, issue 54); on any
-    other, in a fresh process."""
-    from harness.execute.fresh import in_fresh_process
+    forward pass against torch's (parity.initial_forward_check), where port_apart runs a
+    port's start."""
     from harness.run import port_start
 
-    if isinstance(executor, executors.Inline | executors.Local):
-        outputs = executor.submit(_start_job(loaded.name, FORWARD), port_start.check_start, problem, loaded.port_sha256).result()
-    else:
-        outputs = in_fresh_process(port_start.check_start, problem, loaded.port_sha256)
+    outputs = port_apart(loaded.name, executor, FORWARD)(port_start.check_start, problem, loaded.port_sha256)
     return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
 
 

@@ -72,12 +72,18 @@ def prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, li
     return results_dir, keys
 
 
+def executor_kind(args: argparse.Namespace) -> str:
+    """The executor the options name: in-process, local, ray or ray:ADDRESS."""
+    from harness.execute.capacity import INLINE
+
+    return INLINE if getattr(args, "in_process", False) else args.executor
+
+
 def make_executor(args: argparse.Namespace):
     """The executor the options name (harness/execute/executors.py)."""
     from harness.execute import executors
 
-    kind = executors.INLINE if getattr(args, "in_process", False) else args.executor
-    return executors.make(kind, args.jobs, args.threads, args.gpu_types, args.places)
+    return executors.make(executor_kind(args), args.jobs, args.threads, args.gpu_types, args.places)
 
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:
@@ -147,6 +153,7 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
     arguments choose; the results, the records' folder, the run's id and the specs not run
     for want of their data."""
     from harness import matrix
+    from harness.execute.capacity import INLINE, LOCAL
     from harness.inputs import problem as inputs
     from harness.inputs.port import PortError
 
@@ -155,9 +162,12 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
     results_dir, keys = prepare(args, [spec.name for spec in loaded])
     ports = [spec.name for spec in loaded if spec.port is not None]
     also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)
-    # made before the problems: a port's file runs where its start check and torch's
-    # members then run (matrix.port_apart); its choice said once it starts
-    executor = make_executor(args)
+    # The local and inline executors are made before the problems (no process starts before
+    # a job): a port's file then runs where its start check and torch's members will
+    # (matrix.port_apart). Ray's is made once they are built (ray.init starts or joins a
+    # cluster, which a spec's one-line data error need not wait for); a port's file then
+    # runs in a fresh process.
+    executor = make_executor(args) if executor_kind(args) in (INLINE, LOCAL) else None
     try:
         problems, ready, unread = [], [], []
         for spec in loaded:
@@ -198,6 +208,7 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
             )
         rates = measure_rates(args, keys, console)
         run_id = write.new_id()
+        executor = executor or make_executor(args)
         console.print(executor.slots.describe(), highlight=False)
         results = [
             matrix.run_spec(
@@ -216,5 +227,6 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
             for spec, problem in zip(loaded, problems)
         ]
     finally:
-        executor.shutdown()
+        if executor is not None:
+            executor.shutdown()
     return results, results_dir, run_id, unread

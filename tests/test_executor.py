@@ -18,9 +18,11 @@ from harness import matrix
 from harness.calibrate import roles
 from harness.core.errors import HarnessError
 from harness.core.paths import SPECS_DIR
+from harness.core.registry import PORT_MEMBER_KEY
 from harness.execute import capacity, executors, jobs, plan
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
+from harness.verdict.parity import FORWARD
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
@@ -327,16 +329,18 @@ def test_jobs_run_later_take_the_states_of_jobs_finished_earlier():
 
 
 def test_a_ports_file_runs_where_its_start_check_and_torchs_members_then_run():
-    """matrix.port_apart (issue 54): on the local executor a port's module facts run in the
-    process it keeps for torch's calibration runs, the one check_port_start's job and the
+    """matrix.port_apart (issue 54): on the local executor a port's module facts and its
+    start check run in the process it keeps for torch's calibration runs, the one torch's
     members then take, not in a fresh process of their own nor in the driver; inline, in
-    this process, as every run; on another executor, in a fresh process."""
+    this process, as every run; on another executor, or none yet (Ray's is made after the
+    problems), in a fresh process."""
     local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
+    member = jobs.Job("mlp_port torch@cpu~order1", roles.MEMBER, ((PORT_MEMBER_KEY, "a member"),), recorded=False, own_process=False)
     try:
-        there = matrix.port_apart("mlp_port", local)(os.getpid)
-        start = local.submit(matrix._start_job("mlp_port", "start"), os.getpid).result()
-        assert there == start != os.getpid()
+        facts = matrix.port_apart("mlp_port", local)(os.getpid)
+        start = matrix.port_apart("mlp_port", local, FORWARD)(os.getpid)
+        assert facts == start == local.submit(member, os.getpid).result() != os.getpid()
     finally:
         local.shutdown()
     assert matrix.port_apart("mlp_port", executors.Inline())(os.getpid) == os.getpid()
-    assert matrix.port_apart("mlp_port", object()) is executors.in_fresh_process
+    assert matrix.port_apart("mlp_port", None) is matrix.port_apart("mlp_port", object()) is executors.in_fresh_process
