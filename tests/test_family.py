@@ -162,6 +162,55 @@ def test_the_fresh_draws_false_alarms_pass_and_their_bug_is_still_caught(doc):
         assert twin.ratio * twin.bound.allowed > 4 * np.spacing(0.70)
 
 
+# Two workloads of a fresh draw (HARNESS_FAMILY_SEED=20261506, 200 workloads, 2026-12-02) on
+# which math parity failed JAX's honest float64 twin against the oracle on three float64
+# members' spread: a batch norm's running mean after step 1 at 1.2x (0.35x of sixteen
+# members), and AdamW with clipping's re-anchored state at 1.65x (0.14x of sixteen). Math
+# parity's second look (calibration.math_second_look) judges a failing twin again on
+# sixteen before its failure stands, against the oracle as on a port.
+RUNNING_MEAN = {
+    **NO_DAMPENING,
+    "data": {"kind": "image_patterns", "n_samples": 200, "shape": [1, 6, 9], "classes": 2, "noise": 1.0, "seed": 75},
+    "model": {
+        "input_shape": [1, 6, 9],
+        "layers": [
+            {"kind": "conv2d", "filters": 1, "kernel": 1, "stride": 1, "padding": "valid", "activation": "relu"},
+            {"kind": "batch_norm", "momentum": 0.01, "eps": 1e-05, "running_var": "unbiased"},
+            {"kind": "conv2d", "filters": 1, "kernel": 1, "stride": 1, "padding": "valid", "activation": "tanh"},
+            {"kind": "flatten"},
+            {"width": 2},
+        ],
+    },
+    "init": {"weights": "glorot_uniform", "biases": "zeros", "seed": 20},
+    "loss": {"kind": "cross_entropy", "reduction": "mean"},
+    "optimizer": {"kind": "sgd", "lr": 0.01},
+    "training": {"epochs": 2, "batch_size": 17, "shuffle": True, "shuffle_seed": 0, "last_batch": "keep"},
+    "checks": {"params_after_steps": {"step": 10}},
+}
+CLIPPED_ADAMW = {
+    **NO_DAMPENING,
+    "data": {"kind": "peaks_grid", "points_per_axis": 18, "low": -3.0, "high": 3.0},
+    "model": {
+        "input_width": 2,
+        "layers": [{"width": 1, "activation": "tanh"}, {"width": 1, "activation": "relu"}, {"width": 1, "activation": "identity"}],
+    },
+    "init": {"weights": "normal_over_sqrt_fan_in", "biases": "zeros", "seed": 830},
+    "optimizer": {"kind": "adamw", "lr": 0.003, "beta1": 0.8, "beta2": 0.999, "eps": 1e-07, "weight_decay": 0.1, "clip_global_norm": 5.0},
+    "training": {"epochs": 91, "batch_size": "full", "shuffle": False, "shuffle_seed": 50, "last_batch": "drop"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "doc, bug", [(RUNNING_MEAN, "torch_bn_biased_var"), (CLIPPED_ADAMW, "torch_late_rate")], ids=["running-mean", "clipped-adamw"]
+)
+def test_a_twin_past_three_members_spread_is_judged_again_on_sixteen_against_the_oracle(doc, bug):
+    result = passes_and_catches(doc, bug)
+    twin = [c for c in result.checks if c.a == RunKey("jax", "cpu", precision="float64") and c.bound is not None and c.bound.factor is not None]
+    assert twin and all(c.verdict == Verdict.PASS for c in twin)
+    assert max(c.bound.members for c in twin) == 16  # judged again on the second look's members (long_run.second_look)
+
+
 # A workload of a fresh draw (HARNESS_FAMILY_SEED=20261128, 300 workloads) on which the rules
 # of 2026-11-25 failed JAX's honest float64 twin and called it `implementation`: a 1x1
 # convolution, GELU and batch norm whose cross-entropy (a sum over 172 images) falls from 80

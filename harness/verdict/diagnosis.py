@@ -391,7 +391,7 @@ def math_doubted(checks: list[Check]) -> list[Check]:
     """The failing math-parity checks judged on a calibrated spread, over the twins' first
     steps or a re-anchored segment: those math parity's second look
     (harness/calibrate/calibration.py math_second_look) judges again on more float64
-    members, on a port."""
+    members."""
     return [
         c
         for c in checks
