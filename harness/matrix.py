@@ -19,7 +19,7 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey, Verdict
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey, Verdict
 from harness.execute import executors, hosts, jobs, plan, schedule
 from harness.execute.jobs import inputs_sha256
 from harness.hardware.floor import Floor, Rates, floor_of
@@ -172,8 +172,15 @@ def run_spec(
         return early + diagnosis.verdicts(problem.spec, outcomes, cal)
 
     checks = judged(found.calibration)
-    # the rest of the members, where a check needs them
-    topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, checks, driver.run, console, scheme)
+    if scheme.reference.framework == ORACLE:  # a library entry's members on the first look's, where a check needs them
+        unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)
+        measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
+        if measured is not None:
+            planned, done, found = measured
+            checks = judged(found.calibration)
+    # the rest of the members, where a check needs them: not for one its library entries explain
+    needing = [c for c in checks if not diagnosis.library_known(problem.spec, c, scheme.reference)]
+    topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, needing, driver.run, console, scheme)
     if topped is not None:
         planned, done, found = topped
         checks = judged(found.calibration)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness import matrix
-from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey
 from harness.execute import plan
 from harness.execute.fresh import in_fresh_process
 from harness.inputs.members import in_plain_order, reordered
@@ -93,6 +93,28 @@ def test_optax_bias_corrections_are_a_library_difference_of_every_adam_spec():
     twin = fake_check("fail", "math_loss_curve", RunKey("jax", "cpu", precision=FLOAT64))
     assert [c.verdict for c in diagnosis.apply_known_differences(ADAM, [twin], REACHED)] == ["fail"]
     assert [c.verdict for c in diagnosis.apply_known_differences(SGD_CROSS_ENTROPY, [fake_check("fail")], REACHED)] == ["fail"]
+
+
+def test_only_a_check_non_strict_library_entries_explain_goes_without_the_rest_of_the_envelope():
+    """diagnosis.library_known: a float32 check that optax's (non-strict) entry marks known
+    against the oracle needs no more of the envelope's members (harness/matrix.py); not one
+    that fails, nor a float64 twin's, nor one a spec's own entry or a strict one also covers
+    (a strict entry that stops failing is a failure: every member must judge it), nor on a
+    port's scheme, whose reference is torch's float64 run."""
+    known = diagnosis.apply_known_differences(ADAM, [fake_check("fail")], REACHED)[0]
+    assert known.verdict == "known" and diagnosis.library_known(ADAM, known)
+    assert not diagnosis.library_known(ADAM, fake_check("fail"))
+    assert not diagnosis.library_known(ADAM, known, PORT_REFERENCE_KEY)
+    twin = dataclasses.replace(known, a=RunKey("jax", "cpu", precision=FLOAT64))
+    assert not diagnosis.library_known(ADAM, twin)
+    for strict in (True, False):
+        own = KnownDifference(framework="jax", check="loss_curve_envelope", strict=strict, reason="the spec's own entry for this check")
+        spec = ADAM.model_copy(update={"known_differences": [own]})
+        assert not diagnosis.library_known(spec, known)
+    strict = [e.model_copy(update={"strict": True}) for e in catalogue.library_differences()]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(catalogue, "library_differences", lambda: strict)
+        assert not diagnosis.library_known(ADAM, known)
 
 
 def test_a_check_known_by_several_library_entries_names_every_one():

@@ -89,7 +89,10 @@ def top_up(
     `run` (the re-anchored ones from the reference's states), and everything gathered again
     from both looks' jobs. A tolerance grows with the spread, the largest distance of any
     member: a check that passes on the first look's members passes on all of them, so the
-    verdicts are those of every member from the start. None where every check passes."""
+    verdicts are those of every member from the start. `checks` are those more members may
+    judge otherwise: harness/matrix.py leaves out a float32 check its library entries
+    explain on the first look's (diagnosis.library_known), which more would at most make
+    pass. None where every check passes."""
     standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
     # a twin's check (a pair's `a` is never the reference), where twins run
     float64 = any(c.a.precision == FLOAT64 for c in standing) and any(c.role == roles.TWIN for c in planned)
