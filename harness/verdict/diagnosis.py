@@ -145,6 +145,11 @@ def _explained(spec: Spec, check: Check, entries: list, reached: dict[str, dict[
     return total
 
 
+def _applying(spec: Spec) -> list[KnownDifference]:
+    """The known differences that apply to a spec: its own, and the library file's whose keys match."""
+    return [e for e in (*spec.known_differences, *catalogue.library_differences()) if catalogue.applies(e, spec)]
+
+
 def apply_known_differences(
     spec: Spec,
     checks: list[Check],
@@ -160,7 +165,7 @@ def apply_known_differences(
     any failing check (implementation where a twin differs from its reference), unless its
     library's side passes the check against the reference computing that library's formula
     over the whole run (`lying`, see lying_with): then it is known, saying so."""
-    entries = [e for e in (*spec.known_differences, *catalogue.library_differences()) if catalogue.applies(e, spec)]
+    entries = _applying(spec)
     # a side whose float64 twin fails math parity computes other math than its reference: no
     # catalogued behaviour explains that, so its failing float32 checks stay failures and
     # diagnose() says implementation (a library entry's bound is in float32 rounding's units,
@@ -356,7 +361,7 @@ def library_known(spec: Spec, check: Check, reference: RunKey = ORACLE_KEY) -> b
     failure); on a port (torch's float64 run the reference) every member runs as before."""
     if check.verdict != Verdict.KNOWN or check.a.precision == FLOAT64 or reference.framework != ORACLE:
         return False
-    entries = [e for e in (*spec.known_differences, *catalogue.library_differences()) if catalogue.applies(e, spec)]
+    entries = _applying(spec)
     covering = [e for e in entries if covers(e, check, reference)]
     return bool(covering) and all(isinstance(e, LibraryDifference) and not e.strict for e in covering)
 
