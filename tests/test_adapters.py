@@ -335,3 +335,41 @@ def test_each_run_key_brings_its_own_precision_no_module_global():
     jax = adapter_or_skip("jax")
     assert jax.describe(registry.RunKey("jax", "cpu", precision="float64"))["math_mode"]["jax_enable_x64"] is True
     assert jax.describe(registry.RunKey("jax", "cpu"))["math_mode"]["jax_enable_x64"] is False
+
+
+@pytest.mark.parametrize("spec_name", ["lenet_mnist", "cnn_norm_mnist", "gpl_transformer"])
+def test_the_oracles_evaluation_takes_blocks_and_rounds_like_one_pass(spec_name, monkeypatch):
+    """The float64 oracle evaluates a whole set EVAL_BLOCK examples at a time (a LeNet's
+    windows on 8,000 images were one 1.25 GB array): on the real MNIST images and the GPL's
+    text, after steps that move every tensor and batch norm's statistics, the blocks'
+    outputs are one pass's to a few float64 roundings (dgemm rounds a few rows of an odd
+    count otherwise: 1 ulp in 7 of 1,529 here; docs/measurements.md). A float32 run and a
+    member still take one pass: their bits would move (sgemm's; a member's draws)."""
+    from adapters import xp_adapter
+    from harness.inputs.members import reordered
+    from harness.reference import network
+
+    adapter = registry.load("numpy")
+    problem = quick_problem(spec_name)
+    trainer = trainer_of(adapter, problem, "cpu", "float64")
+    adapter.train(trainer, 0, 3)
+    x = problem.x_train[: 3 * xp_adapter.EVAL_BLOCK - 7]  # gpl_transformer has 970
+    block, n = xp_adapter.EVAL_BLOCK, len(x)
+    passes = []
+    real = network.predict
+
+    def counted(xp, placed, params, batch, jitter):
+        passes.append(len(batch))
+        return real(xp, placed, params, batch, jitter)
+
+    monkeypatch.setattr(network, "predict", counted)
+    blocks = adapter.predict(trainer, x)
+    assert n > block and passes == [min(block, n - i) for i in range(0, n, block)]
+    one_pass = real(np, trainer.placed, trainer.params, x.astype(np.float64), network.plain)
+    assert blocks.dtype == np.float64 and blocks.shape == one_pass.shape
+    ulps = np.abs(blocks - one_pass) / np.spacing(np.abs(one_pass).max(axis=-1, keepdims=True))
+    assert ulps.max() <= 4, f"blocks differ from one pass by {ulps.max():.1f} ulps of the row's largest output"
+    for other in (trainer_of(adapter, problem, "cpu", "float32"), trainer_of(adapter, reordered(problem, 1), "cpu", "float64")):
+        passes.clear()
+        adapter.predict(other, x)
+        assert passes == [len(x)]
