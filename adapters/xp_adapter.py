@@ -243,13 +243,14 @@ def training_state(trainer: Trainer) -> dict[str, np.ndarray]:
     return network.training_state(host, opt_state)
 
 
-# The examples a NumPy float64 evaluation without jitter (the oracle's) takes at once: its
-# outputs are each example's own, bit for bit the whole set's in one pass (dgemm's rows
-# do not depend on how many it multiplies; tests/test_adapters.py), and the whole set at
-# once made a LeNet's windows one 1.25 GB array on 8,000 images (9.4 GB on 60,000):
-# 2.7x the time of 512 at once. Float32 stays one pass (sgemm's bits move with the rows
-# it multiplies: 3e-8 on mnist_mlp), and so does a member's (its roundings are drawn in
-# the order of one pass).
+# The examples a NumPy float64 evaluation without a member's roundings (the oracle's) takes
+# at once. The whole set in one pass made a LeNet's first windows one 1.25 GB array on
+# 8,000 images (9.4 GB on 60,000) and took 2.7x the time of blocks of 512. The blocks'
+# outputs are one pass's to a few roundings: dgemm rounds a few rows of some counts
+# otherwise (1 ulp in 7 rows of 1,529), and on the committed specs' sets they are its
+# bits (docs/measurements.md, 2026-12-02). Float32 stays one pass (sgemm's bits move with
+# the rows it multiplies: 3e-8 on mnist_mlp), and so does a member (its roundings are
+# drawn in one pass's order).
 EVAL_BLOCK = 512
 
 
