@@ -256,11 +256,14 @@ EVAL_BLOCK = 512
 
 def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
-    blocks = xp is np and trainer.dtype == "float64" and trainer.jitter is network.plain
-    starts = range(0, len(x), EVAL_BLOCK) if blocks and len(x) > EVAL_BLOCK else [0]
-    stop = EVAL_BLOCK if len(starts) > 1 else len(x)
-    parts = [network.predict(xp, trainer.placed, trainer.params, xp.asarray(x[i : i + stop].astype(trainer.dtype)), trainer.jitter) for i in starts]
-    outputs = parts[0] if len(parts) == 1 else xp.concatenate(parts)
+
+    def forward(part: np.ndarray):
+        return network.predict(xp, trainer.placed, trainer.params, xp.asarray(part.astype(trainer.dtype)), trainer.jitter)
+
+    if xp is np and trainer.dtype == "float64" and trainer.jitter is network.plain and len(x) > EVAL_BLOCK:
+        outputs = np.concatenate([forward(x[i : i + EVAL_BLOCK]) for i in range(0, len(x), EVAL_BLOCK)])
+    else:
+        outputs = forward(x)
     return np.asarray(_to_numpy(trainer, outputs), dtype=np.float64)
 
 
