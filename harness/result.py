@@ -68,8 +68,9 @@ def _step(text: str, check) -> int | None:
 
 class Verdict:
     """What a run of the matrix found, from Python: `passed` (no gating check failed and no
-    run failed), `failures` (each failing check, `Failure`), `records` (the schema records,
-    as dicts) and `str(verdict)`, the verdict table and the FAIL lines the command line prints."""
+    run failed, other than by diverging no earlier than rounding alone does: table.failed),
+    `failures` (each failing check, `Failure`), `records` (the schema records, as dicts) and
+    `str(verdict)`, the verdict table and the FAIL lines the command line prints."""
 
     def __init__(self, results: list, text: str):
         from harness.report.table import failed, problem_checks

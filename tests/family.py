@@ -30,6 +30,7 @@ from harness.matrix import SpecResult
 from harness.reference import network
 from harness.spec.load import LoadedSpec, validate_document
 from harness.spec.model import total_steps
+from harness.verdict.rules import DIVERGENCE_CHECKS
 
 REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.
@@ -429,6 +430,9 @@ def judge(result: SpecResult, bug: str) -> Verdict:
     anchored = [c for c in twin if c.verdict == "fail" and c.segment is not None]
     first_steps = [c for c in twin if c.verdict == "fail" and c.segment is None]
     diagnosed = [c.diagnosis for c in (*mine, *twin) if c.verdict == "fail" and c.diagnosis]
+    # runs that diverged no earlier than their members summing in other orders (rules.divergence_check):
+    # they ran as far as rounding alone carries the training
+    rounding_diverged = {c.a for c in result.checks if c.name in DIVERGENCE_CHECKS and c.verdict == "pass"}
     return Verdict(
         honest_failures=failing,
         worst_honest_ratio=0.0 if worst is None else float(worst.ratio),
@@ -439,7 +443,7 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_inert=_same_math(result, RunKey(bug, "cpu", precision=FLOAT64), RunKey(BUGGY[bug][0], "cpu", precision=FLOAT64))
         and _same_segments(result, bug, BUGGY[bug][0]),
         bug_diagnoses=[c.diagnosis for c in mine],
-        ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok"),
+        ran=sorted(k.label for k, o in result.outcomes.items() if o.status == "ok" or k in rounding_diverged),
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
         bug_segment=anchored[0].segment if anchored and not first_steps else None,

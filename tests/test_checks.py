@@ -362,3 +362,87 @@ def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_t
     monkeypatch.setattr(calibration, "jobs", eager)
     before, said = judged()
     assert "where a library entry covers them" not in said and before == lazy
+
+
+def _run(key: RunKey, losses, bias: float = 0.0, diverged_at: int | None = None) -> runner.Outcome:
+    """A finished run of ten steps (or one that diverged at `diverged_at`): its losses, a
+    tensor after steps 1 and 8, and its outputs and metric where it trained to the end."""
+    losses = np.array(losses, np.float64)
+    snap = {s: {"w": np.full(3, 1.0 + bias * s)} for s in (1, 8)}
+    if diverged_at is not None:
+        losses[diverged_at:] = np.nan
+        snap = {s: p if s < diverged_at else {"w": np.full(3, np.nan)} for s, p in snap.items()}
+        reason = f"diverged: non-finite loss or parameters at step {diverged_at}"
+        return runner.Outcome(key, "failed", reason, losses=losses, snapshots=snap, initial_outputs=np.zeros(2), failed_at_step=diverged_at)
+    out = np.full(2, bias)
+    return runner.Outcome(
+        key, "ok", losses=losses, snapshots=snap, initial_outputs=np.zeros(2), final_outputs=out, metrics={"train_loss": losses[-1]}
+    )
+
+
+CURVE = np.linspace(2.0, 1.0, 10)
+
+
+def test_a_spread_whose_member_diverges_bounds_only_the_steps_before_its_divergence():
+    from harness.calibrate.spread import measure
+
+    reference = _run(ORACLE_KEY, CURVE)
+    ok = _run(CALIBRATION_KEY, CURVE * (1 + 1e-6), bias=1e-6)
+    gone = _run(dataclasses.replace(CALIBRATION_KEY, variant="order1"), CURVE * (1 + 2e-6), bias=2e-6, diverged_at=6)
+    whole = measure(reference, [ok], "float32")
+    assert whole.finite_steps is None and len(whole.curve) == 10 and sorted(whole.params) == [1, 8] and np.isfinite(whole.final_outputs)
+    spread = measure(reference, [ok, gone], "float32")
+    assert spread.finite_steps == 6 and spread.diverged == {gone.key.label: 6}
+    assert len(spread.curve) == 6 and np.allclose(spread.curve, 2e-6)  # the diverged member's own finite steps
+    assert sorted(spread.params) == [1]  # after step 8 nothing is bounded
+    assert spread.final_outputs == np.inf and spread.metrics == {}
+    assert "at step 6" in spread.unbounded and gone.key.label in spread.unbounded
+    raised = runner.Outcome(gone.key, "failed", "raised", losses=None)  # a failure that is no divergence bounds nothing
+    assert measure(reference, [ok, raised], "float32") is None
+
+
+def test_where_a_member_diverged_the_envelope_judges_the_steps_before_and_skips_the_rest():
+    from harness.calibrate.spread import measure
+
+    spec = quick_problem("peaks_mlp").spec
+    reference = _run(ORACLE_KEY, CURVE)
+    spread = measure(reference, [_run(CALIBRATION_KEY, CURVE * (1 + 1e-6)), _run(CALIBRATION_KEY, CURVE * (1 + 1e-6), diverged_at=6)], "float32")
+    late = _run(TORCH, np.concatenate([CURVE[:6] * (1 + 1e-6), CURVE[6:] * 3]))  # far off only after step 5
+    found = {c.name: c for c in checks.envelope_checks(spec, late, reference, spread)}
+    assert found["loss_curve_envelope"].verdict == "pass" and "judged over steps 0-5" in found["loss_curve_envelope"].tolerance
+    assert found["final_outputs"].verdict == "skipped" and found["final_outputs"].reason == spread.unbounded
+    early = _run(TORCH, np.concatenate([CURVE[:3], CURVE[3:] * 3]))  # off from step 3: judged, and fails
+    assert checks.envelope_checks(spec, early, reference, spread)[0].verdict == "fail"
+
+
+def test_a_run_may_diverge_no_earlier_than_its_members():
+    from harness.calibrate.spread import measure
+    from harness.verdict.rules import float32_divergence
+
+    spec = quick_problem("peaks_mlp").spec
+    reference = _run(ORACLE_KEY, CURVE)
+    members = [_run(CALIBRATION_KEY, CURVE * (1 + 1e-6)), _run(CALIBRATION_KEY, CURVE * (1 + 1e-6), diverged_at=6)]
+    spread, trained = measure(reference, members, "float32"), measure(reference, members[:1], "float32")
+    for at, cal, verdict in ((7, spread, "pass"), (6, spread, "pass"), (4, spread, "fail"), (7, trained, "fail")):
+        run = _run(TORCH, CURVE * (1 + 1e-6), diverged_at=at)
+        found = {c.name: c for c in float32_divergence(spec, run, reference, cal)}
+        assert found["divergence"].verdict == verdict, (at, cal.diverged)
+        assert found["loss_curve_envelope"].verdict == "pass"  # its finite steps are the members'
+        if verdict == "fail":
+            assert found["divergence"].first_failure_step == at
+    bent = _run(TORCH, np.concatenate([CURVE[:3], CURVE[3:] * 3]), diverged_at=7)  # off before it diverged
+    assert {c.name: c.verdict for c in float32_divergence(spec, bent, reference, spread)}["loss_curve_envelope"] == "fail"
+
+
+def test_a_run_that_diverged_as_its_members_do_fails_no_command():
+    from types import SimpleNamespace
+
+    from harness.report.table import diverged_as_members
+
+    passing = SimpleNamespace(name="divergence", verdict="pass")
+    assert diverged_as_members(SimpleNamespace(failed_at_step=6, checks=[]), member=True)
+    assert diverged_as_members(SimpleNamespace(failed_at_step=7, checks=[passing]), member=False)
+    assert not diverged_as_members(
+        SimpleNamespace(failed_at_step=4, checks=[checks.Check("divergence", TORCH, ORACLE_KEY, "fail", "r")]), member=False
+    )
+    assert not diverged_as_members(SimpleNamespace(failed_at_step=None, checks=[passing]), member=True)  # raised: a failure

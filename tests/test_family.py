@@ -582,3 +582,108 @@ def test_an_honest_adamw_recipe_on_mnist_has_no_failing_check(mnist_dir):
     result = recipe_family.judged(recipe_family.drawn(12, 5601)[0], mnist_dir)
     failing = [c for c in result.checks if c.verdict == Verdict.FAIL]
     assert not failing, [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis) for c in failing]
+
+
+# Two transformers of a fresh draw (HARNESS_FAMILY_KINDS=text, HARNESS_FAMILY_SEED=20261509,
+# 40 workloads, 2026-12-02) on Debian's CC0-1.0 text, SGD at a rate of 1.0, on the edge of
+# divergence. On the first, every float64 member of the oracle's code summing in another
+# order diverged (from step 36 of 57) where the oracle itself reached a loss of 5e32: with no
+# spread, every twin's math parity was skipped and torch's attention scale (1/4 for 1/2)
+# failed no check. On the second, JAX's honest float32 run diverged at step 29, as 3 of the
+# 5 float32 runs summing in other orders did, and the run stood failed with no diagnosis.
+# A spread is now measured over the steps every member kept finite (spread.measure), and a
+# run that diverges no earlier than its members is not different math for diverging
+# (rules.divergence_check).
+EDGE_OF_DIVERGENCE = {
+    **NO_DAMPENING,
+    "data": {"kind": "text", "file": "CC0-1.0", "sha256": "a2010f343487d3f7618affe54f789f5487602331c0a8d03f49e9a7c547cf0499", "tokens": "bytes"},
+    "loss": {"kind": "cross_entropy", "reduction": "mean"},
+    "optimizer": {"kind": "sgd", "lr": 1.0},
+    "checks": {"params_after_steps": {"step": 10}},
+}
+MEMBERS64_DIVERGE = {
+    **EDGE_OF_DIVERGENCE,
+    "data": {**EDGE_OF_DIVERGENCE["data"], "context": 10, "validation": 17, "split_seed": 0},
+    "model": {
+        "layers": [
+            {"kind": "embedding", "width": 4},
+            {"kind": "positional", "max_len": 10},
+            {"kind": "residual", "layers": [{"kind": "attention", "heads": 1, "causal": False, "bias": True}]},
+            {"kind": "layer_norm", "eps": 1e-05},
+            {"kind": "dense", "width": 16, "activation": "tanh"},
+            {"kind": "dropout", "rate": 0.1},
+            {"kind": "dense", "width": 4},
+            {"kind": "dense", "width": 256},
+        ]
+    },
+    "init": {"weights": "glorot_uniform", "biases": "zeros", "seed": 1},
+    "training": {"epochs": 1, "batch_size": 12, "shuffle": False, "shuffle_seed": 1, "last_batch": "drop"},
+}
+FLOAT32_DIVERGES = {
+    **EDGE_OF_DIVERGENCE,
+    "data": {**EDGE_OF_DIVERGENCE["data"], "context": 8, "validation": 10, "split_seed": 41},
+    "model": {
+        "layers": [
+            {"kind": "embedding", "width": 4},
+            {
+                "kind": "residual",
+                "layers": [
+                    {"kind": "layer_norm", "eps": 1e-06},
+                    {"kind": "attention", "heads": 2, "causal": False, "bias": True, "rope": {"layout": "half", "base": 10000}},
+                ],
+            },
+            {
+                "kind": "residual",
+                "layers": [{"kind": "layer_norm", "eps": 1e-06}, {"kind": "dense", "width": 4, "activation": "tanh"}, {"kind": "dense", "width": 4}],
+            },
+            {"kind": "dense", "width": 256},
+        ]
+    },
+    "init": {"weights": "glorot_uniform", "biases": "zeros", "seed": 392},
+    "training": {"epochs": 1, "batch_size": 28, "shuffle": False, "shuffle_seed": 45, "last_batch": "drop"},
+}
+
+
+@pytest.mark.slow
+def test_members_that_diverge_still_calibrate_the_steps_before_and_a_bug_there_is_caught():
+    result = passes_and_catches(MEMBERS64_DIVERGE, "torch_attention_scale")
+    spread = result.calibration.float64
+    assert spread.diverged and len(spread.curve) == spread.finite_steps < result.problem.total_steps
+    assert result.outcomes[ORACLE_KEY].status == "ok"  # the oracle trained: the members alone diverged
+    twin = {c.name: c for c in result.checks if c.a == RunKey("torch_attention_scale", "cpu", precision="float64")}
+    assert twin["math_initial_outputs"].verdict == Verdict.FAIL  # seen before anything diverged
+    assert twin["math_final_outputs"].verdict == Verdict.SKIPPED and "rounding alone diverges" in twin["math_final_outputs"].reason
+
+
+@pytest.mark.slow
+def test_a_float32_run_that_diverges_as_its_members_do_is_rounding_and_a_bug_is_still_caught():
+    from tests.layer_bugs import _rope_turns_two_pairs
+
+    assert not _rope_turns_two_pairs(FLOAT32_DIVERGES)  # a head width of 2: RoPE's layouts are one math
+    result = passes_and_catches(FLOAT32_DIVERGES, "torch_attention_scale")
+    jax = RunKey("jax", "cpu")
+    assert result.outcomes[jax].status == "failed" and result.outcomes[jax].failed_at_step >= result.calibration.float32.finite_steps
+    checks = {c.name: c for c in result.checks if c.a == jax and c.b == ORACLE_KEY}
+    assert checks["divergence"].verdict == Verdict.PASS and "rounding alone diverges" in checks["divergence"].reason
+    assert checks["loss_curve_envelope"].verdict == Verdict.PASS  # its finite steps, within the envelope
+
+
+@pytest.mark.slow
+def test_the_command_passes_a_run_that_diverges_as_rounding_alone_does_and_says_so(tmp_path):
+    """The honest frameworks alone, through the Python API as `harness run` gives them, with
+    their records: the verdict passes, JAX's divergence and the members' are said to be
+    rounding's, and JAX's record keeps its failure and the step."""
+    import json as json_
+
+    from harness.api import run_spec
+
+    verdict = run_spec(FLOAT32_DIVERGES, data_dir=family.TEXT_DIR, results=tmp_path)
+    text = " ".join(str(verdict).split())
+    assert verdict.passed and not verdict.failures, text
+    assert "DIVERGED (as rounding alone does) generated jax@cpu" in text
+    jax = [r for r in verdict.records if r["framework"] == "jax" and r["precision_mode"] == "strict" and r["dtype"] == "float32" and not r["variant"]]
+    assert len(jax) == 1 and jax[0]["status"] == "failed" and jax[0]["failed_at_step"] is not None
+    checks = {c["name"]: c["verdict"] for c in jax[0]["checks"]}
+    assert checks["divergence"] == "pass"
+    written = [json_.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    assert any(r["framework"] == "jax" and r["status"] == "failed" for r in written)

@@ -15,6 +15,11 @@ harness/verdict/checks.py), with the spread taken here:
   another's, while an element whose members all happened to round alike would fail an
   honest run elementwise; a change in the math moves a whole tensor, and the tensor
   whose ratio is largest says where a difference starts.
+
+A member may diverge where the reference trains: rounding alone then carries the training
+to a non-finite loss. Its steps before that are measured like any other's, and nothing after
+the first member's divergence is bounded (`Spread.diverged`): the checks there are skipped
+with that reason, and a run that diverges no earlier is not different math for diverging.
 """
 
 from __future__ import annotations
@@ -47,6 +52,24 @@ class Spread:
     # through batch norm's running statistics rounds otherwise than the training loss)
     metrics: dict[str, float] = field(default_factory=dict)
     around: str = "the oracle"  # the reference, in a tolerance's prose (a port's: torch@cpu+float64)
+    # the runs that diverged, by label: the step of each one's first non-finite loss or
+    # parameters. The curve then ends before the first of them, the parameters are those of
+    # the steps before it, and nothing after it (final outputs, metrics) is bounded.
+    diverged: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finite_steps(self) -> int | None:
+        """How many steps every run kept finite, where one diverged (None: all trained)."""
+        return min(self.diverged.values()) if self.diverged else None
+
+    @property
+    def unbounded(self) -> str:
+        """Why nothing from the first divergence on is bounded, in a check's prose."""
+        first = min(self.diverged, key=self.diverged.__getitem__)
+        return (
+            f"rounding alone diverges this training: {len(self.diverged)} of {self.runs} {self.dtype} runs summing in other orders "
+            f"diverged where {self.around} trained, the first ({first}) at step {self.diverged[first]}; nothing from there on is bounded"
+        )
 
 
 @dataclass(frozen=True)
@@ -125,12 +148,25 @@ def _l2(a, b) -> float:
     return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
 
 
+def diverged(outcome: Outcome | None) -> bool:
+    """Whether a run stopped on a non-finite loss or parameters (harness/run/runner.py): its
+    steps before `failed_at_step` are finite."""
+    return outcome is not None and outcome.status == "failed" and outcome.failed_at_step is not None
+
+
 def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -> Spread | None:
-    """The spread of `runs` (in plain unit order) around `reference`; None unless all ran."""
-    if reference is None or reference.status != "ok" or not runs or any(r is None or r.status != "ok" for r in runs):
+    """The spread of `runs` (in plain unit order) around `reference`, over the steps every
+    run kept finite where some diverged; None unless the reference ran and every run either
+    ran or diverged after its first step."""
+    if reference is None or reference.status != "ok" or not runs or any(r is None or not (r.status == "ok" or diverged(r)) for r in runs):
         return None
-    distance = np.max([relative_curve_distance(r.losses, reference.losses) for r in runs], axis=0)
-    steps = [s for s in reference.snapshots if all(s in r.snapshots for r in runs)]
+    gone = {r.key.label: int(r.failed_at_step) for r in runs if r.status != "ok"}
+    finite = min(gone.values(), default=len(reference.losses))
+    if finite < 1:
+        return None
+    distance = np.max([relative_curve_distance(r.losses[:finite], reference.losses[:finite]) for r in runs], axis=0)
+    # the parameters after step s are those the loss at step s was computed with
+    steps = [s for s in reference.snapshots if (not gone or s < finite) and all(s in r.snapshots for r in runs)]
     params = {
         step: np.max(
             [[_l2(x, y) for x, y in zip(tensors(r.snapshots[step]), tensors(reference.snapshots[step]))] for r in runs],
@@ -145,10 +181,11 @@ def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -
         initial_outputs=max(_l2(r.initial_outputs, reference.initial_outputs) for r in runs),
         initial_loss=max(abs(float(r.losses[0] - reference.losses[0])) for r in runs),
         params=params,
-        final_outputs=max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
-        final_outputs_max=max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
-        metrics={m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)},
+        final_outputs=np.inf if gone else max(_l2(r.final_outputs, reference.final_outputs) for r in runs),
+        final_outputs_max=np.inf if gone else max(float(np.abs(r.final_outputs - reference.final_outputs).max()) for r in runs),
+        metrics={} if gone else _metric_spread(reference, runs),
         around="the oracle" if reference.key.framework == ORACLE else replace(reference.key, variant="").label,
+        diverged=gone,
     )
 
 
@@ -206,3 +243,8 @@ class Calibration:
         if (twin.framework, twin.device) not in self.library:
             return self.segments
         return self.library_spread.get((twin.framework, twin.device), (None, None))[1]
+
+
+def _metric_spread(reference: Outcome, runs: list[Outcome]) -> dict[str, float]:
+    """Each final metric's largest |difference| of a run's from the reference's."""
+    return {m: max(abs(r.metrics[m] - value) for r in runs) for m, value in reference.metrics.items() if all(m in r.metrics for r in runs)}

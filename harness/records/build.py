@@ -59,7 +59,7 @@ def floor_record(outcome: Outcome, f: Floor | None) -> schema.FloorRecord | None
 
 
 def calibration_record(spec, cal: Calibration | None) -> schema.CalibrationRecord | None:
-    if cal is None or cal.float32 is None:
+    if cal is None or cal.float32 is None or cal.float32.diverged:  # a member diverged: no final spread to record
         return None
     return schema.CalibrationRecord(
         factor=spec.checks.long_run.factor,
@@ -196,6 +196,6 @@ def build_record(
 def envelope_curve(spec, cal: Calibration | None, key: RunKey) -> np.ndarray | None:
     """The relative loss tolerance per step that judged a float32 run's curve against any
     other's: factor * e(t) + curve_floor (checks.envelope_checks); None for a float64 run."""
-    if cal is None or cal.float32 is None or key.dtype != FLOAT32:
+    if cal is None or cal.float32 is None or cal.float32.diverged or key.dtype != FLOAT32:  # diverged: the checks say how far it judged
         return None
     return checks_mod.envelope(spec, cal.float32)

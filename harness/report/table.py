@@ -18,6 +18,7 @@ from harness.records.schema import Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
 from harness.verdict.bound import times_tolerance
+from harness.verdict.rules import DIVERGENCE_CHECKS
 
 
 class Shown(Protocol):
@@ -99,7 +100,8 @@ def _run_row(record: Record, differ: set[str] = frozenset(), steps: int | None =
     )
     total = _steps(record)
     status = record.status if record.status != "ok" or not failed else "ok, FAIL"
-    style = "red" if failed or record.status == "failed" else "yellow" if record.status == "skipped" else None
+    rounding = diverged_as_members(record, member=False)
+    style = "red" if failed or (record.status == "failed" and not rounding) else "yellow" if record.status == "skipped" or rounding else None
     at = f" @{total}" if total is not None and steps is not None and total < steps else ""
     loss, accuracy = _fmt(_value(record, "train_loss"), ".5g"), _fmt(_value(record, "val_accuracy", "train_accuracy"), ".4f")
     cells = [
@@ -190,11 +192,13 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
                 if found and found["share"]:
                     shares.setdefault(entry, []).append(found["share"])
         unfinished: dict[tuple[str, str, str | None], list[str]] = {}  # runs of one status and reason: one line
-        for record in [*result.records, *result.member_records]:
-            if record.status != "ok":
-                unfinished.setdefault((record.status, record.spec.name, record.reason), []).append(run_label(record))
-        for (status, name, reason), labels in unfinished.items():
-            _print(console, f"{status.upper()} {name} {', '.join(labels)}: {reason}")
+        for records, member in ((result.records, False), (result.member_records, True)):
+            for record in records:
+                if record.status != "ok":
+                    shown = "DIVERGED (as rounding alone does)" if diverged_as_members(record, member) else record.status.upper()
+                    unfinished.setdefault((shown, record.spec.name, record.reason), []).append(run_label(record))
+        for (shown, name, reason), labels in unfinished.items():
+            _print(console, f"{shown} {name} {', '.join(labels)}: {reason}", "yellow" if shown.startswith("DIVERGED") else None)
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
         share = f", {', '.join(shares[entry])} of what {explains(entry)}" if entry in shares else ""
         what = entry if entry.startswith("known") else f"known ({entry}{share})"
@@ -202,10 +206,23 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
 
 
 def failed(results: Sequence[Shown]) -> bool:
-    """Whether the run fails: a gating check failed, or a run (or member) failed."""
+    """Whether the run fails: a gating check failed, or a run (or member) failed, other than
+    by diverging as rounding alone does (diverged_as_members)."""
     return any(c.verdict == Verdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
-        r.status == "failed" for result in results for r in [*result.records, *result.member_records]
+        r.status == "failed" and not diverged_as_members(r, member)
+        for result in results
+        for rs, member in ((result.records, False), (result.member_records, True))
+        for r in rs
     )
+
+
+def diverged_as_members(record: Record, member: bool) -> bool:
+    """Whether a failed run diverged as rounding alone does: a member that diverged (its
+    spread then bounds nothing after it: harness/calibrate/spread.py), or a run whose
+    divergence check passes (it diverged no earlier than its members)."""
+    if record.failed_at_step is None:
+        return False
+    return member or any(c.name in DIVERGENCE_CHECKS and c.verdict == Verdict.PASS for c in record.checks)
 
 
 def speed_table(written: list) -> Table | None:

@@ -187,7 +187,13 @@ def loss_floor(losses: np.ndarray) -> np.ndarray:
 
 def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: Spread, floor, rule: str) -> Check:
     """The relative loss distance against the per-step allowance factor * e(t) + floor, e(t)
-    the members' spread of the curve (floor: a number, or one per step)."""
+    the members' spread of the curve (floor: a number, or one per step). Where a member
+    diverged, the steps before the first divergence (those the spread bounds)."""
+    if spread.diverged:
+        finite = len(spread.curve)
+        la, lb = la[:finite], lb[:finite]
+        floor = floor if np.ndim(floor) == 0 else np.asarray(floor)[:finite]
+        rule += f"; judged over steps 0-{finite - 1}: {spread.unbounded}"
     allowed = factor * spread.curve + floor
     rel = relative_curve_distance(la, lb)
     outside = np.flatnonzero(~(rel <= allowed))
@@ -254,6 +260,8 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             f"{cal.runs - 1} summing in other orders; final e = {cal.curve[-1]:.3g})",
         )
     ]
+    if cal.diverged:  # the curve's steps before the first divergence are judged; the rest is unbounded
+        return [*checks, *skipped(names[1:], a.key, b.key, "envelope rule", cal.unbounded)]
     max_abs, max_rel = _errors(a.final_outputs, b.final_outputs)
     allowed = rule.factor * cal.final_outputs_max + rule.output_floor
     checks.append(
@@ -331,7 +339,8 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
             flat_a, flat_b = np.concatenate([x.ravel() for x in va]), np.concatenate([y.ravel() for y in vb])
             checks.append(close_check(prefix + name, a.key, b.key, flat_a, flat_b, override))
         elif cal is None or spread_of(cal) is None:
-            checks.append(Check(prefix + name, a.key, b.key, Verdict.SKIPPED, "calibrated", reason=NO_CALIBRATION))
+            reason = cal.unbounded if cal is not None and cal.diverged else NO_CALIBRATION  # a snapshot after the first divergence
+            checks.append(Check(prefix + name, a.key, b.key, Verdict.SKIPPED, "calibrated", reason=reason))
         else:
             labels = names if name.startswith("params") else None
             # math parity's step-0 loss takes the loss curve's floor (loss_floor): 4 ulps of the

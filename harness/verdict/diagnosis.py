@@ -310,7 +310,7 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], referen
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
         return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
-    return f"{FLOAT32_ROUNDING}, {ratio}; the float64 twins agree with {ref}{modes}"
+    return f"{FLOAT32_ROUNDING}, {ratio or check.reason}; the float64 twins agree with {ref}{modes}"  # a divergence has no ratio
 
 
 def on_rounding_alone(checks: list[Check]) -> list[Check]:

@@ -101,18 +101,21 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
-    checks.append(
-        tensor_check(
-            f"{MATH}final_outputs",
-            twin.key,
-            cal.reference,
-            [twin.final_outputs],
-            [reference.final_outputs],
-            [spread.final_outputs],
-            factor,
-            spread,
+    if spread.diverged:  # a member diverged: nothing after its divergence is bounded
+        checks.extend(skipped([f"{MATH}final_outputs"], twin.key, cal.reference, "math parity", spread.unbounded))
+    else:
+        checks.append(
+            tensor_check(
+                f"{MATH}final_outputs",
+                twin.key,
+                cal.reference,
+                [twin.final_outputs],
+                [reference.final_outputs],
+                [spread.final_outputs],
+                factor,
+                spread,
+            )
         )
-    )
     shared_only = cal.reference.framework != ORACLE  # a port: torch's modules against flax's, by path
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
@@ -143,7 +146,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         references = library[1].segments
     found = []
     for start, reference in sorted(references.items()):
-        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs)  # the segment's own spread
+        spread = dataclasses.replace(cal.float64, curve=segments.curve[start], runs=segments.runs, diverged={})  # the segment's own spread
         check = curve_check(name, twin.key, cal.reference, run.segments[start], reference, factor, spread, loss_floor(reference), rule)
         step = None if check.first_failure_step is None else start + check.first_failure_step
         found.append(dataclasses.replace(check, first_failure_step=step, horizon_steps=None, segment=start))
@@ -183,7 +186,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
     if not starts or cal.float64 is None:
         return []
     factor, steps = spec.checks.long_run.factor, spec.checks.math_parity.steps
-    spread = dataclasses.replace(cal.float64, runs=segments.runs)
+    spread = dataclasses.replace(cal.float64, runs=segments.runs, diverged={})  # the segments' members, every one of which ran
     states, outputs = [], []
     for a in starts:
         reference, mine = segments.end_reference[a], run.segment_ends[a]

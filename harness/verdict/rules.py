@@ -9,6 +9,7 @@ Which runs are judged together:
   against each other, the oracle always the reference (b). A TF32 run is judged against the
   oracle only: what TF32 costs in agreement, not a cross product of expected failures.
 - twins: each float64 twin, against the oracle over the twins' first steps.
+- diverged float32 runs: each float32 run that diverged, against the oracle where it trained.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
-from harness.calibrate.spread import Calibration, Spread
-from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.calibrate.spread import Calibration, Spread, diverged
+from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
-from harness.verdict.checks import MATH, NO_CALIBRATION, Check, envelope_checks, horizon_check, short_horizon_checks
+from harness.verdict.checks import MATH, NO_CALIBRATION, Check, curve_check, envelope_checks, horizon_check, short_horizon_checks, skipped
 from harness.verdict.parity import anchored_parity_check, math_parity_checks
 
 FLOAT32_PAIRS = "float32 pairs"
 TWINS = "twins"
+DIVERGED = "diverged float32 runs"
 
 
 class Rule(Protocol):
@@ -76,14 +78,48 @@ def math_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
 
 
+DIVERGENCE_CHECKS = ("divergence", f"{MATH}divergence")  # a float32 run's, a float64 twin's (divergence_check)
+
+
+def divergence_check(name: str, run: Outcome, reference: RunKey, reference_name: str, spread: Spread | None) -> Check:
+    """A run that diverged where the reference trained: different math, unless rounding alone
+    diverges the training as early (a member summing in another order diverged at or
+    before the run's step: Spread.diverged)."""
+    rule = f"a run trains wherever {reference_name} does, or diverges no earlier than the first of its members summing in other orders"
+    first = None if spread is None else spread.finite_steps
+    if first is not None and run.failed_at_step >= first:
+        return Check(name, run.key, reference, Verdict.PASS, rule, reason=f"{run.reason}; {spread.unbounded}")
+    return Check(name, run.key, reference, Verdict.FAIL, rule, first_failure_step=run.failed_at_step, reason=run.reason)
+
+
 def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin trains wherever the oracle does: one that stops on a non-finite value
-    where the oracle's first steps ran is different math."""
+    where the oracle's first steps ran is different math, unless the oracle's reordered
+    members diverged as early."""
     reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
     if twin.failed_at_step is None or not reference_ok:
         return []
-    rule = f"a float64 twin trains wherever {cal.reference_name} does"
-    return [Check(f"{MATH}divergence", twin.key, cal.reference, Verdict.FAIL, rule, first_failure_step=twin.failed_at_step, reason=twin.reason)]
+    return [divergence_check(f"{MATH}divergence", twin, cal.reference, cal.reference_name, cal.spread_of(twin.key))]
+
+
+def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
+    """A float32 run that diverged where the reference `b` trained: its finite steps within
+    the envelope, and its divergence no earlier than the first float32 member's."""
+    if cal is None:
+        return skipped(["divergence"], a.key, b.key, "divergence rule", NO_CALIBRATION)
+    rule = spec.checks.long_run
+    finite = min(int(a.failed_at_step), len(cal.curve))
+    checks = []
+    if finite and {a.key, b.key} not in CALIBRATION_PAIRS:  # numpy@cpu's own steps make the envelope
+        prefix = dataclasses.replace(cal, curve=cal.curve[:finite], diverged={})
+        tolerance = (
+            f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, e(t) = float32-vs-float64 distance, "
+            f"max of {cal.runs} runs, over the run's finite steps 0-{finite - 1}"
+        )
+        la, lb = a.losses[:finite], b.losses[:finite]
+        checks.append(curve_check("loss_curve_envelope", a.key, b.key, la, lb, rule.factor, prefix, rule.curve_floor, tolerance))
+    reference = b.key.label if b.key.framework != ORACLE else "the oracle"
+    return [*checks, divergence_check("divergence", a, b.key, reference, cal)]
 
 
 def anchored_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
@@ -101,6 +137,7 @@ RULES: tuple[Rule, ...] = (
     TwinRule("math_parity", math_parity),
     TwinRule("twin_divergence", twin_divergence),
     TwinRule("anchored_math_parity", anchored_parity),
+    PairRule("float32_divergence", float32_divergence, over=DIVERGED),
 )
 
 
@@ -117,6 +154,11 @@ def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACL
     """The runs each rule `over` that kind judges together, in a fixed order."""
     if over == TWINS:
         return [(o,) for o in outcomes.values() if o.key.precision == FLOAT64 and o.key != reference]
+    if over == DIVERGED:
+        ref = outcomes.get(reference)
+        if ref is None or ref.status != "ok":
+            return []
+        return [(o, ref) for o in outcomes.values() if o.key.precision != FLOAT64 and o.key != reference and diverged(o)]
     ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == reference)  # the reference last: b
     return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
 
@@ -137,7 +179,7 @@ def check_all(spec: Spec, outcomes: dict[RunKey, Outcome], cal: Calibration, rul
     diagnoses are applied by harness.verdict.diagnosis.verdicts. The checks of one group
     of runs stand together, in the order of the rules."""
     found = []
-    for over in (FLOAT32_PAIRS, TWINS):
+    for over in (FLOAT32_PAIRS, TWINS, DIVERGED):
         for runs in groups(over, outcomes, cal.reference):
             for rule in rules:
                 if rule.over == over:
