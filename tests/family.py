@@ -22,6 +22,7 @@ import numpy as np
 from hypothesis import strategies as st
 from rich.console import Console
 
+from harness.calibrate import spread
 from harness.calibrate.spread import tensors
 from harness.core import registry
 from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
@@ -447,12 +448,8 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
         bug_segment=anchored[0].segment if anchored and not first_steps else None,
-        diverged=_diverged(result.outcomes.get(ORACLE_KEY)),
+        diverged=spread.diverged(result.outcomes.get(ORACLE_KEY)),
     )
-
-
-def _diverged(outcome) -> bool:
-    return outcome is not None and outcome.status == "failed" and (outcome.reason or "").startswith("diverged")
 
 
 ROUNDING = 1e-12  # float64 rounding over a twin's steps, relative (measured: 1e-16 to 1e-13)

@@ -192,11 +192,10 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
                 if found and found["share"]:
                     shares.setdefault(entry, []).append(found["share"])
         unfinished: dict[tuple[str, str, str | None], list[str]] = {}  # runs of one status and reason: one line
-        for records, member in ((result.records, False), (result.member_records, True)):
-            for record in records:
-                if record.status != "ok":
-                    shown = "DIVERGED (as rounding alone does)" if diverged_as_members(record, member) else record.status.upper()
-                    unfinished.setdefault((shown, record.spec.name, record.reason), []).append(run_label(record))
+        for record, member in _every_run(result):
+            if record.status != "ok":
+                shown = "DIVERGED (as rounding alone does)" if diverged_as_members(record, member) else record.status.upper()
+                unfinished.setdefault((shown, record.spec.name, record.reason), []).append(run_label(record))
         for (shown, name, reason), labels in unfinished.items():
             _print(console, f"{shown} {name} {', '.join(labels)}: {reason}", "yellow" if shown.startswith("DIVERGED") else None)
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
@@ -209,11 +208,13 @@ def failed(results: Sequence[Shown]) -> bool:
     """Whether the run fails: a gating check failed, or a run (or member) failed, other than
     by diverging as rounding alone does (diverged_as_members)."""
     return any(c.verdict == Verdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
-        r.status == "failed" and not diverged_as_members(r, member)
-        for result in results
-        for rs, member in ((result.records, False), (result.member_records, True))
-        for r in rs
+        r.status == "failed" and not diverged_as_members(r, member) for result in results for r, member in _every_run(result)
     )
+
+
+def _every_run(result: Shown) -> list[tuple[Record, bool]]:
+    """A spec's runs and then its members, each with whether it is a member."""
+    return [*((r, False) for r in result.records), *((r, True) for r in result.member_records)]
 
 
 def diverged_as_members(record: Record, member: bool) -> bool:

@@ -21,7 +21,7 @@ from itertools import combinations
 from typing import Protocol
 
 from harness.calibrate.spread import Calibration, Spread, diverged
-from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, FLOAT64, ORACLE, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
@@ -118,8 +118,7 @@ def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -
         )
         la, lb = a.losses[:finite], b.losses[:finite]
         checks.append(curve_check("loss_curve_envelope", a.key, b.key, la, lb, rule.factor, prefix, rule.curve_floor, tolerance))
-    reference = b.key.label if b.key.framework != ORACLE else "the oracle"
-    return [*checks, divergence_check("divergence", a, b.key, reference, cal)]
+    return [*checks, divergence_check("divergence", a, b.key, cal.around, cal)]
 
 
 def anchored_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
