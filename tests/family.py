@@ -25,13 +25,12 @@ from rich.console import Console
 from harness.calibrate import spread
 from harness.calibrate.spread import tensors
 from harness.core import registry
-from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey
+from harness.core.registry import DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, RunKey
 from harness.inputs import problem as inputs
 from harness.matrix import SpecResult
 from harness.reference import network
 from harness.spec.load import LoadedSpec, validate_document
 from harness.spec.model import total_steps
-from harness.verdict.rules import DIVERGENCE_CHECKS
 
 REAL = tuple(f for f in registry.ADAPTERS if registry.runs_on(f, "cpu"))  # the honest adapters
 # The injected bugs (tests/test_injected_bugs.py) that change the math of a given spec.

@@ -110,6 +110,11 @@ PORT_FRAMEWORKS = ("torch", "jax")
 CALIBRATION_PAIRS = ({CALIBRATION_KEY, ORACLE_KEY}, {GPU_CALIBRATION_KEY, GPU_ORACLE_KEY}, {PORT_MEMBER_KEY, PORT_REFERENCE_KEY})
 
 
+# The checks that judge where a run diverged against where rounding alone diverges: a float32
+# run's and a float64 twin's (harness.verdict.rules.divergence_check); a pass excuses the run.
+DIVERGENCE_CHECKS = ("divergence", "math_divergence")
+
+
 def gates(a: RunKey, b: RunKey) -> bool:
     """Whether a failing check between runs a and b fails the run: every check but those of a
     TF32 run, which measure a precision mode the float32 tolerances are not meant for."""

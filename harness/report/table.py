@@ -13,12 +13,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, Verdict, explains, verdict_counts
+from harness.core.registry import DIVERGENCE_CHECKS, GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, Verdict, explains, verdict_counts
 from harness.records.schema import Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
 from harness.verdict.bound import times_tolerance
-from harness.verdict.rules import DIVERGENCE_CHECKS
 
 
 class Shown(Protocol):

@@ -21,11 +21,11 @@ from itertools import combinations
 from typing import Protocol
 
 from harness.calibrate.spread import Calibration, Spread, diverged
-from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
-from harness.verdict.checks import MATH, NO_CALIBRATION, Check, curve_check, envelope_checks, horizon_check, short_horizon_checks, skipped
+from harness.verdict.checks import NO_CALIBRATION, Check, curve_check, envelope_checks, horizon_check, short_horizon_checks, skipped
 from harness.verdict.parity import anchored_parity_check, math_parity_checks
 
 FLOAT32_PAIRS = "float32 pairs"
@@ -78,9 +78,6 @@ def math_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
 
 
-DIVERGENCE_CHECKS = ("divergence", f"{MATH}divergence")  # a float32 run's, a float64 twin's (divergence_check)
-
-
 def divergence_check(name: str, run: Outcome, reference: RunKey, reference_name: str, spread: Spread | None) -> Check:
     """A run that diverged where the reference trained: different math, unless rounding alone
     diverges the training as early (a member summing in another order diverged at or
@@ -99,14 +96,14 @@ def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
     if twin.failed_at_step is None or not reference_ok:
         return []
-    return [divergence_check(f"{MATH}divergence", twin, cal.reference, cal.reference_name, cal.spread_of(twin.key))]
+    return [divergence_check(DIVERGENCE_CHECKS[1], twin, cal.reference, cal.reference_name, cal.spread_of(twin.key))]
 
 
 def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
     """A float32 run that diverged where the reference `b` trained: its finite steps within
     the envelope, and its divergence no earlier than the first float32 member's."""
     if cal is None:
-        return skipped(["divergence"], a.key, b.key, "divergence rule", NO_CALIBRATION)
+        return skipped([DIVERGENCE_CHECKS[0]], a.key, b.key, "divergence rule", NO_CALIBRATION)
     rule = spec.checks.long_run
     finite = min(int(a.failed_at_step), len(cal.curve))
     checks = []
@@ -118,7 +115,7 @@ def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -
         )
         la, lb = a.losses[:finite], b.losses[:finite]
         checks.append(curve_check("loss_curve_envelope", a.key, b.key, la, lb, rule.factor, prefix, rule.curve_floor, tolerance))
-    return [*checks, divergence_check("divergence", a, b.key, cal.around, cal)]
+    return [*checks, divergence_check(DIVERGENCE_CHECKS[0], a, b.key, cal.around, cal)]
 
 
 def anchored_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
