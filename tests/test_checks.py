@@ -434,6 +434,41 @@ def test_a_run_may_diverge_no_earlier_than_its_members():
     assert {c.name: c.verdict for c in float32_divergence(spec, bent, reference, spread)}["loss_curve_envelope"] == "fail"
 
 
+def test_a_float32_failure_whose_twin_failed_without_a_ratio_is_diagnosed_by_the_twins_reason():
+    """A twin that diverged where the oracle trained fails math parity with no ratio (a
+    divergence is not an error over a tolerance): the float32 run's failing check is
+    implementation, said with the twin's reason, not a crash on the missing ratio."""
+    failing = checks.Check("loss_curve_envelope", TORCH, ORACLE_KEY, "fail", "rule", ratio=2.5)
+    twin = RunKey("torch", "cpu", precision=FLOAT64)
+    diverged = checks.Check("math_divergence", twin, ORACLE_KEY, "fail", "rule", reason="diverged at step 16")
+    found = diagnosis.diagnose(ADAM, [failing, diverged])
+    said = "implementation: the float64 twin of torch@cpu differs from the oracle too (math_divergence, diverged at step 16)"
+    assert found[0].diagnosis.startswith(said)
+
+
+def test_finite_parameters_whose_forward_overflows_diverged_after_the_last_step():
+    """A run whose parameters stay finite but whose own forward pass overflows (non-finite
+    outputs or whole-set metrics) diverged after its last step: a record never holds an ok run
+    with a metric that is not finite (harness/gate/consistency.py)."""
+    from types import SimpleNamespace
+
+    def finished(outputs, metric):
+        outcome = runner.Outcome(TORCH, "ok", losses=CURVE.copy(), final_params={"w": np.ones(3)})
+        adapter = SimpleNamespace(predict=lambda trainer, x: np.full(2, outputs))
+        problem = SimpleNamespace(probe=None, x_train=None, x_val=None, port=None)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(runner, "_metrics", lambda *args: {"train_loss": metric})
+            runner._finish(adapter, None, problem, outcome, metrics=True)
+        return outcome
+
+    fine = finished(0.5, 1.0)
+    assert fine.status == "ok" and fine.metrics == {"train_loss": 1.0} and fine.failed_at_step is None
+    for outputs, metric in ((np.inf, 1.0), (0.5, np.inf), (0.5, np.nan)):
+        gone = finished(outputs, metric)
+        assert gone.status == "failed" and gone.failed_at_step == len(CURVE), (outputs, metric)
+        assert gone.final_outputs is None and gone.metrics == {} and "after its last step" in gone.reason
+
+
 def test_a_run_that_diverged_as_its_members_do_fails_no_command():
     from types import SimpleNamespace
 

@@ -311,18 +311,27 @@ def _compare_repeat(outcome: Outcome, curve: np.ndarray, params: Params) -> None
 
 
 def _finish(adapter, trainer, problem: Problem, outcome: Outcome, metrics: bool = True) -> None:
-    """Final outputs and (with `metrics`) metrics of a trained run, or its divergence."""
+    """Final outputs and (with `metrics`) metrics of a trained run, or its divergence: a
+    non-finite loss or parameter at its step, or finite parameters whose own forward pass
+    overflows (non-finite outputs or whole-set metrics) after its last step."""
     bad = _first_non_finite(outcome.losses, outcome.final_params)
     if bad is not None:
-        outcome.status, outcome.failed_at_step = "failed", bad
-        outcome.reason = f"diverged: non-finite loss or parameters at step {bad}"
-        if problem.port is not None:  # a port's own code: its file named
-            outcome.reason = f"{problem.port}: {outcome.key.label} {outcome.reason}"
+        _diverged(problem, outcome, bad, f"non-finite loss or parameters at step {bad}")
         return
     outcome.final_outputs = adapter.predict(trainer, problem.probe)
-    if not metrics:
-        return
-    outcome.metrics = _metrics(adapter, trainer, problem, outcome.final_params)
+    if metrics:
+        outcome.metrics = _metrics(adapter, trainer, problem, outcome.final_params)
+    if not (np.isfinite(outcome.final_outputs).all() and all(np.isfinite(v) for v in outcome.metrics.values())):
+        step = len(outcome.losses)
+        outcome.final_outputs, outcome.metrics = None, {}
+        _diverged(problem, outcome, step, f"non-finite outputs of finite parameters after its last step ({step})")
+
+
+def _diverged(problem: Problem, outcome: Outcome, step: int, what: str) -> None:
+    outcome.status, outcome.failed_at_step = "failed", step
+    outcome.reason = f"diverged: {what}"
+    if problem.port is not None:  # a port's own code: its file named
+        outcome.reason = f"{problem.port}: {outcome.key.label} {outcome.reason}"
 
 
 def _metrics(adapter, trainer, problem: Problem, params: Params) -> dict[str, float]:

@@ -300,10 +300,8 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], referen
     if bad:
         key, failing = bad[0]
         worst = max(failing, key=lambda c: c.ratio or 0)
-        return (
-            f"implementation: the float64 twin of {key.framework}@{key.device} differs from {ref} too "
-            f"({worst.name}, {times_tolerance(worst.ratio)}){_forward(worst)}"
-        )
+        how = times_tolerance(worst.ratio) if worst.ratio is not None else worst.reason  # a twin that diverged has no ratio
+        return f"implementation: the float64 twin of {key.framework}@{key.device} differs from {ref} too ({worst.name}, {how}){_forward(worst)}"
     missing = [f"{k.framework}@{k.device}" for k in sides if (k.framework, k.device) not in parity]
     if missing:
         return f"undiagnosed: no float64 twin of {', '.join(missing)} was judged"
