@@ -19,9 +19,20 @@ import pytest
 from tests.conftest import ROOT
 from tests.helpers import tiny_moons
 
-pytestmark = pytest.mark.slow  # a minute of fresh processes: `nox -s slow`
+PHASE = re.compile(r'^\s*phase (\S+) "\$\{\w+:-(\d+)\}"', flags=re.M)
 
 
+def test_the_contacts_phases_come_in_the_gpu_issues_order_and_fit_one_call_with_time_for_the_archives():
+    """Issue 51's priorities: moons_net first, then the bench's fast modes, the matrix, the
+    references, a port and the smoke's CuPy rows; every phase's default budget, plus the 10 s
+    each may take to die after its INT, inside the device's 600 s, with time for the archives."""
+    phases = PHASE.findall((ROOT / "tools" / "device-run.sh").read_text())
+    assert [name for name, _ in phases] == ["moons", "bench", "matrix", "references", "references-cpu", "port", "smoke", "gpu-tests"]
+    budgets = sum(int(seconds) for _, seconds in phases)
+    assert budgets == 500 and budgets + 10 * len(phases) <= 580, phases
+
+
+@pytest.mark.slow  # a minute of fresh processes: `nox -s slow`
 def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_what_comes_back(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("flax", reason="flax is not installed")
@@ -37,6 +48,8 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "CARRY": str(carry),
         "RESULTS": str(results),
         "REHEARSAL": "1",
+        "MOONS_S": "240",  # moons_net first: here the tiny moons at its quick size
+        "MOONS_SPECS": str(spec),
         "SMOKE_S": "3",  # runs out: interrupted, most likely before its first row (then it writes no JSON)
         "SMOKE_FRAMEWORKS": "torch,jax,numpy",  # (the contact's default, CuPy, runs on a GPU only)
         "SMOKE_SPECS": str(spec),
@@ -58,9 +71,9 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
     assert done.returncode == 0, done.stdout + done.stderr
     assert "REHEARSAL" in done.stdout
     codes = dict(re.findall(r"^== (\S+): exit code (\d+) after", log, flags=re.M))
-    assert list(codes) == ["smoke", "matrix", "references", "references-cpu", "port", "bench", "gpu-tests"], log
+    assert list(codes) == ["moons", "bench", "matrix", "references", "references-cpu", "port", "smoke", "gpu-tests"], log
     assert codes["smoke"] in ("130", "124") and codes["port"] in ("130", "124"), log
-    assert {codes[name] for name in ("matrix", "references", "references-cpu", "bench")} == {"0"}, log
+    assert {codes[name] for name in ("moons", "matrix", "references", "references-cpu", "bench")} == {"0"}, log
     assert codes["gpu-tests"] == "5", log  # no test of test_smoke.py is marked gpu: none collected
 
     files = sorted(p.name for p in out.rglob("*"))
