@@ -434,6 +434,65 @@ def test_a_run_may_diverge_no_earlier_than_its_members():
     assert {c.name: c.verdict for c in float32_divergence(spec, bent, reference, spread)}["loss_curve_envelope"] == "fail"
 
 
+def test_a_twin_that_diverged_as_its_members_do_is_still_judged_by_math_parity_over_its_finite_steps():
+    """A float64 twin that diverges no earlier than the oracle's reordered members passes its
+    divergence check; a difference of math before that is still caught: its initial outputs,
+    loss, the snapshots it kept finite and its curve up to its divergence are judged, and
+    its final outputs are skipped with its reason. Before, a diverged twin had no math parity
+    at all, so a porting bug that diverged as the members did passed every twin check."""
+    from harness.calibrate.spread import Calibration, measure
+    from harness.verdict.rules import math_parity, twin_divergence
+
+    spec = quick_problem("peaks_mlp").spec
+    spec = spec.model_copy(
+        update={"checks": spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 8})})}
+    )
+    oracle = _run(ORACLE_KEY, CURVE)
+    members = [_run(CALIBRATION_KEY, CURVE * (1 + 1e-15), bias=1e-15), _run(CALIBRATION_KEY, CURVE * (1 + 2e-15), bias=2e-15, diverged_at=6)]
+    cal = Calibration(float32=None, float64=measure(oracle, members, "float64"), twin_reference=oracle)
+    twin = RunKey("torch", "cpu", precision=FLOAT64)
+
+    def judged(run):
+        return {c.name: c for c in (*math_parity(spec, run, cal), *twin_divergence(spec, run, cal))}
+
+    honest = judged(_run(twin, CURVE * (1 + 1e-15), bias=1e-15, diverged_at=7))
+    assert honest["math_divergence"].verdict == "pass"
+    assert {n: c.verdict for n, c in honest.items() if n != "math_divergence"} == {
+        "math_initial_outputs": "pass",
+        "math_initial_loss": "pass",
+        "math_params_after_step_1": "pass",
+        "math_params_after_step_8": "skipped",  # the twin's own tensors there are no longer finite
+        "math_loss_curve": "pass",
+        "math_final_outputs": "skipped",
+    }, honest
+    assert "judged over its finite steps" in honest["math_final_outputs"].reason
+    later = judged(_run(twin, CURVE * (1 + 1e-15), bias=1e-15, diverged_at=9))  # finite after step 8, where no member bounds it
+    assert later["math_params_after_step_8"].verdict == "skipped" and later["math_params_after_step_8"].reason == cal.float64.unbounded
+    bent = _run(twin, np.concatenate([CURVE[:3], CURVE[3:] * 1.01]), diverged_at=7)  # another curve from step 3
+    found = judged(bent)
+    assert found["math_divergence"].verdict == "pass" and found["math_loss_curve"].verdict == "fail"
+    assert found["math_loss_curve"].first_failure_step == 3
+    stepped = _run(twin, CURVE * (1 + 1e-15), bias=1e-6, diverged_at=7)  # another step from the first update
+    assert judged(stepped)["math_params_after_step_1"].verdict == "fail"
+    at_once = _run(twin, CURVE, diverged_at=0)  # nothing finite to judge: its divergence alone
+    assert math_parity(spec, at_once, cal) == []
+    raised = runner.Outcome(twin, "failed", "raised")
+    assert math_parity(spec, raised, cal) == []
+
+
+def test_a_tensor_check_whose_error_is_not_finite_fails():
+    """NaN compares false with every bound: a non-finite value on either side is a failure,
+    never a pass."""
+    from harness.calibrate.spread import measure
+
+    spread = measure(_run(ORACLE_KEY, CURVE), [_run(CALIBRATION_KEY, CURVE * (1 + 1e-6), bias=1e-6)], "float32")
+    for bad in (np.nan, np.inf):
+        found = checks.tensor_check("params_after_step_1", TORCH, ORACLE_KEY, [np.array([1.0, bad])], [np.ones(2)], [1e-6], 10.0, spread)
+        assert found.verdict == "fail", bad
+    fine = checks.tensor_check("params_after_step_1", TORCH, ORACLE_KEY, [np.ones(2)], [np.ones(2)], [1e-6], 10.0, spread)
+    assert fine.verdict == "pass"
+
+
 def test_a_float32_failure_whose_twin_failed_without_a_ratio_is_diagnosed_by_the_twins_reason():
     """A twin that diverged where the oracle trained fails math parity with no ratio (a
     divergence is not an error over a tolerance): the float32 run's failing check is

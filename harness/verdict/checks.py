@@ -128,7 +128,7 @@ def tensor_check(
     ratios = [_ratio(e, t) for e, t in zip(errors, allowed)]
     worst = int(np.argmax(ratios))
     max_abs, max_rel = _errors(np.concatenate([x.ravel() for x in va]), np.concatenate([y.ravel() for y in vb]))
-    failed = ratios[worst] > 1
+    failed = not ratios[worst] <= 1  # a non-finite error fails: NaN compares false
     where = names[worst] if names else None
     detail = f"; worst {where}: {errors[worst]:.3g} of {allowed[worst]:.3g}" if where else f"; {errors[worst]:.3g} of {allowed[worst]:.3g}"
     return Check(

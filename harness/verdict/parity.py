@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from harness.calibrate.spread import Calibration, Segments
+from harness.calibrate.spread import Calibration, Segments, Spread
 from harness.core.registry import FLOAT64, ORACLE, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
@@ -77,12 +77,18 @@ def initial_forward_check(twin: RunKey, reference: RunKey, outputs: dict[str, di
 
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
-    oracle's own reordered members: a failure here is different math."""
+    oracle's own reordered members: a failure here is different math. A twin that diverged
+    is judged over its finite steps (diverged_prefix)."""
     reference, spread = cal.reference_of(twin.key), cal.spread_of(twin.key)
     names = [f"{MATH}{n}" for n in ("initial_outputs", "initial_loss", "loss_curve", "final_outputs")]
     if reference is None or reference.status != "ok" or spread is None:
         reason = f"no float64 calibration: needs ok runs of {cal.reference_name}'s first steps and its reordered members"
         return skipped(names, twin.key, cal.reference, "math parity", reason)
+    if twin.status != "ok":
+        prefix = diverged_prefix(twin, reference, spread)
+        if prefix is None:
+            return []  # diverged at its first step: the divergence check alone judges it
+        twin, reference, spread = prefix
     factor = spec.checks.long_run.factor
     eps = EPS[FLOAT64]
     checks = [dataclasses.replace(check, b=cal.reference) for check in short_horizon_checks(spec, twin, reference, spread, prefix=MATH)]
@@ -101,7 +107,12 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
-    if spread.diverged:  # a member diverged: nothing after its divergence is bounded
+    if twin.status != "ok":  # the twin diverged: no final outputs, nor the snapshots it did not keep finite
+        steps = sorted({1, spec.checks.params_after_steps.step} & set(reference.snapshots) - set(twin.snapshots))
+        gone = [f"{MATH}params_after_step_{step}" for step in steps]
+        said = f"{twin.reason}; judged over its finite steps"
+        checks.extend(skipped([*gone, f"{MATH}final_outputs"], twin.key, cal.reference, "math parity", said))
+    elif spread.diverged:  # a member diverged: nothing after its divergence is bounded
         checks.extend(skipped([f"{MATH}final_outputs"], twin.key, cal.reference, "math parity", spread.unbounded))
     else:
         checks.append(
@@ -119,6 +130,20 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     shared_only = cal.reference.framework != ORACLE  # a port: torch's modules against flax's, by path
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
+
+
+def diverged_prefix(twin: Outcome, reference: Outcome, spread: Spread) -> tuple[Outcome, Outcome, Spread] | None:
+    """A twin that diverged (a non-finite loss or tensor at its `failed_at_step`), cut to the
+    steps it kept finite, with the reference and the members' spread cut alike: its first
+    loss and outputs, the snapshots it kept finite and its curve up to its divergence are
+    judged as any twin's (a difference of math shows before a divergence as well as without
+    one). None where it diverged at its first step."""
+    steps = min(int(twin.failed_at_step), len(reference.losses), len(spread.curve))
+    if steps < 1 or twin.initial_outputs is None or not np.isfinite(twin.initial_outputs).all():
+        return None
+    kept = {s: p for s, p in twin.snapshots.items() if s <= twin.failed_at_step and all(np.isfinite(v).all() for v in p.values())}
+    cut = dataclasses.replace(twin, losses=twin.losses[:steps], snapshots=kept, final_outputs=None)
+    return cut, dataclasses.replace(reference, losses=reference.losses[:steps]), dataclasses.replace(spread, curve=spread.curve[:steps])
 
 
 def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:

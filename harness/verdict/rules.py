@@ -74,8 +74,10 @@ def spec_horizon(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list
 
 def math_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin against the oracle over the twins' first steps, calibrated on the
-    oracle's own reordered members: a failure here is different math."""
-    return math_parity_checks(spec, twin, cal) if twin.status == "ok" else []
+    oracle's own reordered members: a failure here is different math. A twin that diverged
+    is judged over the steps it kept finite, beside its divergence check; one that raised is
+    not judged."""
+    return math_parity_checks(spec, twin, cal) if twin.status == "ok" or twin.failed_at_step is not None else []
 
 
 def divergence_check(name: str, run: Outcome, reference: RunKey, reference_name: str, spread: Spread | None) -> Check:
