@@ -29,7 +29,7 @@ def test_the_contacts_phases_come_in_the_gpu_issues_order_and_fit_one_call_with_
     phases = PHASE.findall((ROOT / "tools" / "device-run.sh").read_text())
     assert [name for name, _ in phases] == ["moons", "bench", "matrix", "references", "references-cpu", "port", "smoke", "gpu-tests"]
     budgets = sum(int(seconds) for _, seconds in phases)
-    assert budgets == 500 and budgets + 10 * len(phases) <= 580, phases
+    assert (budgets, budgets + 10 * len(phases)) == (500, 580), phases  # the figures docs/gpu-machine.md gives
 
 
 @pytest.mark.slow  # a minute of fresh processes: `nox -s slow`

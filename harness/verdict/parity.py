@@ -84,7 +84,8 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     if reference is None or reference.status != "ok" or spread is None:
         reason = f"no float64 calibration: needs ok runs of {cal.reference_name}'s first steps and its reordered members"
         return skipped(names, twin.key, cal.reference, "math parity", reason)
-    if twin.status != "ok":
+    diverged = twin.status != "ok"  # rules.math_parity passes a failed twin only where it diverged
+    if diverged:
         prefix = diverged_prefix(twin, reference, spread)
         if prefix is None:
             return []  # diverged at its first step: the divergence check alone judges it
@@ -107,7 +108,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
-    if twin.status != "ok":  # the twin diverged: no final outputs, nor the snapshots it did not keep finite
+    if diverged:  # no final outputs, nor the snapshots it did not keep finite
         steps = sorted({1, spec.checks.params_after_steps.step} & set(reference.snapshots) - set(twin.snapshots))
         gone = [f"{MATH}params_after_step_{step}" for step in steps]
         said = f"{twin.reason}; judged over its finite steps"
@@ -142,7 +143,7 @@ def diverged_prefix(twin: Outcome, reference: Outcome, spread: Spread) -> tuple[
     if steps < 1 or twin.initial_outputs is None or not np.isfinite(twin.initial_outputs).all():
         return None
     kept = {s: p for s, p in twin.snapshots.items() if s <= twin.failed_at_step and all(np.isfinite(v).all() for v in p.values())}
-    cut = dataclasses.replace(twin, losses=twin.losses[:steps], snapshots=kept, final_outputs=None)
+    cut = dataclasses.replace(twin, losses=twin.losses[:steps], snapshots=kept)
     return cut, dataclasses.replace(reference, losses=reference.losses[:steps]), dataclasses.replace(spread, curve=spread.curve[:steps])
 
 
