@@ -9,7 +9,7 @@
 #
 #   tools/device-run.sh contact              a lease's one call (about 9 minutes): moons (quick),
 #                                            bench, matrix, references (GPU, then CPU), port,
-#                                            smoke, GPU tests, each with a budget of its own
+#                                            the Python API, smoke, GPU tests, each with a budget of its own
 #   tools/device-run.sh smoke [SPEC ...]     first: a minute or two, $OUT/smoke.json
 #   tools/device-run.sh [bench] [harness options, e.g. moons_net]
 #
@@ -94,7 +94,7 @@ contact() {
         --work-dir "$work" --results "$results" --profile "${MOONS_PROFILE:-quick}" ${MOONS_SPECS:-moons_net}
     phase bench "${BENCH_S:-70}" python3 -m harness bench --devices "$gpu" "${need[@]}" --repeats 3 \
         --results "$results" "${mnist[@]}" ${BENCH_SPECS:-peaks_mlp mnist_mlp moons_net}
-    phase matrix "${MATRIX_S:-175}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "$jobs" \
+    phase matrix "${MATRIX_S:-160}" python3 -m harness run --tf32 --devices "$both" "${need[@]}" --jobs "$jobs" \
         --work-dir "$work" --results "$results" "${mnist[@]}" ${MATRIX_SPECS:-lenet_mnist cnn_norm_mnist mnist_adamw gpl_transformer}
     # the oracle, its members and the calibration run on the GPU through CuPy (--references
     # gpu; tested on the CPU with NumPy standing in, tests/test_gpu_references.py): peaks on
@@ -106,12 +106,15 @@ contact() {
     phase references-cpu "${REFS_CPU_S:-35}" python3 -m harness run --references cpu --devices "$gpu" "${need[@]}" --frameworks "$smoked" \
         --jobs "$jobs" --profile "${REFS_PROFILE:-sweep}" --results "$results-cpu-references" ${REFS_SPECS:-peaks_mlp}
     # a user's own model (issue 42): three committed ports (a text port among them, issue 52), torch and flax, CPU and GPU
-    phase port "${PORT_S:-45}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
+    phase port "${PORT_S:-40}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --jobs "${JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}" \
         --work-dir "$work" --results "$results" ${PORT_SPECS:-examples/mlp_port/mlp_port.yaml examples/cnn_port/cnn_port.yaml examples/text_port/text_port.yaml}
+    # the Python API (issue 53): the README's port example through harness.check_port, CPU and
+    # GPU, the slip (it fails before training) and the honest port, records under $results/api_port*
+    phase api "${API_S:-25}" python3 tools/api_contact.py --devices "$both" --results "$results"
     # the smoke's rows the first contact did not reach (CuPy's, its fast mode without graphs
     # among them; torch's and JAX's ran): last, as the issue ranks them
-    phase smoke "${SMOKE_S:-30}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
-    phase gpu-tests "${TESTS_S:-20}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
+    phase smoke "${SMOKE_S:-20}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
+    phase gpu-tests "${TESTS_S:-15}" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" ${TESTS:-tests}
     archives
     printf 'phase exit-code seconds: %s\n' "${summary[@]}"
 }
@@ -119,7 +122,7 @@ contact() {
 if [ "${1:-}" = contact ]; then
     # The whole contact in one call, for a lease of 15 device minutes (a machine's start,
     # this call of at most 600 s, a second call only while it is still warm). The budgets
-    # add up to 500 s (580 with every phase killed 10 s after its INT), which leaves
+    # add up to 490 s (580 with every phase killed 10 s after its INT), which leaves
     # the archives time inside a call's 600 s; what each phase finished is kept. The matrix
     # times CPU against GPU (the speedups); the references phases time the verdict on either
     # device; the bench adds the GPU's fast modes and floor (the CPU's are in the committed
