@@ -79,6 +79,46 @@ def test_a_members_jitter_moves_values_by_at_most_two_ulps(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", [1 << 20, 1_234_569, 3 * (1 << 20) + 1])
+def test_a_members_jitter_in_blocks_gives_the_whole_arrays_bits(dtype, size, monkeypatch):
+    """A large array's moves taken a block at a time (network._moved_in_blocks, from
+    BLOCKED_BYTES) are the whole-array passes' bits: the same draws, the same operations on
+    each element, on sizes that end inside a block, zeros, signs, subnormals, inf and nan
+    included, for both ulps a member uses; and the next draw after it is the same."""
+    from harness.reference import network
+
+    moved_in_blocks = network._moved_in_blocks
+    a = np.random.default_rng(4).normal(0, 10, size).astype(dtype)
+    tiny = np.finfo(dtype).smallest_subnormal
+    a[:6] = [0.0, -0.0, tiny, -tiny, np.inf, np.nan]
+    shaped = a.reshape(-1, 7) if size % 7 == 0 else a
+    assert shaped.nbytes >= network.BLOCKED_BYTES
+    blocks = []
+    monkeypatch.setattr(network, "_moved_in_blocks", lambda *args: blocks.append(1) or moved_in_blocks(*args))
+    for ulps in (1.0, 4.0):
+        eps = float(np.finfo(dtype).eps) * ulps
+        with np.errstate(invalid="ignore"):  # inf moved down by inf*u: nan, on either path
+            whole = network.moves(network.move_bytes(np.random.default_rng(11), shaped.shape).astype(dtype), eps)
+            whole *= shaped
+            whole += shaped
+            got = network.jitter_function(np, 11)(shaped, ulps)
+        assert got.dtype == shaped.dtype and got.shape == shaped.shape and not np.shares_memory(got, shaped)
+        np.testing.assert_array_equal(got.view(np.uint8), whole.view(np.uint8))  # bits, nan's included
+    small = np.arange(1, 11, dtype=dtype)
+    jitter = network.jitter_function(np, 2)
+    with np.errstate(invalid="ignore"):
+        jitter(a)
+    after = jitter(small)
+    rng = np.random.default_rng(2)
+    network.move_bytes(rng, a.shape)
+    want = network.moves(network.move_bytes(rng, small.shape).astype(dtype), float(np.finfo(dtype).eps))
+    want *= small
+    want += small
+    np.testing.assert_array_equal(after, want)  # the blocked call drew as many bytes as one pass
+    assert len(blocks) == 3  # each large array took the blocked path, the small one did not
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_members_moves_land_as_a_continuous_draws_would(dtype):
     """A member's u is one random byte per element (network.MOVE_LEVELS levels in [-eps,
     eps]), not a float64 uniform draw: the chance of each move, -2 to 2 ulps, is within half
