@@ -58,11 +58,21 @@ def moves(b, eps: float):
 # A NumPy array of at least BLOCKED_BYTES is moved a block of BLOCK_BYTES at a time, its five
 # passes (the bytes' cast, two for u, u*a, +a) over one block while it sits in the core's
 # cache, into one output allocated once: the same operations on each element, so the same
-# bits (tests/test_layers.py). Measured (docs/measurements.md, 2026-12-03): 0.5-0.6x the
+# bits (tests/test_inputs.py). Measured (docs/measurements.md, 2026-12-03): 0.5-0.6x the
 # time of whole-array passes from 4 MB up (a float64 moons_net layer of 1,000 x 1,000: 5.6
 # against 2.8 ms), slower below it.
 BLOCKED_BYTES = 4 << 20
 BLOCK_BYTES = 512 << 10
+
+
+def _moved(u: Array, a: Array, eps: float) -> Array:
+    """a + a*u in u's own memory, u holding the bytes cast to a's dtype: the same two
+    roundings (u*a, then that + a), without a float64 member's copy of the draws and its two
+    temporaries (issue 54: 2.2 s of a 14 s member of moons_net went to copies)."""
+    u = moves(u, eps)
+    u *= a
+    u += a
+    return u
 
 
 def _moved_in_blocks(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -71,11 +81,9 @@ def _moved_in_blocks(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
     step = BLOCK_BYTES // a.itemsize
     for start in range(0, flat_a.size, step):
-        u, block = flat_out[start : start + step], flat_a[start : start + step]
+        u = flat_out[start : start + step]
         np.copyto(u, flat_b[start : start + step], casting="unsafe")  # astype's exact cast
-        moves(u, eps)
-        u *= block
-        u += block
+        _moved(u, flat_a[start : start + step], eps)
     return out
 
 
@@ -89,17 +97,13 @@ def jitter_function(xp, seed: int) -> Jitter:
     rng = np.random.default_rng(seed)
 
     def jitter(a: Array, ulps: float = 1.0) -> Array:
+        eps = float(xp.finfo(a.dtype).eps) * ulps
         if xp is np and isinstance(a, np.ndarray) and a.nbytes >= BLOCKED_BYTES and a.flags.c_contiguous and a.dtype.kind == "f":
-            return _moved_in_blocks(a, move_bytes(rng, a.shape), float(np.finfo(a.dtype).eps) * ulps)
-        u = moves(xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype), float(xp.finfo(a.dtype).eps) * ulps)
+            return _moved_in_blocks(a, move_bytes(rng, a.shape), eps)
+        u = xp.asarray(move_bytes(rng, a.shape)).astype(a.dtype)
         if u.ndim == 0:
-            return a + a * u
-        # a + a*u in u's own memory: the same two roundings (u*a, then that + a), without
-        # a float64 member's copy of the draws and its two temporaries (issue 54: 2.2 s
-        # of a 14 s member of moons_net went to copies)
-        u *= a
-        u += a
-        return u
+            return a + a * moves(u, eps)
+        return _moved(u, a, eps)
 
     return jitter
 
