@@ -172,6 +172,11 @@ def run_spec(
         return early + diagnosis.verdicts(problem.spec, outcomes, cal)
 
     checks = judged(found.calibration)
+    # the first look's members, of each kind a check needs on the zeroth look's spread (no member)
+    first = calibration.first_look(loaded, problem, keys, planned, done, chosen, checks, driver.run, console, scheme)
+    if first is not None:
+        planned, done, found = first
+        checks = judged(found.calibration)
     if scheme.reference.framework == ORACLE:  # a library entry's members on the first look's, where a check needs them
         unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)
         measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)

@@ -113,3 +113,21 @@ def oracle_step():
         return cache[name]
 
     return get
+
+
+@pytest.fixture
+def members_from_the_start(monkeypatch):
+    """A matrix plans the first look's members of every kind from the start, as it did before
+    the zeroth look (harness/calibrate/roles.py ZEROTH): for the tests of what members do, where
+    a zeroth look that passes would run none. Call it with roles.ALL for every member."""
+    import functools
+
+    from harness.calibrate import calibration, roles
+
+    original = calibration.jobs
+
+    def plan(part: str = roles.FIRST) -> None:
+        monkeypatch.setattr(calibration, "jobs", functools.partial(original, part=part))
+
+    plan()
+    return plan

@@ -330,7 +330,7 @@ def test_a_check_needing_a_librarys_float32_members_names_that_library_until_the
     assert diagnosis.unmeasured_libraries(ADAM, [fake_check("fail")]) == {}  # no entry covers it: nothing to measure
 
 
-def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_the_same_verdicts(monkeypatch):
+def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_the_same_verdicts(monkeypatch, members_from_the_start):
     """Issue 54: the float32 members computing a library's catalogued behaviour bound only
     the failing checks its entries cover (diagnosis.reach), so they run after a first
     judgement, where such a check fails (calibration.library_look). On peaks' Adam, optax's
@@ -344,7 +344,8 @@ def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_t
 
     loaded, short = short_quick("peaks_mlp", 4)
     keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
-    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)  # every member from the start (tests/test_first_look.py: the first look)
+    members_from_the_start(roles.ALL)  # every member from the start (tests/test_first_look.py: the looks)
+    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)  # and every one of a library's on its first look
 
     def judged():
         out = io.StringIO()

@@ -30,8 +30,9 @@ def test_run_writes_records_and_exits_zero(tmp_path):
     assert "Verdicts" in done.stdout and "3 records written" in done.stdout
     said = " ".join(done.stdout.split())  # what runs besides the frameworks asked for, said first
     assert "besides numpy, this runs oracle@cpu (the float64 reference, recorded)" in said
-    # the first look's float32 and float64 members (every check passes on them), in one row
-    assert "2 members member" in said and "numpy@cpu~order1" not in said.split("Verdicts")[1]  # members folded
+    # every check passes on the zeroth look (harness/calibrate/roles.py ZEROTH): no member runs
+    table = said.split("Verdicts")[1]
+    assert "zeroth look" not in said and "members member" not in table and "~order" not in table
     assert len(list((tmp_path / "moons_net").glob("*.json"))) == 3  # numpy, the oracle, numpy's float64 twin
     from harness.records.store import read_record
 
@@ -235,6 +236,33 @@ def test_bench_refuses_an_unknown_mode(tmp_path):
     done = harness("bench", "moons_net", "--modes", "eager,turbo", "--results", str(tmp_path))
     assert done.returncode == 2 and "unknown mode turbo" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_verdict_table_folds_the_members_into_one_row(members_from_the_start):
+    """The calibration members of a spec, one row by default (--members: a row each)."""
+    import io
+
+    from rich.console import Console
+
+    from harness import matrix
+    from harness.execute import plan
+    from harness.inputs.problem import build_problem
+    from harness.report.table import verdict_table
+    from harness.spec.load import load_spec
+
+    one_each = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
+    loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", one_each)
+    result = matrix.run_spec(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), None, Console(file=io.StringIO()), repeats=1)
+    assert sorted(r.variant for r in result.member_records) == ["order1", "order1"]  # the first look's float32 and float64 members
+
+    def shown(members: bool) -> str:
+        out = io.StringIO()
+        Console(file=out, width=200).print(verdict_table([result], members=members))
+        return out.getvalue()
+
+    folded, each = shown(False), shown(True)
+    assert "2 members" in folded and "~order1" not in folded
+    assert " numpy@cpu~order1 " in each and " oracle@cpu~order1 " in each and "2 members" not in each
 
 
 def test_the_verdict_table_fits_100_columns_with_every_run_label_whole():

@@ -68,7 +68,7 @@ def test_two_jobs_give_the_bits_of_one_job_under_the_same_cap():
     assert [c.verdict for c in together.checks] == [c.verdict for c in alone.checks]
 
 
-def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own():
+def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own(members_from_the_start):
     """The local executor runs the calibration cells (members, math parity's reference) one
     after another in a process it keeps, every other cell in a fresh one; a matrix gives
     the bits, verdicts and records it gives with every cell in the driver's process."""
@@ -126,8 +126,8 @@ def test_a_kept_process_that_dies_fails_its_cell_alone_and_the_next_gets_a_new_o
     from harness.execute.fresh import ProcessDied
 
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
-    member = next(c for c in planned if c.role == roles.MEMBER)
+    problem = build_problem(loaded)
+    member = roles.member_jobs(loaded, problem, roles.member_seeds(problem, part=roles.FIRST))[0]
     local = executors.Local(capacity.Slots(capacity.LOCAL, 1, None))
     try:
         first = local.submit(member, os.getpid).result()
@@ -274,7 +274,7 @@ def test_an_interrupt_during_the_wait_is_a_keyboard_interrupt_and_the_handler_co
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_math_paritys_cells_skip_the_whole_set_predictions():
+def test_math_paritys_cells_skip_the_whole_set_predictions(members_from_the_start):
     """Math parity's reference and float64 members compare curves and probe outputs only:
     their cells skip the final predictions over the whole sets (most of a CNN member's
     time); every run a record or the float32 envelope reads keeps them."""

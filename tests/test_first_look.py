@@ -1,6 +1,8 @@
-"""The first look (harness/calibrate/roles.py FIRST_LOOK, calibration.top_up): a verdict runs
-the first of the spec's members of each kind, and the rest only where a check calibrated on
-them does not pass; its verdicts are those of every member from the start."""
+"""The zeroth and the first look (harness/calibrate/roles.py ZEROTH and FIRST_LOOK,
+calibration.first_look and top_up): a verdict runs no member at first, the first of the
+spec's members of a kind where a check they calibrate does not pass on the zeroth look's
+spread (the plain float32 run alone; math parity's floor), and the rest only where a check
+still does not pass; its verdicts are those of every member from the start."""
 
 from __future__ import annotations
 
@@ -35,15 +37,17 @@ JAX = RunKey("jax", "cpu")
 )
 def test_the_first_look_and_the_rest_are_every_member_the_spec_asks_for(name, kinds):
     """moons_net re-anchors its twins along the run; gpl_transformer's JAX twin is judged against
-    optax's formula, with members computing it: every kind of member, split in two."""
+    optax's formula, with members computing it: every kind of member, split in three (none on
+    the zeroth look)."""
     loaded, problem = load_spec(SPECS_DIR / f"{name}.yaml", "quick"), quick_problem(name)  # nothing runs: the quick profile's whole plan
     keys = plan.matrix_keys(["torch", "jax", "numpy"], ["cpu"])
     every = Counter(j.name for j in calibration.jobs(loaded, problem, keys, True, part=roles.ALL))
-    first = calibration.jobs(loaded, problem, keys, True)
+    zeroth = calibration.jobs(loaded, problem, keys, True)
+    first = roles.look_jobs(loaded, problem, keys, roles.ORACLE_SCHEME, roles.FIRST, float32=True, float64=True)
     rest = roles.rest_jobs(loaded, problem, keys, roles.ORACLE_SCHEME, float32=True, float64=True)
-    assert Counter(j.name for j in [*first, *rest]) == every
-    members = [j for j in first if j.role in (roles.MEMBER, *roles.FLOAT64_MEMBERS)]
-    assert members and all(j.member <= roles.FIRST_LOOK for j in members)
+    assert Counter(j.name for j in [*zeroth, *first, *rest]) == every
+    assert not [j for j in zeroth if j.role in (roles.MEMBER, *roles.FLOAT64_MEMBERS)]
+    assert {j.role for j in first} == {roles.MEMBER, *kinds} and all(j.member <= roles.FIRST_LOOK for j in first)
     assert all(j.member > roles.FIRST_LOOK for j in rest)
     assert {j.role for j in rest} == kinds
 
@@ -63,10 +67,14 @@ def check(verdict: Verdict, a: RunKey) -> checks.Check:
         ([check(Verdict.FAIL, JAX), check(Verdict.KNOWN, TWIN)], {roles.MEMBER, roles.MEMBER64, roles.LIBRARY_MEMBER}),
     ],
 )
-def test_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing, kinds):
+@pytest.mark.parametrize("look", ["first", "rest"])
+def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing, kinds, look):
+    """After the zeroth look (no member), the first look's members of the kinds whose checks
+    do not pass; after the first look, the rest of those kinds (calibration.top_up), never one
+    that ran."""
     loaded, problem = load_spec(SPECS_DIR / "gpl_transformer.yaml", "quick"), quick_problem("gpl_transformer")  # its JAX twin: optax's formula
     keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
-    planned = calibration.jobs(loaded, problem, keys, True)
+    planned = calibration.jobs(loaded, problem, keys, True, part=roles.ZEROTH if look == "first" else roles.FIRST)
     asked: list = []
 
     def run(jobs, done=None):
@@ -74,10 +82,14 @@ def test_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing
         return {}
 
     passing = [check(Verdict.PASS, JAX), check(Verdict.PASS, TWIN), check(Verdict.PASS, CALIBRATION_KEY)]
-    topped = calibration.top_up(loaded, problem, keys, planned, {}, {}, [*passing, *standing], run, Console(file=io.StringIO()))
+    looking = calibration.first_look if look == "first" else calibration.top_up
+    looked = looking(loaded, problem, keys, planned, {}, {}, [*passing, *standing], run, Console(file=io.StringIO()))
     assert {j.role for j in asked} == kinds
-    assert (topped is None) == (not kinds)
-    assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
+    assert (looked is None) == (not kinds)
+    if look == "first":
+        assert all(j.member <= roles.FIRST_LOOK for j in asked)
+    else:
+        assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
 
 
 EXPLAINS = re.compile(r"([\d.e+-]+) of what (?:it explains|they explain)")  # a known check's share of its entry's reach
@@ -99,21 +111,22 @@ def verdicts(name: str, epochs: int, frameworks: list[str]):
         ("peaks_mlp", 100, ["torch", "jax", "numpy"], True, True),  # and checks no entry covers: every member
     ],
 )
-def test_a_matrix_gives_the_verdicts_of_every_member(monkeypatch, name, epochs, frameworks, topped, library_known):
-    """The same matrix with the first look and with every member from the start: the same
-    check by check verdicts and diagnoses; each passing check's tolerance no wider on the
-    first look's members, a check that does not pass the same to the bit where every member
+def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, name, epochs, frameworks, topped, library_known):
+    """The same matrix with the zeroth and first looks and with every member from the start:
+    the same check by check verdicts and diagnoses; each passing check's tolerance no wider on
+    the looks' members, a check that does not pass the same to the bit where every member
     ran. A float32 check its library entries explain on the first look's members
     (diagnosis.library_known) runs no more of the envelope's: with every member it is
     known as well, or passes, on a tolerance no narrower."""
+    members_from_the_start(roles.ZEROTH)  # as a matrix plans: no member at first
     first, said = verdicts(name, epochs, frameworks)
-    looked = roles.FIRST_LOOK
+    looked = roles.FIRST_LOOK if re.search(r"running the first look's \d+ float32", said) else 0
     assert ("do not pass on the first look's members" in said) == topped
     explained = {id(c) for c in first.checks if diagnosis.library_known(first.problem.spec, c)}
     assert bool(explained) == library_known
-    monkeypatch.setattr(roles, "FIRST_LOOK", 10**6)
+    members_from_the_start(roles.ALL)
     every, said = verdicts(name, epochs, frameworks)
-    assert "first look" not in said
+    assert "first look" not in said and "zeroth look" not in said
     assert [(c.name, c.a, c.b) for c in first.checks] == [(c.name, c.a, c.b) for c in every.checks]
     for a, b in zip(first.checks, every.checks):
         if id(a) in explained:

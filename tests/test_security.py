@@ -118,9 +118,9 @@ def test_a_planted_pickle_in_the_work_folder_is_never_loaded(tmp_path, capsys, d
     run = ("run", spec, "--frameworks", "numpy", "--no-records", "--no-floor", "--in-process", "--work-dir", work)
     assert harness(capsys, *run)[0] == 0
     cells = sorted(work.rglob("*.json"))
-    # numpy, the oracle, the calibration member; the oracle's first steps, the first look's
-    # float64 member (every check passes on it) and numpy's float64 twin (math parity)
-    assert len(cells) == 6
+    # numpy, the oracle; the oracle's first steps and numpy's float64 twin (math parity). No
+    # member: every check passes on the zeroth look (harness/calibrate/roles.py ZEROTH)
+    assert len(cells) == 4
     pickle.loads(pickle.dumps(Planted(tmp_path / "control")))
     assert (tmp_path / "control").exists()  # the planted payload does run when unpickled
 

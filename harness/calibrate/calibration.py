@@ -30,7 +30,7 @@ from rich.console import Console
 
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
-from harness.calibrate.spread import Calibration, measure, measure_segments, measure_segments_against
+from harness.calibrate.spread import Calibration, Segments, floor_segments, floor_spread, measure, measure_segments, measure_segments_against
 from harness.core.registry import FLOAT32, FLOAT64, RunKey, Verdict
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
@@ -53,22 +53,72 @@ class Calibrated:
     twins: dict[RunKey, Outcome]  # each float64 twin's outcome over the first steps
 
 
-def jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME, part: str = roles.FIRST) -> list[Job]:
+def jobs(
+    loaded: LoadedSpec, problem: Problem, keys: list[RunKey], twins: bool, scheme: Scheme = ORACLE_SCHEME, part: str = roles.ZEROTH
+) -> list[Job]:
     """Calibration's jobs for the runs `keys` of a spec: the float32 members; with `twins`,
     math parity's reference, members and twins over the first steps, the library references
     with their members, and the re-anchored members, twins and library references, which
-    start from the reference's states. The members of every kind are the first look's
-    (roles.FIRST_LOOK; the rest run where a check needs them, top_up) unless `part` says
-    all. The library float32 members run only where a check needs them (library_look)."""
+    start from the reference's states. No member of any kind runs at first (the zeroth look,
+    roles.ZEROTH): the first look's run where a check they calibrate needs them (first_look),
+    the rest where one still does (top_up), unless `part` says which. The library float32
+    members run only where a check needs them (library_look)."""
     found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme, part=part))
     return found + roles.twin_jobs(loaded, problem, keys, scheme, part) if twins else found
 
 
 class Judged(Protocol):
-    """A check, as top_up reads it (harness/verdict/checks.py Check)."""
+    """A check, as first_look and top_up read it (harness/verdict/checks.py Check)."""
 
+    name: str
     a: RunKey
+    b: RunKey
     verdict: Verdict
+    ratio: float | None
+
+
+def first_look(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    planned: list[Job],
+    done: Done,
+    runs: dict[RunKey, Outcome],
+    checks: list[Judged],
+    run: Callable[..., Done],
+    console: Console,
+    scheme: Scheme = ORACLE_SCHEME,
+) -> tuple[list[Job], Done, Calibrated] | None:
+    """The first look after the zeroth (roles.ZEROTH: no member of any kind): the first of the
+    spec's members of each kind where a check they calibrate does not pass (fails, or is
+    known) on the zeroth's spread, run by `run` (the re-anchored ones from the reference's
+    states), and everything gathered again: the float32 members where a float32 check does not
+    pass on the scheme's own float32 run alone, math parity's float64 members of every kind
+    where a twin's check does not pass on its rounding floor alone. A tolerance grows with the
+    spread, so a check that passes on the zeroth passes on the first look's members, and the
+    verdicts are the first look's; from here every later look is as before (a check known on
+    the zeroth look is judged on the first look's members too, as the library entries' rule
+    was measured: diagnosis.library_known). None where every check passes or is skipped, or
+    the members are planned already (calibration.jobs with every member)."""
+    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
+    float32 = any(c.a.precision != FLOAT64 for c in standing) and not _ran(planned, (roles.MEMBER,))
+    float64 = any(c.a.precision == FLOAT64 for c in standing) and _ran(planned, (roles.TWIN,)) and not _ran(planned, roles.FLOAT64_MEMBERS)
+    again = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32, float64)
+    if not again:
+        return None
+    worst = max(standing, key=lambda c: c.ratio or 0)
+    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
+    console.print(
+        f"  {loaded.name}: {len(standing)} checks do not pass on the zeroth look (no member; {worst.a.label} vs {worst.b.label}: "
+        f"{worst.name}); running the first look's {len(again)} {kinds} member{'s' if len(again) > 1 else ''}"
+    )
+    planned, done = [*planned, *again], {**done, **run(again, done)}  # the re-anchored ones start from the reference's states
+    return planned, done, gather(planned, done, runs, scheme)
+
+
+def _ran(planned: list[Job], roles_of: tuple[str, ...]) -> bool:
+    """Whether a job of one of these roles is planned (it runs, or ran)."""
+    return any(c.role in roles_of for c in planned)
 
 
 def top_up(
@@ -97,7 +147,10 @@ def top_up(
     # a twin's check (a pair's `a` is never the reference), where twins run
     float64 = any(c.a.precision == FLOAT64 for c in standing) and any(c.role == roles.TWIN for c in planned)
     float32 = any(c.a.precision != FLOAT64 for c in standing)
-    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)
+    # the first look's too, of a kind none of which ran (first_look asks for every kind a check needs first)
+    none32, none64 = not _ran(planned, (roles.MEMBER,)), not _ran(planned, roles.FLOAT64_MEMBERS)
+    first = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32 and none32, float64 and none64)
+    again = [*first, *roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)]
     if not again:
         return None
     kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
@@ -122,6 +175,8 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
     reference = next(iter(outcomes(roles.REFERENCE)), None)
     float64 = outcomes(roles.MEMBER64)
     found = outcomes(roles.ANCHORED_MEMBER)
+    # math parity's zeroth look (roles.ZEROTH): no float64 member of any kind planned yet, every spread 0
+    zeroth = not any(c.role in roles.FLOAT64_MEMBERS for c in planned)
     library, library_spread = {}, {}
     for key in twins:
         ref = roles.library_reference(key, scheme)
@@ -132,21 +187,29 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         library[key.framework, key.device] = (first, again)
         theirs = f"{ref.variant}-"  # the members computing that library's formula (jobs)
         again_members = outcomes(roles.LIBRARY_ANCHORED_MEMBER, theirs)
-        segments_of = (
-            measure_segments_against(again.segments, again_members, again.segment_ends, again.segment_outputs)
-            if again is not None and again.status == "ok"
-            else None
-        )
-        library_spread[key.framework, key.device] = (measure(first, outcomes(roles.LIBRARY_MEMBER, theirs), FLOAT64), segments_of)
+        segments_of = None
+        if again is not None and again.status == "ok":
+            segments_of = (
+                floor_segments(again.segments, again.segment_ends, again.segment_outputs)
+                if zeroth
+                else measure_segments_against(again.segments, again_members, again.segment_ends, again.segment_outputs)
+            )
+        first_spread = floor_spread(first, FLOAT64) if zeroth else measure(first, outcomes(roles.LIBRARY_MEMBER, theirs), FLOAT64)
+        library_spread[key.framework, key.device] = (first_spread, segments_of)
     library32: dict[str, list[Outcome]] = {}
     for o in outcomes(roles.LIBRARY32):  # numpy@cpu~as-<framework>-order<i>
         library32.setdefault(roles.library32_framework(o.key), []).append(o)
+    anchored_twins = {(o.key.framework, o.key.device): o for o in outcomes(roles.ANCHORED_TWIN)}
+    if zeroth:
+        segments = _floor_segments(runs.get(scheme.reference), anchored_twins.values())
+    else:
+        segments = measure_segments(runs.get(scheme.reference), found) if found else None
     calibration = Calibration(
         measure(runs.get(scheme.reference), [runs.get(scheme.member), *float32], FLOAT32),
-        measure(reference, float64, FLOAT64),
+        floor_spread(reference, FLOAT64) if zeroth else measure(reference, float64, FLOAT64),
         reference,
-        measure_segments(runs.get(scheme.reference), found) if found else None,
-        {(o.key.framework, o.key.device): o for o in outcomes(roles.ANCHORED_TWIN)},
+        segments,
+        anchored_twins,
         library,
         library_spread,
         library32,
@@ -154,6 +217,17 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         scheme.member,
     )
     return Calibrated(calibration, float32, float64, twins)
+
+
+def _floor_segments(reference: Outcome | None, twins) -> Segments | None:
+    """The zeroth look's spread over the re-anchored segments of the whole run `reference`
+    (spread.floor_segments): each segment as long as the re-anchored twins' (`twins`), which
+    ran them from its states. None where it kept no states, or no twin ran a segment."""
+    lengths = {a: len(losses) for t in twins if t.status == "ok" for a, losses in t.segments.items()}
+    if reference is None or reference.status != "ok" or not reference.anchor_states or not lengths:
+        return None
+    starts = sorted(a for a in reference.anchor_states if a in lengths)
+    return floor_segments({a: reference.losses[a : a + lengths[a]] for a in starts}, reference.segment_ends, reference.segment_outputs)
 
 
 class Doubt(Protocol):

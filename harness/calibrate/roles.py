@@ -86,8 +86,16 @@ def scheme_of(problem: Problem) -> Scheme:
 # check calibrated on them does not pass (calibration.top_up), and the verdicts are then
 # those of all of them: the same verdict in every case, with fewer members where every
 # check passes (docs/measurements.md, the first look).
+#
+# Before the first look, the zeroth (issue 54): no member at all. The envelope's spread is
+# then that of the scheme's own float32 run alone (numpy@cpu, a port's torch@cpu: a run the
+# matrix trains anyway, and always the envelope's first), and math parity's is 0, every
+# tolerance its rounding floor. By the same argument a check that passes there passes on any
+# members', so the first look's members of a kind run only where a check they calibrate does
+# not pass on the zeroth (calibration.first_look), and from there every look is as before:
+# the same verdicts, with no member where every check passes on the floor.
 FIRST_LOOK = 1
-ALL, FIRST, REST = "all", "first", "rest"  # which of the spec's members (member_seeds)
+ALL, ZEROTH, FIRST, REST = "all", "zeroth", "first", "rest"  # which of the spec's members (member_seeds)
 
 # The roles of calibration's jobs, in the order the tables name them.
 MEMBER = "calibration member"  # float32, whole run
@@ -215,14 +223,19 @@ def same_code(twin: RunKey, reference: RunKey) -> bool:
 FLOAT64_MEMBERS = (MEMBER64, ANCHORED_MEMBER, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER)  # math parity's members, of every kind
 
 
-def rest_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, float32: bool, float64: bool) -> list[Job]:
-    """The members after the first look's (FIRST_LOOK): the envelope's float32 members with
-    `float32`, math parity's float64 members of every kind with `float64` (with twins);
-    together with the first look's, the jobs calibration.jobs plans with every member."""
-    found = member_jobs(loaded, problem, member_seeds(problem, FLOAT32, scheme=scheme, part=REST)) if float32 else []
+def look_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, part: str, float32: bool, float64: bool) -> list[Job]:
+    """The members of one look (`part`, member_seeds): the envelope's float32 members with
+    `float32`, math parity's float64 members of every kind with `float64` (with twins)."""
+    found = member_jobs(loaded, problem, member_seeds(problem, FLOAT32, scheme=scheme, part=part)) if float32 else []
     if float64:
-        found += [j for j in twin_jobs(loaded, problem, keys, scheme, part=REST) if j.role in FLOAT64_MEMBERS]
+        found += [j for j in twin_jobs(loaded, problem, keys, scheme, part=part) if j.role in FLOAT64_MEMBERS]
     return found
+
+
+def rest_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, float32: bool, float64: bool) -> list[Job]:
+    """The members after the first look's (FIRST_LOOK), of the kinds asked for (look_jobs);
+    with the first look's, the jobs calibration.jobs plans with every member."""
+    return look_jobs(loaded, problem, keys, scheme, REST, float32, float64)
 
 
 def _segments_cost(problem: Problem, scheme: Scheme) -> float:
@@ -346,9 +359,9 @@ def member_seeds(
     """The calibration members' keys and seeds: the scheme's code on the problem with its
     sums in another order (members.reordered), each with its own seed. float32: the
     envelope's members (long_run.members, whole runs); float64: math parity's
-    (math_parity.members, over the twins' first steps). `part`: all of them, the first
-    look's (FIRST_LOOK of them) or the rest. With `upto`, the members after all of them,
-    up to that many in all (the envelope's second look)."""
+    (math_parity.members, over the twins' first steps). `part`: all of them, the zeroth
+    look's (none), the first look's (FIRST_LOOK of them) or the rest. With `upto`, the
+    members after all of them, up to that many in all (the envelope's second look)."""
     if dtype == FLOAT32:
         count, code = problem.spec.checks.long_run.members, scheme.member
     else:
@@ -357,7 +370,7 @@ def member_seeds(
     if upto is not None:
         seeds = range(count + 1, upto + 1)
     else:
-        seeds = {ALL: range(1, count + 1), FIRST: range(1, first + 1), REST: range(first + 1, count + 1)}[part]
+        seeds = {ALL: range(1, count + 1), ZEROTH: range(1, 1), FIRST: range(1, first + 1), REST: range(first + 1, count + 1)}[part]
     return [(replace(code, variant=f"order{i}"), i) for i in seeds]
 
 

@@ -135,6 +135,44 @@ def measure_segments_against(
     )
 
 
+def floor_spread(reference: Outcome | None, dtype: str) -> Spread | None:
+    """The zeroth look's spread (harness/calibrate/roles.py ZEROTH): no member ran, s = 0
+    everywhere, so every tolerance is its rounding floor alone. A tolerance grows with the
+    spread, so a check that passes here passes on any members'; one that does not is judged
+    on the first look's members (calibration.first_look). None unless the reference ran."""
+    if reference is None or reference.status != "ok":
+        return None
+    return Spread(
+        dtype=dtype,
+        runs=0,
+        curve=np.zeros(len(reference.losses)),
+        initial_outputs=0.0,
+        initial_loss=0.0,
+        params={step: [0.0] * len(snapshot) for step, snapshot in reference.snapshots.items()},
+        final_outputs=0.0,
+        final_outputs_max=0.0,
+        metrics=dict.fromkeys(reference.metrics, 0.0),
+        around="the oracle" if reference.key.framework == ORACLE else replace(reference.key, variant="").label,
+    )
+
+
+def floor_segments(reference: dict[int, np.ndarray], ends: dict[int, Params] | None = None, outputs: dict[int, np.ndarray] | None = None) -> Segments:
+    """The zeroth look's spread over each re-anchored segment (as floor_spread): the reference's
+    losses over each (by the step it starts at), its tensors and outputs at each end where it
+    kept them, and no member's distance from them."""
+    ends, outputs = ends or {}, outputs or {}
+    judged = [a for a in sorted(reference) if a in ends and a in outputs]
+    return Segments(
+        0,
+        reference,
+        {a: np.zeros(len(losses)) for a, losses in reference.items()},
+        {a: ends[a] for a in judged},
+        {a: dict.fromkeys(ends[a], 0.0) for a in judged},
+        {a: outputs[a] for a in judged},
+        dict.fromkeys(judged, 0.0),
+    )
+
+
 def tensors(params: Params) -> list[np.ndarray]:
     """Each tensor, in the network's order (problem.initial_params'), as a float64 array."""
     return [np.asarray(a, np.float64) for a in params.values()]

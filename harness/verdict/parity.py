@@ -103,8 +103,8 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             factor,
             spread,
             loss_floor(reference.losses),
-            f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = the largest "
-            f"distance of {spread.runs} float64 runs summing in other orders from {cal.reference_name} "
+            f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = "
+            f"{_runs_prose(spread.runs, f' from {cal.reference_name}')} "
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
@@ -131,6 +131,14 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     shared_only = cal.reference.framework != ORACLE  # a port: torch's modules against flax's, by path
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
+
+
+def _runs_prose(runs: int, where: str) -> str:
+    """What e64(t) is the distance of, in a tolerance's prose: 0 on the zeroth look
+    (harness/calibrate/roles.py ZEROTH), where no member was needed."""
+    if runs == 0:
+        return "0 (no member summing in other orders was needed: the rounding floor alone)"
+    return f"the largest distance of {runs} float64 runs summing in other orders{where}"
 
 
 def diverged_prefix(twin: Outcome, reference: Outcome, spread: Spread) -> tuple[Outcome, Outcome, Spread] | None:
@@ -180,8 +188,8 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     starts = ", ".join(str(a) for a in sorted(segments.reference))
     tolerance = (
         f"over each segment of {spec.checks.math_parity.steps} steps from {cal.reference_name}'s state at steps {starts}: relative loss "
-        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = the largest distance of "
-        f"{segments.runs} float64 runs summing in other orders, started from the same state"
+        f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = "
+        f"{_runs_prose(segments.runs, ', started from the same state')}"
     )
     curve = dataclasses.replace(
         chosen,
