@@ -256,9 +256,10 @@ class Envelope(Strict):
     curve, running maximum). Two runs may differ by at most factor * e + floor; the
     short-horizon checks use the same runs and factor (harness/calibrate/spread.py).
 
-    `members` is a first sample, taken in two looks: the first member runs first, the rest
-    only where a float32 check does not pass on its spread (a check that passes on one
-    member's spread passes on more: harness/calibrate/roles.py FIRST_LOOK); the verdicts are
+    `members` is a first sample, taken in three looks: none at first (the plain run's spread
+    alone), the first member where a float32 check does not pass on that, the rest only where
+    one does not pass on the first's (a check that passes on a smaller spread passes on
+    more members': harness/calibrate/roles.py ZEROTH and FIRST_LOOK); the verdicts are
     those of every member. Where a float32 check fails on rounding alone (the float64
     twins agree with the oracle), e is measured again with `second_look` members in all
     before the check fails (harness/matrix.py): a network whose float32 training can take
@@ -276,9 +277,10 @@ class Envelope(Strict):
 class MathParity(Strict):
     """The float64 twins: every framework runs the spec's first `steps` steps in float64,
     judged against the oracle with a tolerance measured like the envelope's, from `members`
-    float64 runs that sum in other orders (long_run.factor times their spread), the first
-    of them first and the rest only where a twin's check does not pass on it (as the
-    envelope's). A difference there is different math, not rounding."""
+    float64 runs that sum in other orders (long_run.factor times their spread): none at first
+    (the rounding floor alone), the first where a twin's check does not pass on that, the
+    rest only where one does not pass on it (as the envelope's). A difference there is
+    different math, not rounding."""
 
     steps: StepCount = 100
     members: Annotated[int, Field(ge=1, le=MAX_MEMBERS)] = 3
