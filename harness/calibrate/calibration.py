@@ -100,9 +100,8 @@ def first_look(
     the zeroth look is judged on the first look's members too, as the library entries' rule
     was measured: diagnosis.library_known). None where every check passes or is skipped, or
     the members are planned already (calibration.jobs with every member)."""
-    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
-    float32 = any(c.a.precision != FLOAT64 for c in standing) and not _ran(planned, (roles.MEMBER,))
-    float64 = any(c.a.precision == FLOAT64 for c in standing) and _ran(planned, (roles.TWIN,)) and not _ran(planned, roles.FLOAT64_MEMBERS)
+    standing, float32, float64 = _needing(checks, planned)
+    float32, float64 = float32 and not _ran(planned, (roles.MEMBER,)), float64 and not _ran(planned, roles.FLOAT64_MEMBERS)
     again = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32, float64)
     if not again:
         return None
@@ -114,6 +113,16 @@ def first_look(
     )
     planned, done = [*planned, *again], {**done, **run(again, done)}  # the re-anchored ones start from the reference's states
     return planned, done, gather(planned, done, runs, scheme)
+
+
+def _needing(checks: list[Judged], planned: list[Job]) -> tuple[list[Judged], bool, bool]:
+    """The checks that do not pass (fail, or are known) and whether more members could judge
+    them otherwise: float32 members for a float32 pair's check, float64 members for a twin's
+    (a pair's `a` is never the reference), where twins run."""
+    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
+    float32 = any(c.a.precision != FLOAT64 for c in standing)
+    float64 = any(c.a.precision == FLOAT64 for c in standing) and _ran(planned, (roles.TWIN,))
+    return standing, float32, float64
 
 
 def _ran(planned: list[Job], roles_of: tuple[str, ...]) -> bool:
@@ -142,15 +151,11 @@ def top_up(
     verdicts are those of every member from the start. `checks` are those more members may
     judge otherwise: harness/matrix.py leaves out a float32 check its library entries
     explain on the first look's (diagnosis.library_known), which more could make pass (of
-    101 measured, none failed). None where every check passes."""
-    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
-    # a twin's check (a pair's `a` is never the reference), where twins run
-    float64 = any(c.a.precision == FLOAT64 for c in standing) and any(c.role == roles.TWIN for c in planned)
-    float32 = any(c.a.precision != FLOAT64 for c in standing)
-    # the first look's too, of a kind none of which ran (first_look asks for every kind a check needs first)
-    none32, none64 = not _ran(planned, (roles.MEMBER,)), not _ran(planned, roles.FLOAT64_MEMBERS)
-    first = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32 and none32, float64 and none64)
-    again = [*first, *roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)]
+    101 measured, none failed). It follows first_look, which ran the first look's members of
+    every kind a check here needs (a check that passed on the zeroth look passes on any
+    members'). None where every check passes."""
+    standing, float32, float64 = _needing(checks, planned)
+    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)
     if not again:
         return None
     kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
@@ -176,7 +181,7 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
     float64 = outcomes(roles.MEMBER64)
     found = outcomes(roles.ANCHORED_MEMBER)
     # math parity's zeroth look (roles.ZEROTH): no float64 member of any kind planned yet, every spread 0
-    zeroth = not any(c.role in roles.FLOAT64_MEMBERS for c in planned)
+    zeroth = not _ran(planned, roles.FLOAT64_MEMBERS)
     library, library_spread = {}, {}
     for key in twins:
         ref = roles.library_reference(key, scheme)

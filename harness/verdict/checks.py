@@ -97,15 +97,15 @@ def close_check(name: str, a: RunKey, b: RunKey, va: np.ndarray, vb: np.ndarray,
     return Check(name, a, b, _verdict(ratio <= 1), rule, max_abs, max_rel, ratio=ratio, bound=bound)
 
 
-def spread_runs(cal: Spread) -> str:
-    """What a tensor's spread s is the distance of, in a tolerance's prose. On the zeroth look
-    (harness/calibrate/roles.py ZEROTH) no member ran: a float32 spread is the plain run's
-    alone, a float64 one is 0 (the tolerance is its floor)."""
-    if cal.runs == 0:
+def spread_prose(runs: int, dtype: str, where: str) -> str:
+    """What a spread is the distance of, in a tolerance's prose (`where`: from whom, with its
+    leading punctuation). On the zeroth look (harness/calibrate/roles.py ZEROTH) no member ran:
+    a float32 spread is the plain run's alone, a float64 one is 0 (the tolerance is its floor)."""
+    if runs == 0:
         return "0 (no member summing in other orders was needed: the rounding floor alone)"
-    if cal.dtype == FLOAT32 and cal.runs == 1:
-        return f"the distance of the plain {cal.dtype} run from {cal.around} (no member summing in other orders was needed)"
-    return f"the largest distance of {cal.runs} {cal.dtype} runs summing in other orders from {cal.around}"
+    if dtype == FLOAT32 and runs == 1:
+        return f"the distance of the plain {dtype} run{where} (no member summing in other orders was needed)"
+    return f"the largest distance of {runs} {dtype} runs summing in other orders{where}"
 
 
 def tensor_check(
@@ -128,7 +128,8 @@ def tensor_check(
     vb = [np.asarray(y, np.float64) for y in vb]
     eps = EPS[cal.dtype]
     size = "max(||b||, 1)" if at_least_one else "||b||"
-    rule = f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * {size}, s = {spread_runs(cal)}"
+    spread_of = spread_prose(cal.runs, cal.dtype, f" from {cal.around}")
+    rule = f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * {size}, s = {spread_of}"
     if [x.shape for x in va] != [y.shape for y in vb]:
         return Check(name, a, b, Verdict.FAIL, rule, reason="shapes differ", first_failure_step=step)
     errors = [float(np.linalg.norm(x - y)) for x, y in zip(va, vb)]

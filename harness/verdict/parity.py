@@ -13,7 +13,7 @@ from harness.calibrate.spread import Calibration, Segments, Spread
 from harness.core.registry import FLOAT64, ORACLE, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
-from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, tensor_check
+from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, spread_prose, tensor_check
 
 # How far apart two float64 layer outputs may be, relative to the oracle's largest value,
 # and still count as the same math where the diagnosis looks for the first layer to differ:
@@ -104,7 +104,7 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
             spread,
             loss_floor(reference.losses),
             f"relative loss difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {eps:.3g} * max(1, 1/|loss|), e64(t) = "
-            f"{_runs_prose(spread.runs, f' from {cal.reference_name}')} "
+            f"{spread_prose(spread.runs, FLOAT64, f' from {cal.reference_name}')} "
             f"(over the first {len(reference.losses)} steps; final e64 = {spread.curve[-1]:.3g})",
         )
     )
@@ -131,14 +131,6 @@ def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Chec
     shared_only = cal.reference.framework != ORACLE  # a port: torch's modules against flax's, by path
     layer = first_layer_apart(twin.layer_outputs, reference.layer_outputs, shared_only) if reference.layer_outputs else None
     return [dataclasses.replace(c, forward_layer=layer) for c in checks] if layer else checks
-
-
-def _runs_prose(runs: int, where: str) -> str:
-    """What e64(t) is the distance of, in a tolerance's prose: 0 on the zeroth look
-    (harness/calibrate/roles.py ZEROTH), where no member was needed."""
-    if runs == 0:
-        return "0 (no member summing in other orders was needed: the rounding floor alone)"
-    return f"the largest distance of {runs} float64 runs summing in other orders{where}"
 
 
 def diverged_prefix(twin: Outcome, reference: Outcome, spread: Spread) -> tuple[Outcome, Outcome, Spread] | None:
@@ -189,7 +181,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     tolerance = (
         f"over each segment of {spec.checks.math_parity.steps} steps from {cal.reference_name}'s state at steps {starts}: relative loss "
         f"difference <= {factor:g} * e64(t) + {ROUNDING_ULPS} * {EPS[FLOAT64]:.3g} * max(1, 1/|loss|), e64(t) = "
-        f"{_runs_prose(segments.runs, ', started from the same state')}"
+        f"{spread_prose(segments.runs, FLOAT64, ', started from the same state')}"
     )
     curve = dataclasses.replace(
         chosen,
