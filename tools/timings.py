@@ -5,6 +5,13 @@ Each run in the log is a line `SPEC LABEL (DTYPE, N steps, R repeat(s))` followe
 finishes, by `train T s, ...` (T the median training time of its R repeats). A run's time
 is counted as R x T: data preparation, transfers and warm-up are not in the log (they are
 in each record's `timings`), and are small beside training on the CPU.
+
+A log whose every line begins with the time it was written (`HH:MM:SS `, as
+`... 2>&1 | while IFS= read -r l; do printf '%s %s\n' "$(date +%T)" "$l"; done > LOG`
+writes it) gives each run's wall seconds too: from its first line to the next run's
+(the last run's to the log's end), its process's start, imports, compiles, data,
+evaluation and the checks after it included. A run's training is what the issue's ratio
+counts; its wall span is what a user waits for.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ RUN = re.compile(
     r"\((?P<dtype>float\d+), (?P<steps>\d+) steps, (?P<repeats>\d+) repeat"
 )
 TRAIN = re.compile(r"^\s+train (?P<seconds>[\d.]+) s,")
+STAMP = re.compile(r"^(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d) ")
+FRAMEWORKS = "framework runs"  # every other role is the verdict's
 
 
 def role(label: str, text: str | None) -> str:
@@ -33,27 +42,45 @@ def role(label: str, text: str | None) -> str:
         return "oracle"
     if "~" in label:
         return "calibration members"
-    return "framework runs"
+    return FRAMEWORKS
+
+
+def _stamps(lines: list[str]) -> tuple[list[str], list[int] | None]:
+    """The lines without their stamps and each line's seconds since the first (a day's
+    wrap counted), or the lines as they are and None where a line has no stamp."""
+    found = [STAMP.match(line) for line in lines]
+    if not lines or not all(found):
+        return lines, None
+    seconds, day, last = [], 0, None
+    for f in found:
+        t = int(f["h"]) * 3600 + int(f["m"]) * 60 + int(f["s"]) + day
+        if last is not None and t < last:
+            day, t = day + 86400, t + 86400
+        seconds.append(t)
+        last = t
+    start = seconds[0]
+    return [line[len(f[0]) :] for line, f in zip(lines, found)], [t - start for t in seconds]
 
 
 def main(argv: list[str]) -> int:
-    lines = open(argv[0]).read().splitlines()
+    lines, stamps = _stamps([line for line in open(argv[0]).read().splitlines() if line.strip()])
     wall = float(argv[argv.index("--wall") + 1]) if "--wall" in argv else None
-    runs, current = [], None
-    for line in lines:
+    runs, current, starts = [], None, []
+    for i, line in enumerate(lines):
         found = RUN.match(line)
         if found:
             current = found.groupdict()
+            starts.append(i)
             continue
         done = TRAIN.match(line)
         if done and current:
             seconds = float(done["seconds"]) * int(current["repeats"])
             kind = role(current["label"], current["role"])
-            runs.append((current["spec"], current["label"], kind, int(current["steps"]), int(current["repeats"]), seconds))
+            runs.append((current["spec"], current["label"], kind, int(current["steps"]), int(current["repeats"]), seconds, starts[-1]))
             current = None
     by_spec, by_role = defaultdict(float), defaultdict(float)
     print("| spec | run | role | steps | repeats | training s |\n|---|---|---|---|---|---|")
-    for spec, label, kind, steps, repeats, seconds in runs:
+    for spec, label, kind, steps, repeats, seconds, _ in runs:
         by_spec[spec] += seconds
         by_role[(spec, kind)] += seconds
         print(f"| {spec} | {label} | {kind} | {steps:,} | {repeats} | {seconds:,.1f} |")
@@ -63,7 +90,30 @@ def main(argv: list[str]) -> int:
         print(f"| {spec} | {kind} | {seconds:,.1f} | {seconds / total:.1%} |")
     whole = f"; the whole job's wall time: {wall:,.0f} s ({wall / 60:.1f} min)" if wall else ""
     print(f"\nTraining, all runs: {total:,.0f} s ({total / 60:.1f} min){whole}")
+    trained = {side: sum(r[5] for r in runs if (r[2] == FRAMEWORKS) == (side == FRAMEWORKS)) for side in (FRAMEWORKS, "verdict")}
+    ratio = f"{trained['verdict'] / trained[FRAMEWORKS]:.2f}x" if trained[FRAMEWORKS] else "-"
+    print(f"The verdict's runs trained {trained['verdict']:,.1f} s, the frameworks' runs {trained[FRAMEWORKS]:,.1f} s: {ratio}")
+    if stamps is not None:
+        print(_walls(runs, starts, stamps))
     return 0
+
+
+def _walls(runs: list[tuple], starts: list[int], stamps: list[int]) -> str:
+    """Each side's wall seconds: a finished run's from its first line to the next run's
+    first line (the log's end after the last). A run that never finished is left out, and
+    said."""
+    ends = dict(zip(starts, [*starts[1:], len(stamps) - 1]))
+    walls = {FRAMEWORKS: 0, "verdict": 0}
+    for run in runs:
+        kind, start = run[2], run[6]
+        walls[FRAMEWORKS if kind == FRAMEWORKS else "verdict"] += stamps[ends[start]] - stamps[start]
+    unfinished = len(starts) - len(runs)
+    ratio = f"{walls['verdict'] / walls[FRAMEWORKS]:.2f}x" if walls[FRAMEWORKS] else "-"
+    left = f" ({unfinished} run(s) that did not finish left out)" if unfinished else ""
+    return (
+        f"Wall (each run from its first line to the next run's): the verdict's runs {walls['verdict']:,} s, "
+        f"the frameworks' runs {walls[FRAMEWORKS]:,} s: {ratio}{left}; the log spans {stamps[-1]:,} s"
+    )
 
 
 if __name__ == "__main__":
