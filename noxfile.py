@@ -143,9 +143,9 @@ def _test_env() -> dict[str, str]:
 # most 4 (the suite's largest process holds about 4 GB), none on one core.
 # On this project's 2-core VM two workers took `nox -s tests` from 14.5 to 10.2 minutes
 # (docs/measurements.md, 2026-12-04); `HARNESS_TEST_WORKERS=N` chooses, 1 runs in one
-# process. `nox -s slow` keeps one: its tests train in several processes of their own (195%
-# of the 2 cores with two workers or one, 25.8 against 26.4 minutes), and the contact's
-# rehearsal holds its phases to their budgets.
+# process. `nox -s slow` keeps one: its tests train in several processes of their own (with
+# two workers it took 25.8 minutes at 195% of one core: no idle core to fill), and the
+# contact's rehearsal holds its phases to their budgets.
 MAX_TEST_WORKERS = 4
 
 
