@@ -26,7 +26,7 @@ RUN = re.compile(
 )
 TRAIN = re.compile(r"^\s+train (?P<seconds>[\d.]+) s,")
 STAMP = re.compile(r"^(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d) ")
-FRAMEWORKS = "framework runs"  # every other role is the verdict's
+FRAMEWORKS, VERDICT = "framework runs", "verdict"  # every role but the frameworks' runs is the verdict's
 
 
 def role(label: str, text: str | None) -> str:
@@ -43,6 +43,15 @@ def role(label: str, text: str | None) -> str:
     if "~" in label:
         return "calibration members"
     return FRAMEWORKS
+
+
+def _side(kind: str) -> str:
+    """Which side a run of this role is on: the frameworks' runs, or the verdict's."""
+    return FRAMEWORKS if kind == FRAMEWORKS else VERDICT
+
+
+def _ratio(verdict: float, frameworks: float) -> str:
+    return f"{verdict / frameworks:.2f}x" if frameworks else "-"
 
 
 def _stamps(lines: list[str]) -> tuple[list[str], list[int] | None]:
@@ -90,9 +99,11 @@ def main(argv: list[str]) -> int:
         print(f"| {spec} | {kind} | {seconds:,.1f} | {seconds / total:.1%} |")
     whole = f"; the whole job's wall time: {wall:,.0f} s ({wall / 60:.1f} min)" if wall else ""
     print(f"\nTraining, all runs: {total:,.0f} s ({total / 60:.1f} min){whole}")
-    trained = {side: sum(r[5] for r in runs if (r[2] == FRAMEWORKS) == (side == FRAMEWORKS)) for side in (FRAMEWORKS, "verdict")}
-    ratio = f"{trained['verdict'] / trained[FRAMEWORKS]:.2f}x" if trained[FRAMEWORKS] else "-"
-    print(f"The verdict's runs trained {trained['verdict']:,.1f} s, the frameworks' runs {trained[FRAMEWORKS]:,.1f} s: {ratio}")
+    trained = {FRAMEWORKS: 0.0, VERDICT: 0.0}
+    for _, _, kind, _, _, seconds, _ in runs:
+        trained[_side(kind)] += seconds
+    ratio = _ratio(trained[VERDICT], trained[FRAMEWORKS])
+    print(f"The verdict's runs trained {trained[VERDICT]:,.1f} s, the frameworks' runs {trained[FRAMEWORKS]:,.1f} s: {ratio}")
     if stamps is not None:
         print(_walls(runs, starts, stamps))
     return 0
@@ -103,16 +114,14 @@ def _walls(runs: list[tuple], starts: list[int], stamps: list[int]) -> str:
     first line (the log's end after the last). A run that never finished is left out, and
     said."""
     ends = dict(zip(starts, [*starts[1:], len(stamps) - 1]))
-    walls = {FRAMEWORKS: 0, "verdict": 0}
-    for run in runs:
-        kind, start = run[2], run[6]
-        walls[FRAMEWORKS if kind == FRAMEWORKS else "verdict"] += stamps[ends[start]] - stamps[start]
+    walls = {FRAMEWORKS: 0, VERDICT: 0}
+    for _, _, kind, _, _, _, start in runs:
+        walls[_side(kind)] += stamps[ends[start]] - stamps[start]
     unfinished = len(starts) - len(runs)
-    ratio = f"{walls['verdict'] / walls[FRAMEWORKS]:.2f}x" if walls[FRAMEWORKS] else "-"
     left = f" ({unfinished} run(s) that did not finish left out)" if unfinished else ""
     return (
-        f"Wall (each run from its first line to the next run's): the verdict's runs {walls['verdict']:,} s, "
-        f"the frameworks' runs {walls[FRAMEWORKS]:,} s: {ratio}{left}; the log spans {stamps[-1]:,} s"
+        f"Wall (each run from its first line to the next run's): the verdict's runs {walls[VERDICT]:,} s, "
+        f"the frameworks' runs {walls[FRAMEWORKS]:,} s: {_ratio(walls[VERDICT], walls[FRAMEWORKS])}{left}; the log spans {stamps[-1]:,} s"
     )
 
 
