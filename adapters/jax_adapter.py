@@ -101,6 +101,8 @@ class Trainer:
     mode: str = "eager"
     run_of_steps: Any = None  # fast mode: (steps, batch size) -> a jitted loop
     compiled: dict = field(default_factory=dict)  # fast mode: (steps, batch size) -> executable
+    key: Any = None  # the run's RunKey, and _functions' (tx, step, predict, loop): build_again's
+    functions: tuple = ()
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -321,17 +323,28 @@ def _functions(problem):
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
+    return _built(problem, data, key, _functions(problem))
+
+
+def build_again(trainer: Trainer) -> Trainer:
+    """A fresh trainer of `trainer`'s problem, data and key, as `build` makes one, with its
+    jitted functions: what they compiled is reused (a twin's re-anchored segments,
+    harness/run/anchored.py, compile its step once, not once a segment)."""
+    return _built(trainer.problem, trainer.data, trainer.key, trainer.functions)
+
+
+def _built(problem, data: dict[str, Any], key, functions: tuple) -> Trainer:
     device, dtype, mode = key.device, key.dtype, key.mode
     jax = _jax(key.precision)
     dev = jax.devices(_platform(device))[0]
-    tx, train_step, predict_fn, run_of_steps = _functions(problem)
+    tx, train_step, predict_fn, run_of_steps = functions
     params = jax.device_put(_variables(problem, problem.initial_params, dtype), dev)
     log = jax.device_put(np.zeros(problem.total_steps, dtype=dtype), dev)
     # Committed to the device like everything else: optax's step count comes out of tx.init
     # uncommitted, and the first step's committed output then misses the jit cache, so the
     # step would compile again inside the timed loop (docs/measurements.md).
     opt_state = jax.device_put(tx.init(params["params"]), dev)
-    return Trainer(problem, device, dtype, data, params, opt_state, train_step, predict_fn, log, mode, run_of_steps)
+    return Trainer(problem, device, dtype, data, params, opt_state, train_step, predict_fn, log, mode, run_of_steps, key=key, functions=functions)
 
 
 # optax's names for the spec's optimizer moments (optax.scale_by_adam's mu and nu, optax.trace's trace)

@@ -80,6 +80,15 @@ class LoadsState(Protocol):
 
 
 @runtime_checkable
+class BuildsAgain(Protocol):
+    """Optional: a fresh trainer of another's problem, data and key, as `build` makes one, that
+    reuses what the other compiled (a twin's re-anchored segments, harness/run/anchored.py:
+    one compile, not one a segment)."""
+
+    def build_again(self, trainer: Any) -> Any: ...
+
+
+@runtime_checkable
 class KeepsTrainingState(Protocol):
     """Optional: the whole training state by name, optimizer moments included (`m/<tensor>`,
     harness.reference.network.training_state), to start the re-anchored runs from."""
@@ -112,4 +121,4 @@ class ComputesScheduleRates(Protocol):
     def schedule_rates(self, opt: Any, steps: int) -> list[float]: ...
 
 
-CAPABILITIES = (LoadsState, KeepsTrainingState, RecordsLayerOutputs, MeasuresRates, ComputesScheduleRates)
+CAPABILITIES = (LoadsState, BuildsAgain, KeepsTrainingState, RecordsLayerOutputs, MeasuresRates, ComputesScheduleRates)

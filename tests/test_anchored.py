@@ -4,6 +4,8 @@ caught there, in the segment where it starts, while the first steps' twins canno
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -209,3 +211,41 @@ def test_each_adapter_gives_back_its_whole_training_state_by_the_specs_names(fra
     assert sorted(got) == sorted(want) and any("/" in name for name in want)
     for name, a in want.items():
         assert got[name].shape == a.shape and np.max(np.abs(got[name] - a)) <= 1e-12 * max(np.max(np.abs(a)), 1e-300), name
+
+
+@pytest.mark.parametrize("recipe", ["adamw_warmup_cosine", "rmsprop_momentum_schedule", "sgd_clipped"])
+def test_a_jax_twins_segments_compile_once_and_train_as_a_trainer_built_for_each(recipe, monkeypatch):
+    """JAX's re-anchored twin builds its trainer again for each segment (BuildsAgain) with the
+    first one's jitted step, so the step compiles once, not once a segment, and outside the
+    segments' timed training (warmed up first, as every timed run is); its segments' losses,
+    end states and outputs are bit for bit those of a trainer built anew for each segment
+    (optax's counts, moments, schedules and clipping all loaded by load_state)."""
+    jax_adapter = pytest.importorskip("adapters.jax_adapter")
+    from harness.run import anchored
+
+    loaded = load_spec("specs/moons_net.yaml", "quick", {**RECIPES[recipe], "checks": {"math_parity": {"steps": 4}}})
+    problem = inputs.truncated(inputs.build_problem(loaded), 16)
+    oracle = registry.load("numpy")
+    reference = oracle.build(problem, oracle.put(problem, ORACLE_KEY), ORACLE_KEY)
+    states = {}
+    for start, stop in ((0, 4), (4, 8), (8, 12)):
+        oracle.train(reference, start, stop)
+        states[stop] = oracle.training_state(reference)
+    key = RunKey("jax", "cpu", precision=FLOAT64, variant="anchored")
+    if jax_adapter.unavailable(key):
+        pytest.skip(jax_adapter.unavailable(key))
+    made = []
+    functions = jax_adapter._functions
+    monkeypatch.setattr(jax_adapter, "_functions", lambda p: made.append(p) or functions(p))
+    again = anchored.run_segments(problem, key, states)
+    assert again.status == "ok" and len(made) == 1, (again.reason, len(made))
+    without = types.SimpleNamespace(**{n: getattr(jax_adapter, n) for n in dir(jax_adapter) if not n.startswith("_") and n != "build_again"})
+    monkeypatch.setattr(anchored, "prepared_adapter", lambda k: (without, None))
+    anew = anchored.run_segments(problem, key, states)
+    assert anew.status == "ok" and len(made) == 1 + len(states)
+    assert sorted(again.segments) == sorted(anew.segments) == [4, 8, 12]
+    for start in states:
+        assert again.segments[start].tobytes() == anew.segments[start].tobytes()
+        assert again.segment_outputs[start].tobytes() == anew.segment_outputs[start].tobytes()
+        assert sorted(again.segment_ends[start]) == sorted(anew.segment_ends[start])
+        assert all(again.segment_ends[start][n].tobytes() == anew.segment_ends[start][n].tobytes() for n in anew.segment_ends[start])

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from adapters.protocol import KeepsTrainingState, LoadsState
+from adapters.protocol import BuildsAgain, KeepsTrainingState, LoadsState
 from harness.core.errors import described
 from harness.core.registry import RunKey
 from harness.inputs.members import in_member_order
@@ -51,9 +51,14 @@ def segment_end(adapter, trainer, step: int) -> Params:
 
 def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Outcome:
     """Each segment [a, a + math_parity.steps) trained by `key`'s adapter from the state at
-    step a; the outcome's `segments` holds each one's losses, `segment_ends` and
-    `segment_outputs` every tensor and the probe's evaluation-mode outputs at its end, its
-    timings["train_s"] their training time together. A segment that raises or diverges fails the run, with the reason."""
+    step a, on a trainer of its own; the outcome's `segments` holds each one's losses,
+    `segment_ends` and `segment_outputs` every tensor and the probe's evaluation-mode outputs
+    at its end, its timings["train_s"] their training time together. A member's trainer
+    rounds over its own segment's steps (Problem.jitter_from). A twin's problem is the same at
+    every anchor: where its adapter can (BuildsAgain), each segment's trainer is the first
+    one's built again with its compiled step, and each is warmed up (compiled) before its
+    training is timed, as every timed run's is. A segment that raises or diverges fails the
+    run, with the reason."""
     adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
@@ -63,9 +68,16 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
     steps = problem.spec.checks.math_parity.steps
     try:
         data = adapter.put(problem, key)
+        trainer = None
         for start, state in sorted(states.items()):
             stop = min(start + steps, problem.total_steps)
-            trainer = adapter.build(replace(problem, jitter_from=start), data, key)
+            twin = problem.jitter_seed is None
+            if trainer is not None and twin and isinstance(adapter, BuildsAgain):
+                trainer = adapter.build_again(trainer)
+            else:
+                trainer = adapter.build(replace(problem, jitter_from=start), data, key)
+            if twin:  # a member is warmed up as before: not at all (nothing it draws moves)
+                adapter.warm_up(trainer)
             adapter.load_state(trainer, state, start)
             adapter.synchronize(trainer)
             began = time.perf_counter()
