@@ -101,8 +101,8 @@ class Trainer:
     mode: str = "eager"
     run_of_steps: Any = None  # fast mode: (steps, batch size) -> a jitted loop
     compiled: dict = field(default_factory=dict)  # fast mode: (steps, batch size) -> executable
-    key: Any = None  # the run's RunKey, and _functions' (tx, step, predict, loop): build_again's
-    functions: tuple = ()
+    key: Any = None  # the run's RunKey (build_again's)
+    functions: tuple = ()  # _functions' (tx, step, predict, loop), which build_again reuses
 
 
 def put(problem, key) -> dict[str, Any]:

@@ -54,11 +54,11 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
     step a, on a trainer of its own; the outcome's `segments` holds each one's losses,
     `segment_ends` and `segment_outputs` every tensor and the probe's evaluation-mode outputs
     at its end, its timings["train_s"] their training time together. A member's trainer
-    rounds over its own segment's steps (Problem.jitter_from). A twin's problem is the same at
-    every anchor: where its adapter can (BuildsAgain), each segment's trainer is the first
-    one's built again with its compiled step, and each is warmed up (compiled) before its
-    training is timed, as every timed run's is. A segment that raises or diverges fails the
-    run, with the reason."""
+    rounds over its own segment's steps (Problem.jitter_from). Any other run's problem (a
+    twin's, a reference's computing a library's formula) is the same at every anchor: where
+    its adapter can (BuildsAgain), each segment's trainer is the first one's built again with
+    its compiled step, and each is warmed up (compiled) before its training is timed, as every
+    timed run's is. A segment that raises or diverges fails the run, with the reason."""
     adapter, reason = prepared_adapter(key)
     if reason:
         return Outcome(key, "skipped", reason)
@@ -68,15 +68,14 @@ def run_segments(problem: Problem, key: RunKey, states: dict[int, Params]) -> Ou
     steps = problem.spec.checks.math_parity.steps
     try:
         data = adapter.put(problem, key)
-        trainer = None
+        trainer, member = None, problem.jitter_seed is not None
         for start, state in sorted(states.items()):
             stop = min(start + steps, problem.total_steps)
-            twin = problem.jitter_seed is None
-            if trainer is not None and twin and isinstance(adapter, BuildsAgain):
+            if trainer is not None and not member and isinstance(adapter, BuildsAgain):
                 trainer = adapter.build_again(trainer)
             else:
                 trainer = adapter.build(replace(problem, jitter_from=start), data, key)
-            if twin:  # a member is warmed up as before: not at all (nothing it draws moves)
+            if not member:  # a member is warmed up as before: not at all (nothing it draws moves)
                 adapter.warm_up(trainer)
             adapter.load_state(trainer, state, start)
             adapter.synchronize(trainer)
