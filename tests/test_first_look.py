@@ -52,27 +52,39 @@ def test_the_first_look_and_the_rest_are_every_member_the_spec_asks_for(name, ki
     assert {j.role for j in rest} == kinds
 
 
-def check(verdict: Verdict, a: RunKey) -> checks.Check:
-    return checks.Check("a check", a, ORACLE_KEY, verdict, "rule")
+def check(verdict: Verdict, a: RunKey, name: str = "a check") -> checks.Check:
+    return checks.Check(name, a, ORACLE_KEY, verdict, "rule")
+
+
+NUMPY64 = RunKey("numpy", "cpu", precision=FLOAT64)  # the oracle's own code: judged against the oracle, not a library's formula
+SEGMENT = "math_anchored_outputs"  # a re-anchored check: the re-anchored members' spread
 
 
 @pytest.mark.parametrize(
-    "standing, kinds",
+    "name, standing, kinds",
     [
-        ([], set()),
-        ([check(Verdict.SKIPPED, JAX), check(Verdict.SKIPPED, TWIN)], set()),  # nothing more members can judge
-        ([check(Verdict.FAIL, JAX)], {roles.MEMBER}),
-        ([check(Verdict.KNOWN, JAX)], {roles.MEMBER}),  # known or passing: only all the members say which
-        ([check(Verdict.FAIL, TWIN)], {roles.MEMBER64, roles.LIBRARY_MEMBER}),
-        ([check(Verdict.FAIL, JAX), check(Verdict.KNOWN, TWIN)], {roles.MEMBER, roles.MEMBER64, roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [], set()),
+        ("gpl_transformer", [check(Verdict.SKIPPED, JAX), check(Verdict.SKIPPED, TWIN)], set()),  # nothing more members can judge
+        ("gpl_transformer", [check(Verdict.FAIL, JAX)], {roles.MEMBER}),
+        ("gpl_transformer", [check(Verdict.KNOWN, JAX)], {roles.MEMBER}),  # known or passing: only all the members say which
+        # its JAX twin is judged against optax's formula, on the members computing it: not the oracle's own
+        ("gpl_transformer", [check(Verdict.FAIL, TWIN)], {roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [check(Verdict.FAIL, NUMPY64)], {roles.MEMBER64}),
+        ("gpl_transformer", [check(Verdict.FAIL, NUMPY64), check(Verdict.FAIL, TWIN)], {roles.MEMBER64, roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [check(Verdict.FAIL, JAX), check(Verdict.KNOWN, TWIN)], {roles.MEMBER, roles.LIBRARY_MEMBER}),
+        # moons_net's twins are judged against the oracle, re-anchored too: each check its own kind
+        ("moons_net", [check(Verdict.FAIL, TWIN)], {roles.MEMBER64}),
+        ("moons_net", [check(Verdict.FAIL, TWIN, SEGMENT)], {roles.ANCHORED_MEMBER}),
+        ("moons_net", [check(Verdict.FAIL, TWIN, SEGMENT), check(Verdict.KNOWN, NUMPY64)], {roles.ANCHORED_MEMBER, roles.MEMBER64}),
     ],
 )
 @pytest.mark.parametrize("look", ["first", "rest"])
-def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(standing, kinds, look):
+def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate_only(name, standing, kinds, look):
     """After the zeroth look (no member), the first look's members of the kinds whose checks
     do not pass; after the first look, the rest of those kinds (calibration.top_up), never one
-    that ran."""
-    loaded, problem = load_spec(SPECS_DIR / "gpl_transformer.yaml", "quick"), quick_problem("gpl_transformer")  # its JAX twin: optax's formula
+    that ran. A twin's check reads one float64 spread (Calibration.spread_of, segments_of), so
+    only the members of that kind run for it."""
+    loaded, problem = load_spec(SPECS_DIR / f"{name}.yaml", "quick"), quick_problem(name)
     keys = plan.matrix_keys(["jax", "numpy"], ["cpu"])
     planned = calibration.jobs(loaded, problem, keys, True, part=roles.ZEROTH if look == "first" else roles.FIRST)
     asked: list = []
@@ -81,7 +93,7 @@ def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate
         asked.extend(jobs)
         return {}
 
-    passing = [check(Verdict.PASS, JAX), check(Verdict.PASS, TWIN), check(Verdict.PASS, CALIBRATION_KEY)]
+    passing = [check(Verdict.PASS, JAX), check(Verdict.PASS, TWIN), check(Verdict.PASS, CALIBRATION_KEY), check(Verdict.PASS, TWIN, SEGMENT)]
     looking = calibration.first_look if look == "first" else calibration.top_up
     looked = looking(loaded, problem, keys, planned, {}, {}, [*passing, *standing], run, Console(file=io.StringIO()))
     assert {j.role for j in asked} == kinds
@@ -90,6 +102,8 @@ def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate
         assert all(j.member <= roles.FIRST_LOOK for j in asked)
     else:
         assert all(j.member > roles.FIRST_LOOK for j in asked)  # never one that ran
+    computing = {j.keys[0].variant.split("-order")[0] for j in asked if j.role == roles.LIBRARY_MEMBER}
+    assert computing <= {"as-jax"}  # only the formula of the library whose twin's check stands
 
 
 EXPLAINS = re.compile(r"([\d.e+-]+) of what (?:it explains|they explain)")  # a known check's share of its entry's reach
@@ -104,14 +118,17 @@ def verdicts(name: str, epochs: int, frameworks: list[str]):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, epochs, frameworks, topped, library_known",
+    "name, epochs, frameworks, topped, library_known, plain64",
     [
-        ("mnist_mlp", 1, ["torch", "jax", "numpy"], False, False),  # on the real MNIST files: every check passes on the first look
-        ("peaks_mlp", 4, ["jax", "numpy"], False, True),  # optax's bias corrections explain every check that does not pass
-        ("peaks_mlp", 100, ["torch", "jax", "numpy"], True, True),  # and checks no entry covers: every member
+        ("mnist_mlp", 1, ["torch", "jax", "numpy"], False, False, None),  # on the real MNIST files: every check passes on the first look
+        ("peaks_mlp", 4, ["jax", "numpy"], False, True, None),  # optax's bias corrections explain every check that does not pass
+        ("peaks_mlp", 100, ["torch", "jax", "numpy"], True, True, None),  # and checks no entry covers: every member
+        # JAX's twin judged against optax's formula, NumPy's against the oracle: only the kind
+        # of float64 member a standing check reads runs (roles.Kind), the oracle's own keeps its floor
+        ("gpl_transformer", 1, ["jax", "numpy"], False, True, False),
     ],
 )
-def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, name, epochs, frameworks, topped, library_known):
+def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, name, epochs, frameworks, topped, library_known, plain64):
     """The same matrix with the zeroth and first looks and with every member from the start:
     the same check by check verdicts and diagnoses; each passing check's tolerance no wider on
     the looks' members, a check that does not pass the same to the bit where every member
@@ -125,8 +142,8 @@ def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, nam
     explained = {id(c) for c in first.checks if diagnosis.library_known(first.problem.spec, c)}
     assert bool(explained) == library_known
     members_from_the_start(roles.ALL)
-    every, said = verdicts(name, epochs, frameworks)
-    assert "first look" not in said and "zeroth look" not in said
+    every, said_every = verdicts(name, epochs, frameworks)
+    assert "first look" not in said_every and "zeroth look" not in said_every
     assert [(c.name, c.a, c.b) for c in first.checks] == [(c.name, c.a, c.b) for c in every.checks]
     for a, b in zip(first.checks, every.checks):
         if id(a) in explained:
@@ -141,6 +158,9 @@ def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, nam
         else:
             assert (a.ratio, a.diagnosis) == (b.ratio, b.diagnosis), a.name
     spec = first.problem.spec.checks
+    if plain64 is not None:  # whether the oracle's own float64 members ran on the looks, and a library's did
+        assert bool(first.members64) == plain64 and "(math parity's calibration, jax's formula)" in said
+        assert len(every.members64) == spec.math_parity.members
     assert len(every.members) == spec.long_run.members
     assert len(first.members) == (spec.long_run.members if topped else looked)
 

@@ -31,7 +31,7 @@ from rich.console import Console
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
 from harness.calibrate.spread import Calibration, Segments, floor_segments, floor_spread, measure, measure_segments, measure_segments_against
-from harness.core.registry import FLOAT32, FLOAT64, RunKey, Verdict
+from harness.core.registry import ANCHORED_CHECKS, FLOAT32, FLOAT64, RunKey, Verdict
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
 from harness.inputs.problem import Problem
@@ -93,20 +93,21 @@ def first_look(
     spec's members of each kind where a check they calibrate does not pass (fails, or is
     known) on the zeroth's spread, run by `run` (the re-anchored ones from the reference's
     states), and everything gathered again: the float32 members where a float32 check does not
-    pass on the scheme's own float32 run alone, math parity's float64 members of every kind
-    where a twin's check does not pass on its rounding floor alone. A tolerance grows with the
-    spread, so a check that passes on the zeroth passes on the first look's members, and the
-    verdicts are the first look's; from here every later look is as before (a check known on
+    pass on the scheme's own float32 run alone, math parity's float64 members of each kind
+    (roles.Kind) whose spread a twin's check that does not pass on its rounding floor alone
+    reads (_kinds). A tolerance grows with the spread, so a check that passes on the zeroth
+    passes on the first look's members, and each check reads one spread: a kind none of whose
+    checks stands keeps its floor, the verdicts are the first look's; from here every later look is as before (a check known on
     the zeroth look is judged on the first look's members too, as the library entries' rule
     was measured: diagnosis.library_known). None where every check passes or is skipped, or
     the members are planned already (calibration.jobs with every member)."""
-    standing, float32, float64 = _needing(checks, planned)
-    float32, float64 = float32 and not _ran(planned, (roles.MEMBER,)), float64 and not _ran(planned, roles.FLOAT64_MEMBERS)
-    again = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32, float64)
+    standing, float32, kinds = _needing(checks, planned, scheme)
+    float32, kinds = float32 and not _ran(planned, (roles.MEMBER,)), {k for k in kinds if not _ran_kind(planned, k)}
+    again = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32, bool(kinds), kinds)
     if not again:
         return None
     worst = max(standing, key=lambda c: c.ratio or 0)
-    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
+    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", kinds)) if on)
     console.print(
         f"  {loaded.name}: {len(standing)} checks do not pass on the zeroth look (no member; {worst.a.label} vs {worst.b.label}: "
         f"{worst.name}); running the first look's {len(again)} {kinds} member{'s' if len(again) > 1 else ''}"
@@ -115,19 +116,36 @@ def first_look(
     return planned, done, gather(planned, done, runs, scheme)
 
 
-def _needing(checks: list[Judged], planned: list[Job]) -> tuple[list[Judged], bool, bool]:
+def _needing(checks: list[Judged], planned: list[Job], scheme: Scheme) -> tuple[list[Judged], bool, set[roles.Kind]]:
     """The checks that do not pass (fail, or are known) and whether more members could judge
-    them otherwise: float32 members for a float32 pair's check, float64 members for a twin's
-    (a pair's `a` is never the reference), where twins run."""
+    them otherwise: float32 members for a float32 pair's check, and, where twins run, the
+    kinds of float64 member whose spreads a twin's checks read (a pair's `a` is never the
+    reference)."""
     standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
     float32 = any(c.a.precision != FLOAT64 for c in standing)
-    float64 = any(c.a.precision == FLOAT64 for c in standing) and _ran(planned, (roles.TWIN,))
-    return standing, float32, float64
+    return standing, float32, _kinds([c for c in standing if c.a.precision == FLOAT64], planned, scheme) if _ran(planned, (roles.TWIN,)) else set()
+
+
+def _kinds(twins_checks: list[Judged], planned: list[Job], scheme: Scheme) -> set[roles.Kind]:
+    """The kinds of float64 member (roles.Kind) whose spreads these checks of float64 twins
+    read: a re-anchored check's (math_anchored_*) the re-anchored members', any other the
+    members' over the first steps; those computing the twin's library formula where its
+    library reference is planned (the twin is judged against it), else the reference's own."""
+    libraries = {c.name for c in planned if c.role == roles.LIBRARY}
+    return {
+        roles.twin_kind(c.a, c.name.startswith(ANCHORED_CHECKS), roles.library_reference(c.a, scheme).label in libraries, scheme)
+        for c in twins_checks
+    }
 
 
 def _ran(planned: list[Job], roles_of: tuple[str, ...]) -> bool:
     """Whether a job of one of these roles is planned (it runs, or ran)."""
     return any(c.role in roles_of for c in planned)
+
+
+def _ran_kind(planned: list[Job], kind: roles.Kind) -> bool:
+    """Whether a float64 member of this kind is planned (it runs, or ran)."""
+    return any(roles.of_kinds(c, (kind,)) for c in planned)
 
 
 def top_up(
@@ -144,7 +162,8 @@ def top_up(
 ) -> tuple[list[Job], Done, Calibrated] | None:
     """The rest of the spec's members (roles.rest_jobs) where a check calibrated on the first
     look's does not pass: the float32 members where a float32 pair's check fails or is
-    known, math parity's float64 members of every kind where a float64 twin's does, run by
+    known, math parity's float64 members of each kind whose spread a standing twin's check
+    reads (_kinds), run by
     `run` (the re-anchored ones from the reference's states), and everything gathered again
     from both looks' jobs. A tolerance grows with the spread, the largest distance of any
     member: a check that passes on the first look's members passes on all of them, so the
@@ -154,11 +173,11 @@ def top_up(
     101 measured, none failed). It follows first_look, which ran the first look's members of
     every kind a check here needs (a check that passed on the zeroth look passes on any
     members'). None where every check passes."""
-    standing, float32, float64 = _needing(checks, planned)
-    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, float64)
+    standing, float32, kinds = _needing(checks, planned, scheme)
+    again = roles.rest_jobs(loaded, problem, keys, scheme, float32, bool(kinds), kinds)
     if not again:
         return None
-    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", float64)) if on)
+    kinds = " and ".join(k for k, on in (("float32", float32), ("float64", kinds)) if on)
     console.print(
         f"  {loaded.name}: {len(standing)} checks do not pass on the first look's members; "
         f"running the {len(again)} other {kinds} members the spec asks for"
@@ -180,8 +199,10 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
     reference = next(iter(outcomes(roles.REFERENCE)), None)
     float64 = outcomes(roles.MEMBER64)
     found = outcomes(roles.ANCHORED_MEMBER)
-    # math parity's zeroth look (roles.ZEROTH): no float64 member of any kind planned yet, every spread 0
-    zeroth = not _ran(planned, roles.FLOAT64_MEMBERS)
+
+    def zeroth(kind: roles.Kind) -> bool:  # math parity's zeroth look (roles.ZEROTH) of a kind: none of its members planned, its spread 0
+        return not _ran_kind(planned, kind)
+
     library, library_spread = {}, {}
     for key in twins:
         ref = roles.library_reference(key, scheme)
@@ -196,22 +217,23 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         if again is not None and again.status == "ok":
             segments_of = (
                 floor_segments(again.segments, again.segment_ends, again.segment_outputs)
-                if zeroth
+                if zeroth((roles.LIBRARY_ANCHORED_MEMBER, theirs))
                 else measure_segments_against(again.segments, again_members, again.segment_ends, again.segment_outputs)
             )
-        first_spread = floor_spread(first, FLOAT64) if zeroth else measure(first, outcomes(roles.LIBRARY_MEMBER, theirs), FLOAT64)
+        first_members = outcomes(roles.LIBRARY_MEMBER, theirs)
+        first_spread = floor_spread(first, FLOAT64) if zeroth((roles.LIBRARY_MEMBER, theirs)) else measure(first, first_members, FLOAT64)
         library_spread[key.framework, key.device] = (first_spread, segments_of)
     library32: dict[str, list[Outcome]] = {}
     for o in outcomes(roles.LIBRARY32):  # numpy@cpu~as-<framework>-order<i>
         library32.setdefault(roles.library32_framework(o.key), []).append(o)
     anchored_twins = {(o.key.framework, o.key.device): o for o in outcomes(roles.ANCHORED_TWIN)}
-    if zeroth:
+    if zeroth((roles.ANCHORED_MEMBER, "")):
         segments = _floor_segments(runs.get(scheme.reference), anchored_twins.values())
     else:
         segments = measure_segments(runs.get(scheme.reference), found) if found else None
     calibration = Calibration(
         measure(runs.get(scheme.reference), [runs.get(scheme.member), *float32], FLOAT32),
-        floor_spread(reference, FLOAT64) if zeroth else measure(reference, float64, FLOAT64),
+        floor_spread(reference, FLOAT64) if zeroth((roles.MEMBER64, "")) else measure(reference, float64, FLOAT64),
         reference,
         segments,
         anchored_twins,
@@ -336,12 +358,16 @@ def math_second_look(
     after the first look's, up to long_run.second_look in all (and as many computing each
     doubted twin's library formula; re-anchored along the run too where a segment is
     doubted), run by `run`, and everything gathered again from both looks' jobs: the
-    planned jobs, their outcomes and the calibration; None where nothing is doubted."""
+    planned jobs, their outcomes and the calibration; None where nothing is doubted. Only
+    the kinds of member whose spreads the doubted checks read run (_kinds): no other kind's
+    spread judges a failing check."""
     if not doubted:
         return None
     twins = list(dict.fromkeys(c.a for c in doubted))
-    segments = any("anchored" in c.name for c in doubted)  # a re-anchored segment's check: its members re-anchored too
+    kinds = _kinds(doubted, planned, scheme)  # only those whose checks are doubted: every other kind's pass
+    segments = any(c.name.startswith(ANCHORED_CHECKS) for c in doubted)  # a re-anchored segment's check: its members re-anchored too
     again = roles.math_second_look_jobs(loaded, problem, twins, scheme, problem.spec.checks.long_run.second_look, segments)
+    again = [j for j in again if roles.of_kinds(j, kinds)]
     if not again:
         return None
     worst = max(doubted, key=lambda c: c.ratio or 0)

@@ -16,6 +16,7 @@ array-module code in float32, the oracle again. Its roles:
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from adapters.protocol import ComputesScheduleRates
@@ -223,19 +224,55 @@ def same_code(twin: RunKey, reference: RunKey) -> bool:
 FLOAT64_MEMBERS = (MEMBER64, ANCHORED_MEMBER, LIBRARY_MEMBER, LIBRARY_ANCHORED_MEMBER)  # math parity's members, of every kind
 
 
-def look_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, part: str, float32: bool, float64: bool) -> list[Job]:
+# A float64 member's kind: its role and the start of its key's variant ("" for the reference's
+# own members, "as-<framework>-" for those computing that library's formula). Each kind makes
+# one spread (calibration.gather), and each twin's check reads one of them: over the first
+# steps or re-anchored, the reference's own or its library's (Calibration.spread_of,
+# segments_of). So a kind's members run only where one of its own checks needs them.
+Kind = tuple[str, str]
+
+
+def twin_kind(twin: RunKey, anchored_check: bool, library: bool, scheme: Scheme) -> Kind:
+    """The kind of float64 member whose spread calibrates a check of `twin`: re-anchored with
+    `anchored_check`, computing its library's formula where the twin is judged against one
+    (`library`: that library's reference is planned)."""
+    if library:
+        return (LIBRARY_ANCHORED_MEMBER if anchored_check else LIBRARY_MEMBER), f"{library_reference(twin, scheme).variant}-"
+    return (ANCHORED_MEMBER if anchored_check else MEMBER64), ""
+
+
+def of_kinds(job: Job, kinds: Collection[Kind] | None) -> bool:
+    """Whether `job` is a float64 member of one of `kinds` (None: of any kind)."""
+    if job.role not in FLOAT64_MEMBERS:
+        return False
+    return kinds is None or any(job.role == role and all(k.variant.startswith(start) for k in job.keys) for role, start in kinds)
+
+
+def look_jobs(
+    loaded: LoadedSpec,
+    problem: Problem,
+    keys: list[RunKey],
+    scheme: Scheme,
+    part: str,
+    float32: bool,
+    float64: bool,
+    kinds: Collection[Kind] | None = None,
+) -> list[Job]:
     """The members of one look (`part`, member_seeds): the envelope's float32 members with
-    `float32`, math parity's float64 members of every kind with `float64` (with twins)."""
+    `float32`, math parity's float64 members with `float64` (with twins), of `kinds` (None:
+    of every kind)."""
     found = member_jobs(loaded, problem, member_seeds(problem, FLOAT32, scheme=scheme, part=part)) if float32 else []
     if float64:
-        found += [j for j in twin_jobs(loaded, problem, keys, scheme, part=part) if j.role in FLOAT64_MEMBERS]
+        found += [j for j in twin_jobs(loaded, problem, keys, scheme, part=part) if of_kinds(j, kinds)]
     return found
 
 
-def rest_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, float32: bool, float64: bool) -> list[Job]:
+def rest_jobs(
+    loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme, float32: bool, float64: bool, kinds: Collection[Kind] | None = None
+) -> list[Job]:
     """The members after the first look's (FIRST_LOOK), of the kinds asked for (look_jobs);
     with the first look's, the jobs calibration.jobs plans with every member."""
-    return look_jobs(loaded, problem, keys, scheme, REST, float32, float64)
+    return look_jobs(loaded, problem, keys, scheme, REST, float32, float64, kinds)
 
 
 def _segments_cost(problem: Problem, scheme: Scheme) -> float:

@@ -113,6 +113,9 @@ CALIBRATION_PAIRS = ({CALIBRATION_KEY, ORACLE_KEY}, {GPU_CALIBRATION_KEY, GPU_OR
 # The checks that judge where a run diverged against where rounding alone diverges: a float32
 # run's and a float64 twin's (harness.verdict.rules.divergence_check); a pass excuses the run.
 DIVERGENCE_CHECKS = ("divergence", "math_divergence")
+# The start of math parity's re-anchored checks' names (harness/verdict/parity.py): they read
+# the re-anchored members' spread, every other twin's check that over the first steps.
+ANCHORED_CHECKS = "math_anchored_"
 
 
 def gates(a: RunKey, b: RunKey) -> bool:

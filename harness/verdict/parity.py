@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from harness.calibrate.spread import Calibration, Segments, Spread
-from harness.core.registry import FLOAT64, ORACLE, RunKey, Verdict
+from harness.core.registry import ANCHORED_CHECKS, FLOAT64, ORACLE, RunKey, Verdict
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, spread_prose, tensor_check
@@ -152,7 +152,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
     started from the oracle's state, against the oracle's own steps from it, calibrated on
     the float64 members started from the same state. The first segment to fail is where
     the difference starts."""
-    name = f"{MATH}anchored_loss_curve"
+    name = f"{ANCHORED_CHECKS}loss_curve"
     run, segments = cal.anchored.get((twin.key.framework, twin.key.device)), cal.segments_of(twin.key)
     if run is None and segments is None:
         return []  # a run too short for a segment after the first steps
@@ -219,13 +219,13 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
         missing = [n for n in reference if "/" not in n and n not in mine]
         if missing:
             reason = f"it carries no {', '.join(missing)}"
-            states.append(Check(f"{MATH}anchored_state", twin.key, cal.reference, Verdict.FAIL, "every tensor", reason=reason, segment=a))
+            states.append(Check(f"{ANCHORED_CHECKS}state", twin.key, cal.reference, Verdict.FAIL, "every tensor", reason=reason, segment=a))
         else:
             # every tensor the reference and its members kept, and the optimizer moments the
             # run carries too (an adapter without training_state carries none)
             names = [n for n in reference if n in segments.end_params[a] and n in mine]
             check = tensor_check(
-                f"{MATH}anchored_state",
+                f"{ANCHORED_CHECKS}state",
                 twin.key,
                 cal.reference,
                 [mine[n] for n in names],
@@ -238,7 +238,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
             )
             states.append(dataclasses.replace(check, segment=a))
         check = tensor_check(
-            f"{MATH}anchored_outputs",
+            f"{ANCHORED_CHECKS}outputs",
             twin.key,
             cal.reference,
             [run.segment_outputs[a]],
