@@ -5,10 +5,12 @@ An element-wise function computes each element from that element alone, so cutti
 C-contiguous array into pieces and computing the pieces on several threads gives the same
 bits as one call (tests/test_threads.py holds this for every function split here, on odd
 sizes, odd cuts and special values). NumPy releases the GIL inside its loops. NumPy's
-float64 tanh is glibc's scalar one, 14 to 24 ns a value on this project's VM: most of a
-step of `moons_net`'s oracle (1,000 x 1,000 values), where torch's and XLA's tanh run on
-every core. The cheap element-wise operations (a member's extra rounding, products and
-sums of arrays) are bound by memory, and splitting them gained nothing measurable.
+float64 tanh is its own kernel (converted from Intel's SVML, dispatched on AVX2 and FMA3;
+not glibc's, from which it differs by up to 2 ulps on 31% of values: docs/measurements.md,
+2026-12-05), 13 to 24 ns a value on this project's VM: most of a step of `moons_net`'s
+oracle (1,000 x 1,000 values), where torch's and XLA's tanh run on every core. The cheap
+element-wise operations (a member's extra rounding, products and sums of arrays) are bound
+by memory, and splitting them gained nothing measurable.
 
 The frameworks' runs keep their own default threads (2 on this project's VM) unless the
 executor caps them (harness.execute.capacity); so do these. Arrays under `GRAIN` elements
