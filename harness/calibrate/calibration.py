@@ -96,10 +96,10 @@ def first_look(
     pass on the scheme's own float32 run alone, math parity's float64 members of each kind
     (roles.Kind) whose spread a twin's check that does not pass on its rounding floor alone
     reads (_kinds). A tolerance grows with the spread, so a check that passes on the zeroth
-    passes on the first look's members, and each check reads one spread: a kind none of whose
-    checks stands keeps its floor, the verdicts are the first look's; from here every later look is as before (a check known on
-    the zeroth look is judged on the first look's members too, as the library entries' rule
-    was measured: diagnosis.library_known). None where every check passes or is skipped, or
+    passes on the first look's members; each check reads one spread, so a kind none of whose
+    checks stands keeps its floor. The verdicts are the first look's; from here every later
+    look is as before (a check known on the zeroth look is judged on the first look's
+    members too, as the library entries' rule was measured: diagnosis.library_known). None where every check passes or is skipped, or
     the members are planned already (calibration.jobs with every member)."""
     standing, float32, kinds = _needing(checks, planned, scheme)
     float32, kinds = float32 and not _ran(planned, (roles.MEMBER,)), {k for k in kinds if not _ran_kind(planned, k)}
@@ -163,11 +163,10 @@ def top_up(
     """The rest of the spec's members (roles.rest_jobs) where a check calibrated on the first
     look's does not pass: the float32 members where a float32 pair's check fails or is
     known, math parity's float64 members of each kind whose spread a standing twin's check
-    reads (_kinds), run by
-    `run` (the re-anchored ones from the reference's states), and everything gathered again
-    from both looks' jobs. A tolerance grows with the spread, the largest distance of any
-    member: a check that passes on the first look's members passes on all of them, so the
-    verdicts are those of every member from the start. `checks` are those more members may
+    reads (_kinds), run by `run` (the re-anchored ones from the reference's states), and
+    everything gathered again from both looks' jobs. A tolerance grows with the spread, the
+    largest distance of any member: a check that passes on the first look's members passes
+    on all of them, so the verdicts are those of every member from the start. `checks` are those more members may
     judge otherwise: harness/matrix.py leaves out a float32 check its library entries
     explain on the first look's (diagnosis.library_known), which more could make pass (of
     101 measured, none failed). It follows first_look, which ran the first look's members of
@@ -364,7 +363,7 @@ def math_second_look(
     if not doubted:
         return None
     twins = list(dict.fromkeys(c.a for c in doubted))
-    kinds = _kinds(doubted, planned, scheme)  # only those whose checks are doubted: every other kind's pass
+    kinds = _kinds(doubted, planned, scheme)  # the kinds whose spreads the doubted checks read
     segments = any(c.name.startswith(ANCHORED_CHECKS) for c in doubted)  # a re-anchored segment's check: its members re-anchored too
     again = roles.math_second_look_jobs(loaded, problem, twins, scheme, problem.spec.checks.long_run.second_look, segments)
     again = [j for j in again if roles.of_kinds(j, kinds)]
