@@ -267,9 +267,18 @@ def short_quick(name: str, epochs: int):
 
     problem = build_problem(load_spec(SPECS_DIR / f"{name}.yaml", "quick"))
     spec = problem.spec
+    if epochs > spec.training.epochs:  # the problem's batches stop at the profile's epochs
+        raise ValueError(f"short_quick({name!r}, {epochs}): the quick profile runs {spec.training.epochs} epoch(s)")
     checks_section = spec.checks.model_copy(update={"params_after_steps": spec.checks.params_after_steps.model_copy(update={"step": 2})})
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"epochs": epochs}), "checks": checks_section})
     return load_spec(SPECS_DIR / f"{name}.yaml", "quick"), type(problem)(**{**problem.__dict__, "spec": spec})
+
+
+def test_short_quick_refuses_more_epochs_than_the_profiles():
+    """A problem cut to more epochs than its profile's would run out of batches inside the
+    oracle (an IndexError far from the cause): the helper says so instead."""
+    with pytest.raises(ValueError, match=r"short_quick\('cnn_norm_mnist', 2\): the quick profile runs 1 epoch\\(s\\)"):
+        short_quick("cnn_norm_mnist", 2)
 
 
 def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
