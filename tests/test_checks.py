@@ -277,7 +277,7 @@ def short_quick(name: str, epochs: int):
 def test_short_quick_refuses_more_epochs_than_the_profiles():
     """A problem cut to more epochs than its profile's would run out of batches inside the
     oracle (an IndexError far from the cause): the helper says so instead."""
-    with pytest.raises(ValueError, match=r"short_quick\('cnn_norm_mnist', 2\): the quick profile runs 1 epoch\\(s\\)"):
+    with pytest.raises(ValueError, match=r"short_quick\('cnn_norm_mnist', 2\): the quick profile runs 1 epoch\(s\)"):
         short_quick("cnn_norm_mnist", 2)
 
 
