@@ -52,6 +52,9 @@ def test_a_stamped_log_gives_each_sides_training_and_wall_seconds_and_says_what_
     assert "| moons_net | torch@cpu | framework runs | 100 | 2 | 3.0 |" in unstamped
     assert "| moons_net | oracle@cpu | oracle | 100 | 1 | 4.0 |" in unstamped
     assert "The verdict's runs trained 4.0 s, the frameworks' runs 3.0 s: 1.33x" in unstamped
+    # the member failed (no training line): before any member, the oracle's 4 s
+    before = "Before any member (the verdict's runs but its calibration and re-anchored members): 4.0 s, 1.33x of the frameworks' runs"
+    assert f"{before}; the members 0.0 s" in unstamped
     assert "Wall" not in unstamped  # no stamps, no wall seconds
 
     table = _timings(tmp_path, stamped)
@@ -68,3 +71,36 @@ def test_a_stamped_log_past_midnight_counts_the_day(tmp_path):
     start, end = _lines(_job(torch, "moons_net torch@cpu"), Outcome(torch, "ok", metrics={"train_loss": 0.5}, timings={"train_s": 1.0}))
     lines = [f"23:59:50 {start}", *(f"00:00:05 {line}" for line in end), "00:00:07 1 records written"]
     assert _timings(tmp_path, lines).splitlines()[-1].endswith("the verdict's runs 0 s, the frameworks' runs 17 s: 0.00x; the log spans 17 s")
+
+
+def test_the_members_are_counted_apart_from_the_verdicts_runs_before_any_member(tmp_path):
+    """A calibration member and a re-anchored member are the members; the oracle and a
+    re-anchored twin are the verdict before any member (what no calibration policy leaves out)."""
+    import numpy as np
+
+    from harness.calibrate import roles
+
+    torch, oracle = RunKey("torch", "cpu"), RunKey("oracle", "cpu", precision="float64")
+    member, anchored = (
+        RunKey("oracle", "cpu", precision="float64", variant="order1"),
+        RunKey("oracle", "cpu", precision="float64", variant="order1-anchored"),
+    )
+    twin = RunKey("torch", "cpu", precision="float64", variant="anchored")
+    lines = []
+    for key, label, role, seconds in [
+        (torch, "moons_net torch@cpu", "run", 2.0),
+        (oracle, "moons_net oracle@cpu", "run", 3.0),
+        (member, "moons_net oracle@cpu~order1 (math parity's calibration)", roles.MEMBER64, 1.5),
+        (anchored, "moons_net oracle@cpu~order1-anchored (re-anchored math parity's calibration)", roles.ANCHORED_MEMBER, 2.5),
+        (twin, "moons_net torch@cpu+float64~anchored (float64 twin, re-anchored)", roles.ANCHORED_TWIN, 1.0),
+    ]:
+        outcome = Outcome(key, "ok", metrics={"train_loss": 0.5}, timings={"train_s": seconds})
+        if "anchored" in key.variant:
+            outcome.segments = {100: np.zeros(50), 150: np.zeros(50)}
+        start, end = _lines(_job(key, label, role), outcome)
+        lines += [start, *end]
+    table = _timings(tmp_path, [*lines, "5 records written"])
+    assert "| moons_net | oracle@cpu~order1-anchored | re-anchored members | 100 | 1 | 2.5 |" in table
+    assert "| moons_net | torch@cpu+float64~anchored | re-anchored twins | 100 | 1 | 1.0 |" in table
+    assert "The verdict's runs trained 8.0 s, the frameworks' runs 2.0 s: 4.00x" in table
+    assert "members): 4.0 s, 2.00x of the frameworks' runs; the members 4.0 s" in table

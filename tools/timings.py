@@ -12,6 +12,10 @@ writes it) gives each run's wall seconds too: from its first line to the next ru
 (the last run's to the log's end), its process's start, imports, compiles, data,
 evaluation and the checks after it included. A run's training is what the issue's ratio
 counts; its wall span is what a user waits for.
+
+The verdict's runs before any member (the oracle and its references, the float64 twins,
+re-anchored or not) are the part no calibration policy can leave out: the line after the
+ratio says how long they trained beside the members.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ STAMP = re.compile(r"^(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d) ")
 FRAMEWORKS, VERDICT = "framework runs", "verdict"  # every role but the frameworks' runs is the verdict's
 
 
+MEMBERS = ("calibration members", "re-anchored members")  # what a calibration policy decides to run
+
+
 def role(label: str, text: str | None) -> str:
     if "anchored" in label or (text and "re-anchored" in text):
-        return "re-anchored runs"
+        return "re-anchored members" if "order" in label.partition("~")[2] else "re-anchored twins"
     if text and "calibration" in text:
         return "calibration members"
     if text and "reference" in text:
@@ -104,6 +111,12 @@ def main(argv: list[str]) -> int:
         trained[_side(kind)] += seconds
     ratio = _ratio(trained[VERDICT], trained[FRAMEWORKS])
     print(f"The verdict's runs trained {trained[VERDICT]:,.1f} s, the frameworks' runs {trained[FRAMEWORKS]:,.1f} s: {ratio}")
+    members = sum(seconds for _, _, kind, _, _, seconds, _ in runs if kind in MEMBERS)
+    before = trained[VERDICT] - members
+    print(
+        f"Before any member (the verdict's runs but its calibration and re-anchored members): {before:,.1f} s, "
+        f"{_ratio(before, trained[FRAMEWORKS])} of the frameworks' runs; the members {members:,.1f} s"
+    )
     if stamps is not None:
         print(_walls(runs, starts, stamps))
     return 0
