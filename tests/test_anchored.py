@@ -99,7 +99,7 @@ def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
 
 def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings(tmp_path):
     """The terminal's lines of a re-anchored cell: its segments' steps as it starts, their
-    training time as it ends; tools/timings.py counts them as re-anchored twins."""
+    training time as it ends; tools/timings.py counts them as re-anchored runs."""
     import io
     import subprocess
     import sys
@@ -125,7 +125,7 @@ def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings
     log = tmp_path / "run.log"
     log.write_text(out.getvalue())
     table = subprocess.run([sys.executable, "tools/timings.py", str(log)], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert "| moons_net | torch@cpu+float64~anchored | re-anchored twins | 300 | 1 | 1.2 |" in table
+    assert "| moons_net | torch@cpu+float64~anchored | re-anchored runs | 300 | 1 | 1.2 |" in table
 
 
 def late_bn_momentum(real_step):

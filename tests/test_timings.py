@@ -101,6 +101,6 @@ def test_the_members_are_counted_apart_from_the_verdicts_runs_before_any_member(
         lines += [start, *end]
     table = _timings(tmp_path, [*lines, "5 records written"])
     assert "| moons_net | oracle@cpu~order1-anchored | re-anchored members | 100 | 1 | 2.5 |" in table
-    assert "| moons_net | torch@cpu+float64~anchored | re-anchored twins | 100 | 1 | 1.0 |" in table
+    assert "| moons_net | torch@cpu+float64~anchored | re-anchored runs | 100 | 1 | 1.0 |" in table
     assert "The verdict's runs trained 8.0 s, the frameworks' runs 2.0 s: 4.00x" in table
     assert "members): 4.0 s, 2.00x of the frameworks' runs; the members 4.0 s" in table

@@ -14,7 +14,7 @@ evaluation and the checks after it included. A run's training is what the issue'
 counts; its wall span is what a user waits for.
 
 The verdict's runs before any member (the oracle and its references, the float64 twins,
-re-anchored or not) are the part no calibration policy can leave out: the line after the
+re-anchored or not: the re-anchored members are counted apart) are the part no calibration policy can leave out: the line after the
 ratio says how long they trained beside the members.
 """
 
@@ -38,7 +38,8 @@ MEMBERS = ("calibration members", "re-anchored members")  # what a calibration p
 
 def role(label: str, text: str | None) -> str:
     if "anchored" in label or (text and "re-anchored" in text):
-        return "re-anchored members" if "order" in label.partition("~")[2] else "re-anchored twins"
+        # a member's variant is orderN, its library's as-X-orderN; a twin's or a reference's has none
+        return "re-anchored members" if "order" in label.partition("~")[2] else "re-anchored runs"
     if text and "calibration" in text:
         return "calibration members"
     if text and "reference" in text:
