@@ -99,8 +99,9 @@ def first_look(
     passes on the first look's members; each check reads one spread, so a kind none of whose
     checks stands keeps its floor. The verdicts are the first look's; from here every later
     look is as before (a check known on the zeroth look is judged on the first look's
-    members too, as the library entries' rule was measured: diagnosis.library_known). None where every check passes or is skipped, or
-    the members are planned already (calibration.jobs with every member)."""
+    members too, as the library entries' rule was measured: diagnosis.library_known). None
+    where every check passes or is skipped, or the members are planned already
+    (calibration.jobs with every member)."""
     standing, float32, kinds = _needing(checks, planned, scheme)
     float32, kinds = float32 and not _ran(planned, (roles.MEMBER,)), {k for k in kinds if not _ran_kind(planned, k)}
     again = roles.look_jobs(loaded, problem, keys, scheme, roles.FIRST, float32, bool(kinds), kinds)
@@ -166,10 +167,10 @@ def top_up(
     reads (_kinds), run by `run` (the re-anchored ones from the reference's states), and
     everything gathered again from both looks' jobs. A tolerance grows with the spread, the
     largest distance of any member: a check that passes on the first look's members passes
-    on all of them, so the verdicts are those of every member from the start. `checks` are those more members may
-    judge otherwise: harness/matrix.py leaves out a float32 check its library entries
-    explain on the first look's (diagnosis.library_known), which more could make pass (of
-    101 measured, none failed). It follows first_look, which ran the first look's members of
+    on all of them, so the verdicts are those of every member from the start. `checks` are
+    those more members may judge otherwise: harness/matrix.py leaves out a float32 check its
+    library entries explain on the first look's (diagnosis.library_known), which more could
+    make pass (of 101 measured, none failed). It follows first_look, which ran the first look's members of
     every kind a check here needs (a check that passed on the zeroth look passes on any
     members'). None where every check passes."""
     standing, float32, kinds = _needing(checks, planned, scheme)
