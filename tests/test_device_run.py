@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
 
@@ -32,6 +33,33 @@ def test_the_contacts_phases_come_in_the_gpu_issues_order_and_fit_one_call_with_
     assert (budgets, budgets + 10 * len(phases)) == (490, 580), phases  # the figures docs/gpu-machine.md gives
 
 
+def uninstalled(folder: Path) -> dict[str, str]:
+    """PATH and PYTHONPATH under which `python3` is this Python as the lent machine's is to the
+    harness: its packages importable, the project not installed (this environment's editable
+    install is a .pth file, which `-S` leaves unread), so that the checkout is found only as
+    the contact's commands find it there."""
+    folder.mkdir(exist_ok=True)
+    shim = folder / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    shim.chmod(0o755)
+    found = sysconfig.get_paths()
+    paths = dict.fromkeys([found["purelib"], found["platlib"], *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def test_the_api_phase_finds_the_harness_in_a_checkout_that_is_not_installed(tmp_path):
+    """The contact's `python3 tools/api_contact.py` on the lent machine, where the project is a
+    checkout, not installed: it found no `harness` (sys.path holds tools/, not the root) and
+    would have ended the API's phase with a traceback; now it gets as far as its arguments'
+    check (an unknown device: one line, exit 2), from another folder too."""
+    env = {**os.environ, **uninstalled(tmp_path / "bin")}
+    command = ["python3", str(ROOT / "tools" / "api_contact.py"), "--devices", "nowhere", "--results", str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip() == "tools/api_contact.py: devices: unknown 'nowhere'; choose from cpu, gpu", done.stderr
+    unfound = subprocess.run(["python3", "-c", "import harness"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "No module named 'harness'" in unfound.stderr  # the shim's Python: the project not installed
+
+
 @pytest.mark.slow  # a minute of fresh processes: `nox -s slow`
 def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_what_comes_back(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
@@ -43,7 +71,7 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
     out.mkdir()
     env = {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3: this Python
+        **uninstalled(tmp_path / "bin"),  # python3: this Python, the project not installed, as on the lent machine
         "OUT": str(out),
         "CARRY": str(carry),
         "RESULTS": str(results),

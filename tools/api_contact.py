@@ -20,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "test_port_example.py"
+# The lent machine runs the project from its checkout, not installed (tools/device-run.sh):
+# `python3 tools/api_contact.py` puts tools/ on sys.path, not the checkout's root.
+sys.path.insert(0, str(ROOT))
 
 
 def example():
