@@ -57,7 +57,12 @@ def read_record(path: Path) -> Record:
     """One record as written, validated against the schema: a regular file of at most
     RECORD_MAX_BYTES, JSON that names no key twice."""
     path = Path(path)
-    raw = read_regular(path, RECORD_MAX_BYTES, "record", follow_links=False, error=RecordError)
+    return parse_record(read_regular(path, RECORD_MAX_BYTES, "record", follow_links=False, error=RecordError), path)
+
+
+def parse_record(raw: bytes, path: str | Path) -> Record:
+    """A record's bytes, read from `path` (a file, or an archive's member: named in the
+    error), validated as read_record validates a file's."""
     try:
         doc = json.loads(raw, object_pairs_hook=_no_duplicates)
     except DuplicateKey as exc:
