@@ -44,7 +44,11 @@ def uninstalled(folder: Path) -> dict[str, str]:
     shim.chmod(0o755)
     found = sysconfig.get_paths()
     paths = dict.fromkeys([found["purelib"], found["platlib"], *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
-    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": os.pathsep.join(paths)}
+    env = {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": os.pathsep.join(paths)}
+    probe = subprocess.run(["python3", "-c", "import harness"], cwd=folder, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    if "No module named 'harness'" not in probe.stderr:
+        pytest.skip(f"the harness imports without its editable install (installed in {found['purelib']}?): not the lent machine's case")
+    return env
 
 
 def test_the_api_phase_finds_the_harness_in_a_checkout_that_is_not_installed(tmp_path):
@@ -56,8 +60,6 @@ def test_the_api_phase_finds_the_harness_in_a_checkout_that_is_not_installed(tmp
     command = ["python3", str(ROOT / "tools" / "api_contact.py"), "--devices", "nowhere", "--results", str(tmp_path)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip() == "tools/api_contact.py: devices: unknown 'nowhere'; choose from cpu, gpu", done.stderr
-    unfound = subprocess.run(["python3", "-c", "import harness"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert "No module named 'harness'" in unfound.stderr  # the shim's Python: the project not installed
 
 
 @pytest.mark.slow  # a minute of fresh processes: `nox -s slow`
