@@ -81,12 +81,14 @@ def test_links_absolute_paths_and_climbs_are_left_out_and_nothing_lands_outside(
         (member("/tmp/evil.json", size=2), b"{}"),
         (member("results-device/../../evil.json", size=2), b"{}"),
         (member("results-device/peaks_mlp/notes.txt", size=2), b"hi"),
+        (member("results-device/peaks_mlp/\x1b[2Jevil.json", size=2), b"{}"),
     ]
     results = tmp_path / "results"
     done = ingest(archive_of(tmp_path, evil), "--into", results)
     assert done.returncode == 0, done.stderr
-    for info, _ in evil:
+    for info, _ in evil[:-1]:
         assert f"left out: {info.name}" in done.stdout, done.stdout
+    assert "left out: 'results-device/peaks_mlp/\\x1b[2Jevil.json'" in done.stdout and "\x1b" not in done.stdout, done.stdout
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*evil*")) + [p.name for p in results.rglob("*.txt")]
     assert written == [] and not any(p.is_symlink() for p in results.rglob("*"))
 

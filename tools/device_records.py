@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder, n in sorted(folders.items()):
         print(f"left out: {folder}/ ({n} member(s): not --folder's)")
     for name in [*(n for n in left if not _other_folder(n, args.folder)), *unused]:
-        print(f"left out: {name}")
+        print(f"left out: {name if name.isprintable() else ascii(name)}")  # a name never writes control characters
     return 0
 
 
