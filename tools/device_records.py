@@ -20,7 +20,6 @@ written."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import sys
 import tarfile
@@ -32,9 +31,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout, as the other tools
 
 from harness.core.atomic import atomic_write  # noqa: E402
 from harness.core.errors import HarnessError, RecordError  # noqa: E402
-from harness.core.files import BadNpz, npz_arrays  # noqa: E402
 from harness.records.schema import Record  # noqa: E402
-from harness.records.store import ARTIFACT_MAX_BYTES, RECORD_MAX_BYTES, parse_record  # noqa: E402
+from harness.records.store import ARTIFACT_MAX_BYTES, RECORD_MAX_BYTES, artifact_arrays, parse_record  # noqa: E402
 from harness.records.write import RECORD_NAME, record_path  # noqa: E402
 
 SPEC_FOLDER = re.compile(r"[a-z][a-z0-9_]*")  # a spec's name (harness/spec/fields.py Name)
@@ -75,18 +73,14 @@ def checked(archive: Path, taken: dict[tuple[str, str], bytes]) -> tuple[list[tu
             continue
         where = f"{archive}: {spec}/{name}"
         record = parse_record(raw, where)
-        if record.spec.name != spec or record_path(Path(), record).name != name:
-            raise RecordError(f"{where}: the record is {record.spec.name}'s {record_path(Path(), record).name}, not this file")
+        own = record_path(Path(), record).name
+        if record.spec.name != spec or own != name:
+            raise RecordError(f"{where}: the record is {record.spec.name}'s {own}, not this file")
         if record.artifacts is not None:
             payload = taken.get((spec, record.artifacts.file))
             if payload is None:
                 raise RecordError(f"{where}: its artifact {record.artifacts.file} is not in the archive")
-            if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
-                raise RecordError(f"{where}: its artifact {record.artifacts.file}'s sha256 differs from the record's")
-            try:
-                npz_arrays(payload, ARTIFACT_MAX_BYTES)
-            except BadNpz as exc:
-                raise RecordError(f"{where}: its artifact {record.artifacts.file} is not a readable .npz ({exc})") from None
+            artifact_arrays(payload, record, f"{where}: its artifact {record.artifacts.file}", RecordError)
             files.append((spec, record.artifacts.file))
         files.append((spec, name))
         records.append(record)

@@ -79,6 +79,18 @@ def parse_record(raw: bytes, path: str | Path) -> Record:
         raise RecordError(f"{path}: not a harness record (schema {SCHEMA_VERSION}): {key}: {first['msg']}") from None
 
 
+def artifact_arrays(payload: bytes, record: Record, where: str, error: type[Exception]) -> dict[str, np.ndarray]:
+    """The arrays of a record's artifact (its bytes, read from `where`), once its sha256 is
+    the one the record names and it is a plain .npz (nothing unpickled); `error` saying why
+    not, with `where`."""
+    if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
+        raise error(f"{where}: sha256 differs from the record's; artifact not used")
+    try:
+        return npz_arrays(payload, ARTIFACT_MAX_BYTES)
+    except BadNpz as exc:  # its sha256 matched, yet it is not an .npz the harness writes
+        raise error(f"{where}: not a readable .npz ({exc})") from None
+
+
 def current_tensor(name: str | None) -> str | None:
     """A check's tensor under its current name: records before 2026-11-24 said W1, b1, ...
     for dense1.weight, dense1.bias, ..."""
@@ -209,12 +221,7 @@ class Sources:
             raise Unavailable(f"{run_label(record)} ({record.record_id}) has no artifact ({record.status})")
         path = self.paths[record.record_id].with_name(record.artifacts.file)
         payload = read_regular(path, ARTIFACT_MAX_BYTES, "record's artifact", follow_links=False, error=Unavailable)
-        if hashlib.sha256(payload).hexdigest() != record.artifacts.sha256:
-            raise Unavailable(f"{path.name}: sha256 differs from the record's; artifact not used")
-        try:
-            return npz_arrays(payload, ARTIFACT_MAX_BYTES)
-        except BadNpz as exc:  # its sha256 matched, yet it is not an .npz the harness writes
-            raise Unavailable(f"{path.name}: not a readable .npz ({exc})") from None
+        return artifact_arrays(payload, record, path.name, Unavailable)
 
     def losses(self, record: Record) -> np.ndarray:
         return np.asarray(self.artifact(record)["losses"], dtype=np.float64)
