@@ -14,8 +14,8 @@ evaluation and the checks after it included. A run's training is what the issue'
 counts; its wall span is what a user waits for.
 
 The verdict's runs before any member (the oracle and its references, the float64 twins,
-re-anchored or not: the re-anchored members are counted apart) are the part no calibration policy can leave out: the line after the
-ratio says how long they trained beside the members.
+re-anchored or not: the re-anchored members are counted apart) are the part no calibration
+policy can leave out: the line after the ratio says how long they trained beside the members.
 """
 
 from __future__ import annotations
