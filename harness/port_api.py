@@ -184,7 +184,10 @@ def check_port(
     rows give it. `results`: a folder for the records (none written without it).
     `train_anyway`: where flax's initial forward pass already differs from torch's, train the
     matrix all the same (by default that check fails at once and nothing trains). Bad
-    arguments raise SpecError (a ValueError) naming the argument and key; nothing runs."""
+    arguments raise SpecError (a ValueError) naming the argument and key; nothing runs. So does
+    the port's own code failing on them before training (labels past its outputs, a converter
+    naming a layer flax's init lacks, images it cannot take: a PortError, one of these), in one
+    line where a worker process found it."""
     callables = {"torch_model": torch_model, "flax_model": flax_model, "torch_to_flax": torch_to_flax}
     for argument, value in (("in_process", in_process), ("train_anyway", train_anyway)):
         if not isinstance(value, bool):

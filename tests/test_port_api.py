@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +158,73 @@ def test_bad_arguments_are_one_line_spec_errors_before_anything_runs(change, mes
     with pytest.raises(SpecError, match=message) as caught:
         harness.check_port(**arguments)
     assert "\n" not in str(caught.value) and isinstance(caught.value, ValueError)
+
+
+def mnist_convert_fc(state):
+    """A converter's slip: flax's last layer is `out`, this names it `fc`."""
+    converted = mnist_convert(state)
+    converted["params"]["fc"] = converted["params"].pop("out")
+    return converted
+
+
+def conv_torch():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+
+
+def conv_flax():
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            x = nn.Conv(4, (3, 3), padding="VALID", name="conv")(x)
+            return nn.Dense(10, name="fc")(x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1))  # torch's flatten order
+
+    return Net()
+
+
+def conv_convert(state):
+    conv = {"kernel": state["0.weight"].transpose(2, 3, 1, 0), "bias": state["0.bias"]}
+    return {"params": {"conv": conv, "fc": {"kernel": state["2.weight"].T, "bias": state["2.bias"]}}}
+
+
+# Each case: the port (torch_model, flax_model, torch_to_flax), a row's shape, how many label
+# values, and the one line it raises.
+BAD_DATA = {
+    "labels": ((mnist_torch, mnist_flax, mnist_convert), (784,), 15, "the torch module gives 10 outputs; the data's labels go up to 14"),
+    "converter": (
+        (mnist_torch, mnist_flax, mnist_convert_fc),
+        (784,),
+        10,
+        r"torch_to_flax\(state\) gives \['params'\]\['fc'\]\['bias'\] .* where flax's init has \['params'\]\['out'\]",
+    ),
+    "channels": (
+        (conv_torch, conv_flax, conv_convert),
+        (3, 8, 8),
+        10,
+        "the torch module's forward raised RuntimeError: .* to have 1 channels, but got 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_DATA))
+def test_data_or_a_converter_the_port_cannot_take_is_a_one_line_spec_error_from_the_workers(case):
+    """Labels past the module's outputs, a converter naming a layer flax does not have, images
+    of 3 channels for a 1-channel conv: each found by the port's own code (the last two in a
+    worker process), each a harness.SpecError (a ValueError) of one line with no worker's
+    traceback chained to it, before anything trains."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    callables, row, classes, message = BAD_DATA[case]
+    x = np.random.default_rng(0).standard_normal((256, *row)).astype(np.float32)
+    training = {"epochs": 1, "batch_size": 16}
+    with pytest.raises(harness.SpecError, match=message) as caught:
+        harness.check_port(*callables, data={"train": (x, np.arange(256) % classes)}, **{**SETUP, "training": training})
+    assert "\n" not in str(caught.value) and isinstance(caught.value, ValueError)
+    shown = "".join(traceback.format_exception(caught.value))
+    assert shown.count("Traceback (most recent call last)") == 1 and "_RemoteTraceback" not in shown  # nothing chained
 
 
 def _npz(tmp_path: Path, **arrays) -> ArraysData:

@@ -9,7 +9,8 @@ class HarnessError(Exception):
 
 
 class SpecError(HarnessError, ValueError):
-    """A spec (a file, or the Python API's arguments) that does not parse or does not validate."""
+    """A spec (a file, or the Python API's arguments) that does not parse or does not validate;
+    or a port's code that fails on it (harness/inputs/port.py's PortError, one of these)."""
 
 
 class DataError(HarnessError):

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from harness.core.errors import HarnessError
 from harness.execute.capacity import prepare_worker_environment
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -64,14 +65,22 @@ def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> 
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
+def _result(future: Future) -> Any:
+    """A child's call's result; its exception; ProcessDied where the child died. A HarnessError
+    (the user's input, refused in the child) comes as itself, its one line alone: not with the
+    child's traceback chained to it (concurrent.futures' _RemoteTraceback)."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise ProcessDied from None
+    except HarnessError as exc:
+        raise exc from None
+
+
 def in_fresh_process(call: Callable[..., Any], *args: Any) -> Any:
     """call(*args) in a new process; its result, its exception, or ProcessDied."""
     with _pool() as pool:
-        future = _submit(pool, call, *args)
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            raise ProcessDied from None
+        return _result(_submit(pool, call, *args))
 
 
 class Reused:
@@ -92,12 +101,12 @@ class Reused:
             if pool is None:
                 pool = self.pools[me] = _pool()
         try:
-            return _submit(pool, call, *args).result()
-        except BrokenProcessPool:
+            return _result(_submit(pool, call, *args))
+        except ProcessDied:
             with self.lock:
                 self.pools.pop(me, None)
             pool.shutdown(wait=False, cancel_futures=True)
-            raise ProcessDied from None
+            raise
 
     def shutdown(self) -> None:
         with self.lock:

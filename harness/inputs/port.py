@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.errors import HarnessError
+from harness.core.errors import SpecError
 from harness.core.files import read_regular
 from harness.spec.load import PORT_MAX_BYTES
 
 FUNCTIONS = ("torch_model", "flax_model", "torch_to_flax")
 
 
-class PortError(HarnessError):
+class PortError(SpecError):
     """The user's code failed: one line naming the file and what failed."""
 
 
