@@ -21,6 +21,7 @@ from rich.console import Console
 from harness import arguments, session
 from harness.core.errors import SpecError
 from harness.core.registry import ADAPTERS, DEVICES
+from harness.execute.fresh import exit_if_importing_main
 from harness.result import Verdict, rendered
 from harness.spec import load as spec_load
 from harness.spec.model import FULL_PROFILE
@@ -77,7 +78,10 @@ def run_spec(
     """A spec's matrix, checks and verdicts, as `harness run` gives them: `spec` a path, a spec's
     name (`specs/`) or a dict in the spec language; `frameworks` and `devices` as the command
     line's --frameworks and --devices (default: every framework, the CPU); `data_dir` where
-    its data files are; `results` a folder for its records (none written without it)."""
+    its data files are; `results` a folder for its records (none written without it).
+    Called at a script's top level, outside `if __name__ == "__main__":`, it raises
+    RuntimeError saying so (its worker processes import the script again)."""
+    exit_if_importing_main()
     if profile is not None and not isinstance(profile, str):
         raise SpecError(f"profile: a profile's name, got {type(profile).__name__}")
     chosen = _names("frameworks", frameworks, ADAPTERS)

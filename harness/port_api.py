@@ -28,6 +28,7 @@ import numpy as np
 from harness.api import _folder, _names, run_loaded
 from harness.core.errors import SpecError
 from harness.core.registry import DEVICES
+from harness.execute.fresh import exit_if_importing_main
 from harness.inputs import arrays as arrays_mod
 from harness.inputs import port
 from harness.result import Verdict
@@ -187,7 +188,9 @@ def check_port(
     arguments raise SpecError (a ValueError) naming the argument and key; nothing runs. So does
     the port's own code failing on them before training (labels past its outputs, a converter
     naming a layer flax's init lacks, images it cannot take: a PortError, one of these), in one
-    line where a worker process found it."""
+    line where a worker process found it. Called at a script's top level, outside `if __name__
+    == "__main__":`, it raises RuntimeError saying so once a worker process starts."""
+    exit_if_importing_main()
     callables = {"torch_model": torch_model, "flax_model": flax_model, "torch_to_flax": torch_to_flax}
     for argument, value in (("in_process", in_process), ("train_anyway", train_anyway)):
         if not isinstance(value, bool):

@@ -4,6 +4,7 @@ checks and verdicts `harness run` gives, as a Verdict; bad arguments raise harne
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -93,6 +94,34 @@ def test_a_failures_fields_read_off_its_diagnosis():
     assert named_module("rounding: float32 only, 2.02x; largest in dense1.weight after step 10 (3x)", None) == "dense1"
     assert diagnosis_kind("known (optax-adam-float32-bias-corrections, 0.1 of what it explains)") == "known"
     assert named_module("rounding: float32 only", None) is None
+
+
+def test_a_script_calling_run_spec_without_a_main_guard_is_told_to_add_one_at_once(tmp_path):
+    """A script that calls harness.run_spec at its top level: each worker process imports it
+    again (spawn) and would call it again. The call stops at the first worker with a
+    RuntimeError of one line saying to put it under the main guard; never "process died",
+    never a Verdict of failed runs."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import harness\n"
+        "try:\n"
+        "    verdict = harness.run_spec('peaks_mlp', profile='quick', frameworks=['numpy'])\n"
+        "    print('a verdict:', verdict.passed, verdict.failures)\n"
+        "except RuntimeError as exc:\n"
+        "    print(f'{type(exc).__name__}: {exc}')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=_with_harness(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"UnguardedMain: {script}: calls the harness at its top level, and each worker process (multiprocessing's spawn start) "
+        'imports it again there: put the call under `if __name__ == "__main__":`\n'
+    )
+    assert "process died" not in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def _with_harness() -> dict[str, str]:
+    """This process's environment, with this checkout on the path of a script run elsewhere."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def test_importing_harness_imports_no_framework():

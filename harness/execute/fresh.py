@@ -9,13 +9,15 @@ where a fresh process each would cost more than the work."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -31,6 +33,55 @@ PROCESS_DIED = "the run's process died (killed, or out of memory)"  # a failed r
 
 class ProcessDied(Exception):
     """The fresh process died before it returned (killed, or out of memory)."""
+
+
+class UnguardedMain(RuntimeError):
+    """The script that runs the harness calls it at its top level, outside `if __name__ ==
+    "__main__":`: a spawned process imports the script again before it takes a call, and
+    there the harness would be called again (a RuntimeError, as multiprocessing's own
+    bootstrapping error is)."""
+
+
+# A spawned child's exit status where the script it imports again calls the harness
+# (exit_if_importing_main); a probe of the same start tells the parent so (_died).
+UNGUARDED_EXIT = 86
+PROBE_S = 120  # the longest the probe's start may take
+
+
+def exit_if_importing_main() -> None:
+    """At the top of the API's calls: in a spawned child still importing its parent's main
+    script (multiprocessing's bootstrapping, the flag its own _check_not_importing_main
+    reads), that script calls the harness at its top level; exit with UNGUARDED_EXIT rather
+    than start a second matrix inside the first, or die of multiprocessing's error halfway."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.exit(UNGUARDED_EXIT)
+
+
+@functools.cache
+def _child_start_status() -> int | None:
+    """How a spawned child that does nothing ends (once a process): UNGUARDED_EXIT where
+    importing the main script again calls the harness; None where it does not end in PROBE_S."""
+    probe = multiprocessing.get_context("spawn").Process(target=os.getpid, daemon=True)
+    with _sigint_blocked():  # Ctrl-C meanwhile ends the parent alone, without the probe's traceback
+        probe.start()
+    probe.join(PROBE_S)
+    if probe.exitcode is None:
+        probe.kill()
+        probe.join()
+        return None
+    return probe.exitcode
+
+
+def _died() -> Exception:
+    """What a child's death is: UnguardedMain where every spawned child exits as it imports
+    the main script again (a probe tells: run on the first death), else ProcessDied."""
+    if _child_start_status() != UNGUARDED_EXIT:
+        return ProcessDied()
+    main = getattr(sys.modules["__main__"], "__file__", None) or "the main script"
+    return UnguardedMain(
+        f"{main}: calls the harness at its top level, and each worker process (multiprocessing's spawn start) imports "
+        'it again there: put the call under `if __name__ == "__main__":`'
+    )
 
 
 def _die_with_parent(parent: int) -> None:
@@ -54,25 +105,32 @@ def _pool() -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
 
 
-def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> Future:
-    """pool.submit, which starts the pool's processes as it needs them: each child starts
-    with SIGINT blocked (a mask is inherited across exec) until _die_with_parent has set
-    its default action."""
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked on this thread: a child started here starts with it blocked (a mask is
+    inherited across exec), and ends by Ctrl-C once it sets SIGINT's action (_die_with_parent)."""
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        return pool.submit(call, *args)
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
+def _submit(pool: ProcessPoolExecutor, call: Callable[..., Any], *args: Any) -> Future:
+    """pool.submit, which starts the pool's processes as it needs them, SIGINT blocked."""
+    with _sigint_blocked():
+        return pool.submit(call, *args)
+
+
 def _result(future: Future) -> Any:
-    """A child's call's result; its exception; ProcessDied where the child died. A HarnessError
+    """A child's call's result; its exception; where the child died, ProcessDied (or UnguardedMain:
+    _died). A HarnessError
     (the user's input, refused in the child) comes as itself, its one line alone: not with the
     child's traceback chained to it (concurrent.futures' _RemoteTraceback)."""
     try:
         return future.result()
     except BrokenProcessPool:
-        raise ProcessDied from None
+        raise _died() from None
     except HarnessError as exc:
         raise exc from None
 
@@ -102,7 +160,7 @@ class Reused:
                 pool = self.pools[me] = _pool()
         try:
             return _result(_submit(pool, call, *args))
-        except ProcessDied:
+        except (ProcessDied, UnguardedMain):
             with self.lock:
                 self.pools.pop(me, None)
             pool.shutdown(wait=False, cancel_futures=True)

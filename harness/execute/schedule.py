@@ -24,7 +24,7 @@ from harness.core.registry import RunKey
 from harness.execute import workdir
 from harness.execute.capacity import RAY
 from harness.execute.executors import Inline
-from harness.execute.fresh import PROCESS_DIED, ProcessDied
+from harness.execute.fresh import PROCESS_DIED, ProcessDied, UnguardedMain
 from harness.execute.jobs import Finished, Job, Source, remember, run_job, source_of
 from harness.execute.workdir import job_path, machine
 from harness.inputs.problem import Problem
@@ -188,6 +188,8 @@ def execute(
                     if interrupt.hit:  # its process got the same INT (its process group's): no failure to report
                         continue
                     outcomes = _died(job, PROCESS_DIED)
+                except UnguardedMain:  # every job's process would end so: the caller's script is at fault
+                    raise
                 except Exception as exc:  # the job raised in its worker (inputs refused, an executor's error)
                     outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
                 _report(console, job, outcomes)
