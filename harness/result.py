@@ -20,16 +20,22 @@ FIRST_APART = re.compile(r"first differs at (?:layer|module) (?P<name>[^\s;()]+)
 LARGEST_IN = re.compile(r"largest in (?P<name>[^\s;()]+)")
 
 
+# A failed run's Failure: its check, and its diagnosis's kind (its detail: the run's reason).
+RUN_CHECK, RUN_FAILED = "run", "failed"
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failing check: its name, the run judged and the run it is judged against, the
     diagnosis's kind ("implementation", "rounding", "undiagnosed", ...) and its text, the
     module (or layer) it names (None where it names none), the step where it starts (None
-    where it has none), and its error over its tolerance."""
+    where it has none), and its error over its tolerance. A run that failed (it raised, or
+    its process died) is one too: check RUN_CHECK, diagnosis RUN_FAILED, its reason the
+    detail, judged against no run (reference None)."""
 
     check: str
     run: str
-    reference: str
+    reference: str | None
     diagnosis: str
     module: str | None
     step: int | None
@@ -69,11 +75,12 @@ def _step(text: str, check) -> int | None:
 class Verdict:
     """What a run of the matrix found, from Python: `passed` (no gating check failed and no
     run failed, other than by diverging no earlier than rounding alone does: table.failed),
-    `failures` (each failing check, `Failure`), `records` (the schema records, as dicts) and
-    `str(verdict)`, the verdict table and the FAIL lines the command line prints."""
+    `failures` (each failing check and each failed run, `Failure`: never empty where not
+    passed), `records` (the schema records, as dicts) and `str(verdict)`, the verdict table
+    and the FAIL lines the command line prints."""
 
     def __init__(self, results: list, text: str):
-        from harness.report.table import failed, problem_checks
+        from harness.report.table import failed, failed_runs, problem_checks
 
         self.results = results
         self._text = text
@@ -96,6 +103,9 @@ class Verdict:
                         detail=detail,
                     )
                 )
+            for record in failed_runs(result):
+                reason = record.reason or ""
+                found.append(Failure(RUN_CHECK, run_label(record), None, RUN_FAILED, None, record.failed_at_step, None, reason))
         self.failures: list[Failure] = found
         self.records: list[dict[str, Any]] = [r.model_dump(mode="json") for result in results for r in result.records]
 
@@ -103,7 +113,7 @@ class Verdict:
         return self._text
 
     def __repr__(self) -> str:
-        return f"<Verdict {'passed' if self.passed else 'failed'}: {len(self.records)} records, {len(self.failures)} failing checks>"
+        return f"<Verdict {'passed' if self.passed else 'failed'}: {len(self.records)} records, {len(self.failures)} failures>"
 
 
 def rendered(results: list, members: bool = False) -> str:

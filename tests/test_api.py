@@ -124,6 +124,24 @@ def _with_harness() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
+def test_a_verdict_not_passed_names_each_failed_run_among_its_failures():
+    """A run that failed (it raised, or its process died) fails the verdict and is one of its
+    failures, with its reason: no Verdict is not passed with no failures."""
+    from types import SimpleNamespace
+
+    from harness.records.store import run_label
+    from harness.result import RUN_CHECK, RUN_FAILED, Verdict
+
+    record = read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
+    reason = f"{run_label(record)}: the run's process died (killed, or out of memory)"
+    died = record.model_copy(update={"status": "failed", "reason": reason, "failed_at_step": None, "checks": []})
+    verdict = Verdict([SimpleNamespace(records=[record, died], member_records=[])], "")
+    assert not verdict.passed
+    found = [(f.check, f.run, f.reference, f.diagnosis, f.detail) for f in verdict.failures]
+    assert found == [(RUN_CHECK, run_label(died), None, RUN_FAILED, reason)]
+    assert Verdict([SimpleNamespace(records=[record], member_records=[died])], "").failures[0].detail == reason  # a member's too
+
+
 def test_importing_harness_imports_no_framework():
     code = "import sys, harness; harness.SpecError; assert not {'torch', 'jax', 'cupy'} & set(sys.modules), sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -204,11 +204,16 @@ def print_failures(console: Console, results: Sequence[Shown]) -> None:
 
 
 def failed(results: Sequence[Shown]) -> bool:
-    """Whether the run fails: a gating check failed, or a run (or member) failed, other than
-    by diverging as rounding alone does (diverged_as_members)."""
+    """Whether the run fails: a gating check failed, or a run (or member) failed (failed_runs)."""
     return any(c.verdict == Verdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
-        r.status == "failed" and not diverged_as_members(r, member) for result in results for r, member in _every_run(result)
+        failed_runs(result) for result in results
     )
+
+
+def failed_runs(result: Shown) -> list[Record]:
+    """A spec's runs and members that failed, other than by diverging as rounding alone does
+    (diverged_as_members): each fails the verdict."""
+    return [r for r, member in _every_run(result) if r.status == "failed" and not diverged_as_members(r, member)]
 
 
 def _every_run(result: Shown) -> list[tuple[Record, bool]]:
