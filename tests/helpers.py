@@ -1,10 +1,12 @@
 """Helpers shared by the test modules: the command line run in this process, its one-line
-errors, small specs written to a folder, and an Outcome with every field set."""
+errors, small specs written to a folder, an Outcome with every field set, and Ctrl-C's
+default action for a test's child process."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +99,10 @@ def a_sample_outcome() -> Outcome:
     assert all(sample[name] is not defaults[name] for name in sample)
     assert all(getattr(key, f.name) != f.default for f in dataclasses.fields(RunKey) if f.default is not dataclasses.MISSING)
     return Outcome(**sample)
+
+
+def interruptible() -> None:
+    """In a test's child process, before it starts: Ctrl-C's default action, whatever this
+    process had. A job started in the background (`.ci/run &`) inherits SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler: no Ctrl-C test would mean anything."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

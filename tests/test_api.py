@@ -16,7 +16,7 @@ import harness
 from harness.records.store import read_record
 from harness.result import diagnosis_kind, named_module
 from tests.conftest import ROOT
-from tests.helpers import tiny_moons
+from tests.helpers import interruptible, tiny_moons
 
 
 def test_run_spec_gives_the_verdict_and_records_harness_run_gives(tmp_path):
@@ -117,6 +117,41 @@ def test_a_script_calling_run_spec_without_a_main_guard_is_told_to_add_one_at_on
         'imports it again there: put the call under `if __name__ == "__main__":`\n'
     )
     assert "process died" not in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_during_run_spec_is_a_keyboard_interrupt_in_the_caller(tmp_path):
+    """SIGINT to the caller's process group while a job's process trains: run_spec raises
+    KeyboardInterrupt in the caller, with no worker's traceback printed."""
+    import signal
+
+    spec = tiny_moons(tmp_path, training__epochs=3000, checks__params_after_steps__step=10, logging={"loss_every": 1, "print_every": 100})
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        "import sys\n"
+        "import harness\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        harness.run_spec(sys.argv[1], frameworks=['numpy'])\n"
+        "        print('finished')\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('KeyboardInterrupt')\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-u", str(script), str(spec)],
+        cwd=tmp_path,
+        env=_with_harness(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=interruptible,
+    )
+    for line in run.stdout:  # a worker's progress reaches the caller's stdout
+        if "numpy@cpu step 100/3000" in line:
+            os.killpg(run.pid, signal.SIGINT)
+            break
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0 and out.splitlines()[-1] == "KeyboardInterrupt" and "Traceback" not in err, out + err
 
 
 def _with_harness() -> dict[str, str]:

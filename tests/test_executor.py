@@ -274,6 +274,31 @@ def test_an_interrupt_during_the_wait_is_a_keyboard_interrupt_and_the_handler_co
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_an_interrupt_that_ends_the_last_jobs_process_is_a_keyboard_interrupt():
+    """Ctrl-C reaches the process group: the last job's process dies of the same INT and has
+    no outcome. The driver raises KeyboardInterrupt (the CLI says `interrupted`, exit 130),
+    not a result missing that job (it was `KeyError: RunKey(...)` in harness/matrix.py)."""
+    import signal
+
+    from harness.core.registry import RunKey
+    from harness.execute import schedule
+    from harness.execute.fresh import ProcessDied
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("this process does not have Python's Ctrl-C handler (started with SIGINT ignored)")
+
+    def ended_by_the_groups_int():
+        os.kill(os.getpid(), signal.SIGINT)
+        raise ProcessDied
+
+    planned = [jobs.Job("numpy@cpu", jobs.FRAMEWORK, ((RunKey("numpy", "cpu"), "numpy@cpu"),), cost=1.0)]
+    executor = _Recording(capacity.LOCAL, jobs=1)
+    executor.submit = lambda cell, call, *args: executor.pool.submit(ended_by_the_groups_int)
+    with pytest.raises(KeyboardInterrupt):
+        schedule.execute(planned, None, executor, Console(file=io.StringIO()), total_steps=10)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_math_paritys_cells_skip_the_whole_set_predictions(members_from_the_start):
     """Math parity's reference and float64 members compare curves and probe outputs only:
     their cells skip the final predictions over the whole sets (most of a CNN member's

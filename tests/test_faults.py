@@ -24,7 +24,7 @@ from harness.records import store, write
 from harness.spec.load import parse_document, validate_document
 from harness.spec.yamlsafe import MAX_DEPTH
 from tests.conftest import ROOT
-from tests.helpers import tiny_moons
+from tests.helpers import interruptible, tiny_moons
 
 PEAKS_DOC = yaml.safe_load((SPECS_DIR / "peaks_mlp.yaml").read_text())
 SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=12)
@@ -128,13 +128,6 @@ def test_deep_nesting_anywhere_gives_a_spec_error(depth, opener, index):
     lines[index] = f"{key}: {opener * depth}"
     with pytest.raises(SpecError, match=rf"^fuzz.yaml: line {index + 1}: nested deeper than {MAX_DEPTH} levels"):
         parse_document(Path("fuzz.yaml"), "\n".join(lines))
-
-
-def interruptible() -> None:
-    """In a test's child process, before it starts: Ctrl-C's default action, whatever this
-    process had. A job started in the background (`.ci/run &`) inherits SIGINT ignored, and
-    Python then installs no KeyboardInterrupt handler: no Ctrl-C test would mean anything."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(results: Path, spec: str | Path = "moons_net", *profile: str) -> subprocess.Popen:
@@ -258,6 +251,39 @@ def test_a_work_dir_keeps_finished_runs_for_the_next_call(tmp_path):
     assert "moons_net torch@cpu (float32" in second.stdout
     written = {r.framework: r for r in map(store.read_record, (tmp_path / "r" / "moons_net").glob("*.json"))}
     assert set(written) == {"numpy", "torch", "oracle"} and all(r.status == "ok" for r in written.values())
+
+
+def test_ctrl_c_during_the_last_cell_says_interrupted_and_the_next_call_resumes_from_the_kept_cells(tmp_path):
+    """`harness run --work-dir` interrupted (SIGINT to its process group) while its last job
+    runs, every other cell taken from the work folder: `interrupted`, exit 130 (it was
+    `KeyError: RunKey(...)`: the job's process died of the same INT and had no outcome);
+    the next call takes the kept cells and runs the rest."""
+    from harness.core.threads import cores
+
+    if cores() < 2:
+        pytest.skip("two jobs at once (the last cell running alone) need two cores")
+    work = tmp_path / "work"
+    spec = tiny_moons(tmp_path, training__epochs=3000, checks__params_after_steps__step=10, logging={"loss_every": 1, "print_every": 100})
+    base = [sys.executable, "-m", "harness", "run", str(spec), "--frameworks", "numpy", "--no-floor", "--no-records", "--jobs", "2"]
+    base += ["--work-dir", str(work)]  # two jobs at once, in every call: a cell is kept for its threads too
+    first = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (cell,) = [p for p in work.rglob("numpy-cpu-*.json") if "float64" not in p.name]
+    cell.unlink()  # numpy@cpu runs again, alone: the twins' cells are taken at once beside it
+    interrupted = subprocess.Popen(
+        base, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=interruptible
+    )
+    said = []
+    for line in interrupted.stdout:
+        said.append(line)
+        if "moons_net numpy@cpu step 100/3000" in line:  # its process trains, for half a second more
+            os.killpg(interrupted.pid, signal.SIGINT)
+            break
+    said += interrupted.stdout.readlines()
+    assert interrupted.wait(timeout=60) == 130 and said[-1] == "interrupted\n", "".join(said)
+    resumed = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.count("finished earlier") >= 4 and "numpy@cpu" in resumed.stdout
 
 
 def test_a_work_dir_cell_is_keyed_by_the_host_fingerprint_not_its_name(tmp_path, monkeypatch):

@@ -108,7 +108,8 @@ def execute(
     jobs run earlier that `jobs` may need. `kept`: each job's work-folder files by key.
     `states(done)`: the states a re-anchored job starts from, given the finished jobs (the
     oracle's); a job that needs states there are none of is not run. A job that raises or
-    whose process dies fails its runs, with the reason."""
+    whose process dies fails its runs, with the reason. Ctrl-C is a KeyboardInterrupt, also
+    where it ends the last job's process (the jobs finished before it are kept)."""
     kept = kept or {}
     done: dict[str, dict[RunKey, Outcome]] = dict(finished or {})
     waiting = sorted(jobs, key=lambda c: -c.cost)
@@ -194,6 +195,7 @@ def execute(
                     outcomes = _died(job, " ".join(str(exc).split())[:300] or type(exc).__name__)
                 _report(console, job, outcomes)
                 finish(job, outcomes)
+        interrupt.check()  # the last job's process ended by the same INT: no outcome of it, which the caller needs
     return done
 
 
