@@ -224,8 +224,9 @@ def check_port(
         argv = ["--frameworks", "torch,jax"]
         argv += ["--devices", ",".join(where)] if where else []
         argv += ["--data-dir", str(used)] if used else []
-        # no records, no floor: nothing holds a run's speed against the hardware's (6 of the
-        # example's 79 s, issue 54); with `results` the records carry it as `harness run`'s do
+        # no records, no floor: nothing holds a run's speed against the hardware's (its measure
+        # cost the example's check 6.3 s on the 2-core VM: docs/measurements.md "A port check's
+        # processes"); with `results` the records carry it as `harness run`'s do
         argv += ["--results", str(out)] if out else ["--no-records", "--no-floor"]
         argv += ["--in-process"] if in_process else []
         argv += ["--train-anyway"] if train_anyway else []

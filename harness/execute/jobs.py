@@ -158,9 +158,9 @@ class Job:
         a calibration's job on the CPU shares a process with the like jobs of its adapter
         (the array-module code's calibration runs; a port's torch members in float32 and
         float64, each run setting torch's flags as it needs; a framework's float64 twins over
-        the first steps and re-anchored: a fresh process each cost a port check 14 of its
-        79 s, issue 54); a framework's run (timed for its record), a run again in a fresh
-        process or a GPU's starts a process of its own."""
+        the first steps and re-anchored: a fresh process each was much of a port check's
+        cost, docs/measurements.md "A port check's processes"); a framework's run (timed for
+        its record), a run again in a fresh process or a GPU's starts a process of its own."""
         if self.calibrates:
             return ("calibration",)
         if self.own_process or self.gpu or len({k.adapter for k in self.keys}) != 1:
