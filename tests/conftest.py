@@ -39,8 +39,9 @@ SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
 
 def offline_mnist_dir() -> Path | None:
-    """A folder with the real MNIST test-set files: $HARNESS_DATA_DIR or ../shared/data/mnist."""
-    for candidate in (os.environ.get(data.DATA_DIR_ENV), SHARED_MNIST):
+    """A folder with the real MNIST test-set files: $HARNESS_DATA_DIR, ../shared/data/mnist,
+    else the files the harness ships (harness/data/mnist/: a fresh clone's)."""
+    for candidate in (os.environ.get(data.DATA_DIR_ENV), SHARED_MNIST, data.EMBEDDED_DIR):
         if candidate and (Path(candidate) / "t10k-images-idx3-ubyte.gz").is_file():
             return Path(candidate)
     return None

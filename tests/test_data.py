@@ -81,6 +81,16 @@ def test_real_mnist_test_set(mnist_dir):
     assert np.bincount(labels).tolist()[:3] == [980, 1135, 1032]  # the test set's well-known class counts
 
 
+def test_a_fresh_clone_without_a_data_folder_tests_on_the_shipped_mnist_files(monkeypatch, tmp_path):
+    """No $HARNESS_DATA_DIR and no folder beside the checkout: the real-data tests run on the
+    test-set files the harness ships, not skipped."""
+    import tests.conftest as conftest
+
+    monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
+    monkeypatch.setattr(conftest, "SHARED_MNIST", tmp_path / "absent")
+    assert conftest.offline_mnist_dir() == data.EMBEDDED_DIR
+
+
 def test_mnist_split_and_recorded_files(mnist_dir):
     section = load_spec(SPECS_DIR / "mnist_mlp.yaml").spec.data
     split = data.load_idx(section, "test-set", mnist_dir)
