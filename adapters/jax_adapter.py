@@ -211,10 +211,11 @@ def _masks_at(problem, data, t, size: int):
     return found
 
 
-def _network(problem):
+def _network(problem, dtype: str):
     """The network's module, called apply(variables, x, masks, train, mutable=...): the
-    spec's layers (adapters/jax_layers.py) or a port's own flax module (adapters/jax_port.py)."""
-    return jax_port.Network(problem) if problem.port is not None else jax_layers.module(problem.spec)
+    spec's layers (adapters/jax_layers.py) or a port's own flax module (adapters/jax_port.py),
+    made for a run in `dtype`."""
+    return jax_port.Network(problem, dtype) if problem.port is not None else jax_layers.module(problem.spec)
 
 
 def _variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
@@ -231,7 +232,7 @@ def _tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
     return jax_layers.tensors(problem.spec, tree)
 
 
-def _functions(problem):
+def _functions(problem, dtype: str):
     """The pure forward, loss and jitted train step of a spec: a flax.linen network
     (adapters/jax_layers.py) and an optax optimizer, its variables carried as
     {"params": ..., "batch_stats": ...}."""
@@ -240,7 +241,7 @@ def _functions(problem):
     import optax
 
     spec = problem.spec
-    net = _network(problem)
+    net = _network(problem, dtype)
     stats = "batch_stats" in _variables(problem, problem.initial_params, "float32") if problem.port is not None else jax_layers.has_stats(spec)
     l2 = network.l2_scale(spec.loss, len(problem.x_train))
     full_size = len(problem.x_train)
@@ -323,7 +324,7 @@ def _functions(problem):
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
-    return _built(problem, data, key, _functions(problem))
+    return _built(problem, data, key, _functions(problem, key.dtype))
 
 
 def build_again(trainer: Trainer) -> Trainer:
@@ -456,7 +457,7 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     dev = jax.devices(_platform(trainer.device))[0]
     inputs = jax.device_put(_inputs(trainer, x), dev)
     if trainer.problem.port is not None:
-        return jax_port.Network(trainer.problem).intermediates(trainer.params, inputs)
+        return jax_port.Network(trainer.problem, trainer.dtype).intermediates(trainer.params, inputs)
     net = jax_layers.module(trainer.problem.spec)
     masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
     _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])

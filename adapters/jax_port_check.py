@@ -13,18 +13,27 @@ from harness.inputs import port
 
 
 def check_converter(
-    path, loaded_sha256: str, functions: dict[str, str] | None, tensors: dict[str, np.ndarray], in_shape: tuple[int, ...], tokens: bool = False
+    path,
+    loaded_sha256: str,
+    functions: dict[str, str] | None,
+    tensors: dict[str, np.ndarray],
+    in_shape: tuple[int, ...],
+    tokens: bool = False,
+    tied: tuple[tuple[str, str], ...] = (),
 ) -> None:
     """Before any run (in a fresh process: harness/matrix.py): the user's torch_to_flax of the
     port's initial tensors against flax's own init of the user's module, leaf by leaf, every
     collection but the captured intermediates: the same key paths, shapes and floating
-    dtypes. A PortError of one line naming the first leaf that differs, with both shapes."""
+    dtypes; then that it moves every torch value to one place (jax_port._index_map: a tensor
+    left out or placed twice, tied ones too, is named). A PortError of one line naming the
+    first leaf or tensor that differs."""
     jax = _jax("float32")
     port.check_loaded(path, loaded_sha256, functions)
-    net = port.call(path, "flax_model()", port.function(path, "flax_model"))
+    net = port.flax_module(path)
     own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), port.flax_example(in_shape, tokens), train=False)
     own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
-    made = port.call(path, "torch_to_flax(state)", port.function(path, "torch_to_flax"), {k: np.asarray(v) for k, v in tensors.items()})
+    converter = port.function(path, "torch_to_flax")
+    made = port.call(path, "torch_to_flax(state)", converter, port.with_tied({k: np.asarray(v) for k, v in tensors.items()}, tied))
     if not isinstance(made, dict) or "params" not in made:
         raise port.PortError(f"{path}: torch_to_flax(state) returned no dict of flax variables with 'params'")
     theirs = {k: np.shape(v) for k, v in jax_port._leaves(own)}
@@ -45,3 +54,4 @@ def check_converter(
             raise port.PortError(f"{path}: torch_to_flax(state) gives {key} of shape {ours[key]}; flax's init has shape {shape}")
         if leaves[key].dtype.kind != "f":
             raise port.PortError(f"{path}: torch_to_flax(state) gives {key} of dtype {leaves[key].dtype}, not floating")
+    jax_port._index_map(path, converter, tuple((k, np.shape(v)) for k, v in tensors.items()), tied)

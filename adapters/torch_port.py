@@ -214,12 +214,15 @@ def _no_dropout(torch):
     from torch.overrides import TorchFunctionMode
 
     functions = port.dropout_functions(torch)
+    attention = torch.nn.functional.scaled_dot_product_attention
 
     class NoDropout(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func in functions:
                 return args[0] if args else kwargs["input"]
+            if func is attention:  # its own dropout_p (HF's sdpa attention passes the config's)
+                args, kwargs = port.attention_without_dropout(args, kwargs)
             return func(*args, **kwargs)
 
     return NoDropout()
@@ -475,12 +478,12 @@ def _store_biased_variance(torch, model, path, variances: dict) -> None:
 
 
 def _keeper(outputs: dict, name: str):
-    """A forward hook keeping a module's floating output by name: its first, where it gives
-    several (nn.MultiheadAttention's output and its weights)."""
+    """A forward hook keeping a module's floating output by name: its first array
+    (port.first_array), where it gives several (nn.MultiheadAttention's output and its
+    weights, HF's tuples and ModelOutputs)."""
 
     def keep(module, inputs, output):
-        if isinstance(output, tuple | list) and output:
-            output = output[0]
+        output = port.first_array(output)
         if hasattr(output, "is_floating_point") and output.is_floating_point():
             outputs[name] = output
 
@@ -488,8 +491,9 @@ def _keeper(outputs: dict, name: str):
 
 
 def tensors(model) -> dict[str, np.ndarray]:
-    """Every floating tensor of the user's module by its state_dict name, as NumPy (its own dtype)."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.inner.state_dict().items() if v.is_floating_point()}
+    """Every floating tensor of the user's module by its state_dict name, a tied one once
+    (port.untied), as NumPy (its own dtype)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in port.untied(model.inner.state_dict()).items()}
 
 
 def trained(model) -> list[tuple[str, object]]:

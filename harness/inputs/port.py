@@ -19,8 +19,10 @@ PortError: one line naming the file and what failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import inspect
 import sys
 import types
 from collections.abc import Iterator
@@ -49,7 +51,19 @@ def call(path: Path, what: str, fn, *args, **kwargs):
         raise
     except Exception as exc:
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise PortError(f"{path}: {what} raised {detail}") from None
+        raise PortError(f"{path}: {what} raised {detail}{_mend(exc)}") from None
+
+
+def _mend(exc: Exception) -> str:
+    """What to do, where a failure has a known cause: flax asking for a "dropout" PRNG is a
+    dropout the harness cannot turn off (it makes flax's nn.Dropout deterministic, not a rate
+    given to a function, such as HF's attention dropout)."""
+    if type(exc).__name__ == "InvalidRngError" and '"dropout"' in str(exc):
+        return (
+            " (a dropout the harness cannot turn off: it makes flax's nn.Dropout deterministic, not a rate passed to a function "
+            "such as dot_product_attention_weights; set that rate to 0 on both sides, e.g. a transformers config's attn_pdrop=0.0)"
+        )
+    return ""
 
 
 def check_loaded(path: Path, loaded_sha256: str | None, functions: dict[str, str] | None = None) -> None:
@@ -146,6 +160,33 @@ def torch_module(path: Path, seed: int):
     return made
 
 
+def flax_module(path: Path, dtype: str = "float32"):
+    """The user's flax module for a run in `dtype` ("float32", "float64"): flax_model(), or
+    flax_model(dtype=jnp.float32 / jnp.float64) where it takes a `dtype` keyword (as HF's
+    Flax modules take their computation's dtype), so that the float64 twin computes in
+    float64."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    made_by = function(path, "flax_model")
+    if _takes_dtype(made_by):
+        made = call(path, f"flax_model(dtype=jnp.{dtype})", made_by, dtype=getattr(jnp, dtype))
+    else:
+        made = call(path, "flax_model()", made_by)
+    if not isinstance(made, nn.Module):
+        raise PortError(f"{path}: flax_model() returned {type(made).__name__}, not a flax.linen.Module")
+    return made
+
+
+def _takes_dtype(fn) -> bool:
+    """Whether `fn` takes a keyword `dtype`."""
+    try:
+        found = inspect.signature(fn).parameters.get("dtype")
+    except (TypeError, ValueError):
+        return False
+    return found is not None and found.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
 def dropout_functions(torch) -> frozenset:
     """torch's dropouts, which nn.Dropout and its kin call and a forward may call itself."""
     f = torch.nn.functional
@@ -158,6 +199,61 @@ def dropout_call(args, kwargs) -> tuple[float, bool]:
     p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
     training = kwargs.get("training", args[2] if len(args) > 2 else True)
     return float(p), bool(training)
+
+
+def first_array(output):
+    """A module's output as the harness compares it: the output itself where it is an array
+    (a torch tensor, a jax or NumPy array), else the first array in it, depth first, in its
+    own order: a tuple's or list's first, a mapping's first value (HF's ModelOutput keeps only
+    the fields it was given), a dataclass's first field, Nones passed over (HF's Flax
+    modules' tuples hold them). None where it holds no array."""
+    if output is None or (hasattr(output, "shape") and hasattr(output, "dtype")):
+        return output
+    if hasattr(output, "values") and callable(output.values):
+        inside = list(output.values())
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        inside = [getattr(output, field.name) for field in dataclasses.fields(output)]
+    elif isinstance(output, tuple | list):
+        inside = list(output)
+    else:
+        return None
+    for value in inside:
+        found = first_array(value)
+        if found is not None:
+            return found
+    return None
+
+
+# A flax module's output keyed by the torch module the converter pairs it with, where their
+# paths differ (adapters/jax_port.py module_pairs): "torch/path (flax's flax/path)", which
+# the diagnosis says as it is, naming both sides.
+FLAX_SIDE = " (flax's "
+
+
+def paired(torch_path: str, flax_path: str) -> str:
+    """The key of a flax module's output paired with torch's module `torch_path`."""
+    return torch_path if torch_path == flax_path else f"{torch_path}{FLAX_SIDE}{flax_path})"
+
+
+def torch_side(key: str) -> str:
+    """The torch module's path of a key made by `paired` (any other key as it is)."""
+    return key.split(FLAX_SIDE, 1)[0]
+
+
+# scaled_dot_product_attention's parameters up to dropout_p (query, key, value, attn_mask, dropout_p)
+_ATTENTION_DROPOUT_AT = 4
+
+
+def attention_dropout(args, kwargs) -> float:
+    """The dropout_p a call of torch's scaled_dot_product_attention draws with (0.0 its default)."""
+    return float(kwargs.get("dropout_p", args[_ATTENTION_DROPOUT_AT] if len(args) > _ATTENTION_DROPOUT_AT else 0.0))
+
+
+def attention_without_dropout(args, kwargs) -> tuple[tuple, dict]:
+    """The same call of scaled_dot_product_attention with dropout_p 0."""
+    if len(args) > _ATTENTION_DROPOUT_AT:
+        return (*args[:_ATTENTION_DROPOUT_AT], 0.0, *args[_ATTENTION_DROPOUT_AT + 1 :]), kwargs
+    return args, {**kwargs, "dropout_p": 0.0}
 
 
 def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...], tokens: bool = False) -> tuple[str, ...]:
@@ -192,6 +288,8 @@ def torch_dropout(path: Path, seed: int, in_shape: tuple[int, ...], tokens: bool
                 p, training = dropout_call(args, kwargs)
                 if p > 0 and training:
                     found.append(f"{within[-1]} (p={p:g})" if within else f"{func.__name__}(p={p:g}) called in forward")
+            elif func is torch.nn.functional.scaled_dot_product_attention and attention_dropout(args, kwargs) > 0:
+                found.append(f"scaled_dot_product_attention(dropout_p={attention_dropout(args, kwargs):g})")
             return func(*args, **kwargs)
 
     with torch.no_grad(), Spy():
@@ -205,16 +303,49 @@ def floating(state: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().double().numpy() for k, v in state.items() if v.is_floating_point()}
 
 
-def initial_state(path: Path, seed: int) -> dict[str, np.ndarray]:
-    """The run's initial tensors: the torch module's own, as float32, every one finite."""
+def tied(state: dict[str, Any]) -> dict[str, str]:
+    """The state_dict's floating names that hold the very tensor an earlier name holds (tied
+    weights: GPT-2's lm_head.weight is its token embedding, wte.weight), each with that
+    earlier name: one parameter, named once everywhere in the harness."""
+    first: dict[tuple, str] = {}
+    found = {}
+    for name, value in state.items():
+        if not value.is_floating_point() or value.numel() == 0:
+            continue
+        key = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
+        if key in first:
+            found[name] = first[key]
+        else:
+            first[key] = name
+    return found
+
+
+def untied(state: dict[str, Any]) -> dict[str, Any]:
+    """A state_dict's floating tensors, a tied one once, by its first name (tied)."""
+    aliases = tied(state)
+    return {k: v for k, v in state.items() if v.is_floating_point() and k not in aliases}
+
+
+def initial_state(path: Path, seed: int) -> tuple[dict[str, np.ndarray], tuple[tuple[str, str], ...]]:
+    """The run's initial tensors: the torch module's own, as float32, every one finite, a
+    tied tensor once (by its first name); and the tied names, each with the name kept."""
     made = torch_module(path, seed)
-    tensors = {k: a.astype(np.float32) for k, a in floating(made.state_dict()).items()}
+    state = made.state_dict()
+    aliases = tied(state)
+    tensors = {k: a.astype(np.float32) for k, a in floating(untied(state)).items()}
     if not tensors:
         raise PortError(f"{path}: torch_model() has no floating tensors to train")
     bad = [k for k, a in tensors.items() if not np.isfinite(a).all()]
     if bad:
         raise PortError(f"{path}: torch_model()'s initial {bad[0]} is not finite")
-    return tensors
+    return tensors, tuple(aliases.items())
+
+
+def with_tied(tensors: dict[str, Any], tied_names: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """`tensors` (by the names kept) with each tied name too, holding its tensor: the
+    state_dict torch_to_flax is given, as torch's state_dict() lists a tied tensor under
+    each name."""
+    return {**tensors, **{alias: tensors[kept] for alias, kept in tied_names if kept in tensors}}
 
 
 # torch's layers whose options a library entry may name (harness/known_differences.yaml
@@ -258,7 +389,7 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
             dropping.append(f"{'/'.join(context.module.path) or context.module.name} (rate {context.module.rate:g})")
         return next_fun(*args, **kwargs)
 
-    net = call(path, "flax_model()", function(path, "flax_model"))
+    net = flax_module(path)
     with nn.intercept_methods(spy):
         call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape, tokens), train=False)
     return tuple(sorted(found)), tuple(dict.fromkeys(dropping))
@@ -291,7 +422,9 @@ def penalized(path: Path, seed: int) -> tuple[str, ...]:
     import torch
 
     made = torch_module(path, seed)
-    return tuple(f"{name}.weight" if name else "weight" for name, part in made.named_modules() if isinstance(part, penalized_kinds(torch)))
+    aliases = tied(made.state_dict())
+    names = (f"{name}.weight" if name else "weight" for name, part in made.named_modules() if isinstance(part, penalized_kinds(torch)))
+    return tuple(dict.fromkeys(aliases.get(name, name) for name in names))
 
 
 def output_width(path: Path, seed: int, in_shape: tuple[int, ...], tokens: bool = False) -> int:
@@ -319,6 +452,7 @@ class Facts:
     penalized: tuple[str, ...]  # penalized
     initial: dict[str, np.ndarray]  # initial_state
     dropout: tuple[str, ...] = ()  # torch_dropout's and flax_options' dropouts, each "torch: ..." or "flax: ..."
+    tied: tuple[tuple[str, str], ...] = ()  # initial_state's tied names, each with the name kept
 
 
 def facts(
@@ -333,4 +467,5 @@ def facts(
     flax, flax_dropout = flax_options(path, in_shape, tokens)
     options = tuple(sorted(layer_options(path, seed) + flax))
     dropout = tuple(f"torch: {d}" for d in torch_dropout(path, seed, in_shape, tokens)) + tuple(f"flax: {d}" for d in flax_dropout)
-    return Facts(output_width(path, seed, in_shape, tokens), options, penalized(path, seed), initial_state(path, seed), dropout)
+    initial, tied_names = initial_state(path, seed)
+    return Facts(output_width(path, seed, in_shape, tokens), options, penalized(path, seed), initial, dropout, tied_names)

@@ -118,6 +118,9 @@ class Problem:
     # ... and where it drops (port.Facts dropout): every dropout runs turned off, in both
     # frameworks, where any is found (each would draw its own masks)
     port_dropout: tuple[str, ...] = ()
+    # ... and its tied tensors (port.tied): each state_dict name that holds the tensor an
+    # earlier name holds, with that name; initial_params holds each tied tensor once
+    port_tied: tuple[tuple[str, str], ...] = ()
     # Where the oracle, its float32 calibration run and their members run: "cpu" (NumPy) or
     # "gpu" (CuPy; `harness run --references gpu`). A port has no oracle and ignores it.
     references: str = "cpu"
@@ -267,7 +270,8 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Ca
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": found.options})})
     penalized = found.penalized if spec.loss.l2 is not None else ()
     return replace(
-        problem, spec=spec, initial_params=found.initial, port=path, port_outputs=width, port_penalized=penalized, port_dropout=found.dropout
+        problem, spec=spec, initial_params=found.initial, port=path, port_outputs=width, port_penalized=penalized, port_dropout=found.dropout,
+        port_tied=found.tied,
     )
 
 

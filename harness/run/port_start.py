@@ -24,7 +24,8 @@ def check_start(problem: Problem, loaded_sha256: str) -> dict[str, dict[str, np.
     """Before any run: the converter (jax_port_check.check_converter), then both initial forward passes
     (initial_forward)."""
     model = problem.spec.model
-    jax_port_check.check_converter(problem.port, loaded_sha256, model.functions, problem.initial_params, model.in_shape, model.tokens is not None)
+    tokens = model.tokens is not None
+    jax_port_check.check_converter(problem.port, loaded_sha256, model.functions, problem.initial_params, model.in_shape, tokens, problem.port_tied)
     return initial_forward(problem)
 
 

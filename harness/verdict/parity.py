@@ -11,6 +11,7 @@ import numpy as np
 
 from harness.calibrate.spread import Calibration, Segments, Spread
 from harness.core.registry import ANCHORED_CHECKS, FLOAT64, ORACLE, RunKey, Verdict
+from harness.inputs import port
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.checks import EPS, MATH, ROUNDING_ULPS, Check, curve_check, loss_floor, short_horizon_checks, skipped, spread_prose, tensor_check
@@ -30,16 +31,23 @@ def first_layer_apart(twin: dict[str, np.ndarray], oracle: dict[str, np.ndarray]
     over since the last one compared are said ("fc2, after act, which only the reference
     names": a function such as jax.nn.gelu is no flax module)."""
     passed: list[str] = []
+    named = {port.torch_side(key): key for key in twin} if shared_only else {name: name for name in twin}
     for name, want in oracle.items():
-        got = twin.get(name)
+        got = twin.get(named.get(name, name))
         if got is None and shared_only:
             passed.append(name)
             continue
         after = f", after {', '.join(passed)}, which only the reference names" if passed else ""
+        if got is not None and got.shape != want.shape and shared_only:
+            try:  # a port's outputs equal after broadcasting are equal (GPT-2's (1, T) position ids in torch, (B, T) in flax)
+                got, want = np.broadcast_arrays(got, want)
+            except ValueError:
+                passed.append(name)  # a shape difference alone names no module
+                continue
         if got is None or got.shape != want.shape:
             return name + after
         if np.abs(got - want).max(initial=0) > LAYERS_APART * max(np.abs(want).max(initial=0), np.finfo(np.float64).tiny):
-            return name + after
+            return named.get(name, name) + after
         passed = []
     return None
 
