@@ -478,9 +478,7 @@ def _store_biased_variance(torch, model, path, variances: dict) -> None:
 
 
 def _keeper(outputs: dict, name: str):
-    """A forward hook keeping a module's floating output by name: its first array
-    (port.first_array), where it gives several (nn.MultiheadAttention's output and its
-    weights, HF's tuples and ModelOutputs)."""
+    """A forward hook keeping a module's floating output by name: its first array (port.first_array)."""
 
     def keep(module, inputs, output):
         output = port.first_array(output)
