@@ -55,7 +55,8 @@ def _install(session: nox.Session, *extras: str) -> None:
 
 # The sessions that train or test share one environment instead of building one each (torch
 # and JAX are about 1.9 GB and a minute to install): .nox/frameworks, with the extras below;
-# `slow` adds Ray to it. nox makes no environment of its own for them (venv_backend "none").
+# `slow` adds Ray and transformers 4.x (the hub examples) to it. nox makes no environment of
+# its own for them (venv_backend "none").
 SHARED_ENV = ROOT / ".nox" / "frameworks"
 SHARED_EXTRAS = ("torch", "jax", "test")
 
@@ -169,8 +170,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def slow(session: nox.Session) -> None:
-    """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs, Ray on a simulated cluster); CI runs them after `tests`."""
-    python = _shared_python(session, "ray")
+    """The slow tests (marked `slow`: the findings' evidence, concurrent and resumed runs, Ray on a simulated cluster, the hub
+    examples); CI runs them after `tests`."""
+    python = _shared_python(session, "ray", "hub")
     session.run(python, "-m", "pytest", "-m", "slow", "--durations=10", *session.posargs, env=_test_env())
 
 

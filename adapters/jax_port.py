@@ -174,7 +174,8 @@ def module_pairs(problem) -> dict[str, str]:
     a flax module and a torch module pair where the torch tensors the converter moves into
     the one's variables are those under the other, and no other module has the same; among
     several with the same tensors (a module and its only child), the same path first, then
-    in depth order. Only pairs whose paths differ; modules without tensors pair by path."""
+    spelt alike (_spelling), then in depth order. Only pairs whose paths differ; modules
+    without tensors pair by path."""
     where, positions, shapes, sizes = index_map(problem)
     leaf_of = np.repeat(np.arange(len(where)), sizes)
     keys = [tuple(re.findall(r"\['(.*?)'\]", path))[1:-1] for path in where]  # no collection, no variable name
@@ -197,12 +198,22 @@ def module_pairs(problem) -> dict[str, str]:
         by_set.setdefault(frozenset(names), ([], []))[1].append(path)
     pairs = {}
     for flax_paths, torch_paths in by_set.values():
-        same = set(flax_paths) & set(torch_paths)
-        flax_left = sorted((p for p in flax_paths if p not in same), key=lambda p: p.count("/"))
-        torch_left = sorted((p for p in torch_paths if p not in same), key=lambda p: p.count("/"))
+        torch_left = [p for p in torch_paths if p not in flax_paths]
+        flax_left = [p for p in flax_paths if p not in torch_paths]
+        spelt = {_spelling(p): p for p in torch_left}
+        for path in list(flax_left):  # flax's blocks_0 for torch's blocks.0
+            if _spelling(path) in spelt:
+                pairs[path] = spelt[_spelling(path)]
+                flax_left.remove(path)
+                torch_left.remove(pairs[path])
         if len(flax_left) == len(torch_left):
-            pairs.update(zip(flax_left, torch_left))
+            pairs.update(zip(sorted(flax_left, key=lambda p: p.count("/")), sorted(torch_left, key=lambda p: p.count("/"))))
     return pairs
+
+
+def _spelling(path: str) -> str:
+    """A module path with its separators alike: flax's "blocks_0/layer_0" as torch's "blocks.0.layer.0"."""
+    return re.sub(r"[_/.]", "/", path)
 
 
 def index_map(problem) -> tuple[list[str], np.ndarray, list[tuple[str, tuple]], list[int]]:

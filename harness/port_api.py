@@ -128,7 +128,12 @@ def _is_arrays(data: Any) -> bool:
 
 def _model(data: Any, arrays: dict[str, np.ndarray] | None, input_shape: Any) -> dict[str, Any]:
     """The model section's input: the arrays' row shape, else `input_shape`, else a 2-feature
-    data kind's; named by the spec's key (input_width of a vector, input_shape of an image)."""
+    data kind's; named by the spec's key (input_width of a vector, input_shape of an image).
+    None for a text data section, which gives the token ids itself (model.tokens)."""
+    if data.get("kind") == "text":  # the token ids: the data section gives the model its context and vocabulary
+        if input_shape is not None:
+            raise SpecError(f"input_shape: a text's input is its token ids, which the data section gives: give no input_shape, got {input_shape!r}")
+        return {}
     if input_shape is None and arrays is not None:
         input_shape = arrays["x_train"].shape[1:]
     if input_shape is None and data.get("kind") in ("moons", "peaks_grid"):
@@ -181,7 +186,8 @@ def check_port(
     integer labels (or float32 targets for mse). `loss`: a loss section, or its kind
     ("cross_entropy", reduction mean). `optimizer`, `training`, `checks`: the spec's sections
     (training's shuffle, shuffle_seed and last_batch default to True, 0 and keep).
-    `input_shape`: the model's input, (features,) or (channels, height, width); the arrays'
+    `input_shape`: the model's input, (features,) or (channels, height, width); none for a
+    text data section, which gives the token ids; the arrays'
     rows give it. `results`: a folder for the records (none written without it).
     `train_anyway`: where flax's initial forward pass already differs from torch's, train the
     matrix all the same (by default that check fails at once and nothing trains). Bad
