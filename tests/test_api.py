@@ -190,3 +190,35 @@ def test_run_spec_on_peaks_quick_passes_with_torchs_and_jaxs_records():
     verdict = harness.run_spec(ROOT / "specs" / "peaks_mlp.yaml", profile="quick", frameworks=["torch", "jax"])
     assert verdict.passed, str(verdict)
     assert {"torch", "jax"} <= {r["framework"] for r in verdict.records}
+
+
+def _port_slipped_on_flax(order: int = 1):
+    """A port's committed records (examples/results/mlp_port), every check of flax's runs
+    made to fail, as a slip on flax's side does; in the records' order, or reversed (-1)."""
+    from types import SimpleNamespace
+
+    from harness.core.registry import Verdict as CheckVerdict
+    from harness.records.store import load_records, run_label
+
+    records = []
+    for record in load_records(ROOT / "examples" / "results" / "mlp_port").values():
+        mine = run_label(record).startswith("jax")
+        checks = [c.model_copy(update={"verdict": CheckVerdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
+        records.append(record.model_copy(update={"checks": checks}))
+    return [SimpleNamespace(title="mlp_port", records=records[::order], member_records=[])]
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["as_loaded", "reversed"])
+def test_a_failure_names_the_run_judged_and_its_reference_whatever_the_records_order(order):
+    """Issue 84: a port's math checks said `.run` torch@cpu+float64 and `.reference`
+    jax@cpu+float64, the first record carrying a check taken for its run. The reference is
+    torch's float64 run (registry.PORT_REFERENCE_KEY) and the run judged flax's, in
+    `.failures` and in the FAIL lines alike, whichever record comes first."""
+    from harness.result import Verdict, rendered
+
+    results = _port_slipped_on_flax(order)
+    verdict = Verdict(results, rendered(results))
+    pairs = {(f.run, f.reference) for f in verdict.failures}
+    assert pairs == {("jax@cpu", "torch@cpu"), ("jax@cpu", "torch@cpu+float64"), ("jax@cpu+float64", "torch@cpu+float64")}, pairs
+    said = " ".join(str(verdict).split())
+    assert "torch@cpu+float64 vs jax" not in said and "torch@cpu vs jax" not in said, said

@@ -5,10 +5,10 @@ the spec a record names (its claims and data kind, through harness/records/store
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from harness.core.registry import FLOAT64, ORACLE, STRICT, Cell, RunKey, Verdict, gates, verdict_counts
+from harness.core.registry import FLOAT64, GPU_ORACLE_KEY, ORACLE, PORT_REFERENCE_KEY, STRICT, Cell, RunKey, Verdict, gates, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_key, run_label
 from harness.report.speed import SpeedRow
@@ -157,17 +157,53 @@ def verdict_markdown(records: list[Record]) -> str:
     return md_table(header, verdict_rows(records, with_host))
 
 
+# The runs every other is judged against, the first the most: the oracle (on the CPU or the
+# GPU), then a port's torch float64 run (where a spec has an oracle, a twin judged against it).
+REFERENCES = (ORACLE_LABEL, GPU_ORACLE_KEY.label, PORT_REFERENCE_KEY.label)
+PROBLEMS = (Verdict.FAIL, Verdict.KNOWN)
+
+
+def differing(records: Sequence[Record]) -> set[str]:
+    """The runs of one spec that differ from a reference: a check of theirs against one fails
+    or is known."""
+    return {run_label(r) for r in records for c in r.checks if c.against in REFERENCES and c.verdict in PROBLEMS and run_label(r) not in REFERENCES}
+
+
+def theirs(record: Record, c: CheckRecord, differ: set[str]) -> bool:
+    """Whether a failing or known comparison belongs to the other run's row (issue 55: a slip on
+    flax's side read as torch's float64 row failing): the other run differs from a reference
+    and this one does not (a reference never does)."""
+    return c.verdict in PROBLEMS and c.against in differ and run_label(record) not in differ
+
+
+def _rank(label: str) -> int:
+    """How much a run is the reference of a check: 0 for a run that is none."""
+    return len(REFERENCES) - REFERENCES.index(label) if label in REFERENCES else 0
+
+
+def judges(record: Record, c: CheckRecord, differ: set[str]) -> bool:
+    """Whether the record's run is the one a check it carries judges (issue 84), not the one
+    it is judged against: the less of a reference of the two (REFERENCES), else the one
+    that differs from a reference (`differ`), else either (the pair judged both ways)."""
+    mine, other = _rank(run_label(record)), _rank(c.against)
+    return mine < other if mine != other else not theirs(record, c, differ)
+
+
 def problem_checks(records: Iterable[Record]) -> list[tuple[Record, CheckRecord]]:
-    """Each failing or known check once (both runs of a pair carry it), with the first
-    record that carries it."""
-    found, seen = [], set()
+    """Each failing or known check once (both runs of a pair carry it), with the record of
+    the run it judges (judges), whatever the records' order."""
+    records = list(records)
+    of_spec: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        of_spec.setdefault((r.spec.name, r.host.label), []).append(r)
+    differ = {place: differing(mine) for place, mine in of_spec.items()}
+    found: dict[tuple, tuple[Record, CheckRecord]] = {}
     for r in records:
         for c in r.checks:
             pair = (r.spec.name, r.host.label, c.name, c.tensor, frozenset((run_label(r), c.against)))
-            if c.verdict in (Verdict.FAIL, Verdict.KNOWN) and pair not in seen:
-                seen.add(pair)
-                found.append((r, c))
-    return found
+            if c.verdict in PROBLEMS and (pair not in found or not judges(*found[pair], differ[r.spec.name, r.host.label])):
+                found[pair] = (r, c)
+    return list(found.values())
 
 
 def gating(record: Record, check: CheckRecord) -> bool:

@@ -13,10 +13,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import DIVERGENCE_CHECKS, GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, Verdict, explains, verdict_counts
+from harness.core.registry import DIVERGENCE_CHECKS, Verdict, explains, verdict_counts
 from harness.records.schema import Record
 from harness.records.store import run_label
-from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, gating, ms, problem_checks, run_to_run
+from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
 from harness.verdict.bound import times_tolerance
 
 
@@ -56,28 +56,6 @@ def _ms(record: Record) -> str:
     return ms(record.timings.per_step_s if record.timings else None)
 
 
-# The runs every other is judged against: the oracle (on the CPU or the GPU), a port's torch float64 run.
-REFERENCES = frozenset(k.label for k in (ORACLE_KEY, GPU_ORACLE_KEY, PORT_REFERENCE_KEY))
-
-
-def differing(records: Sequence[Record]) -> set[str]:
-    """The runs of one spec that differ from a reference: a check of theirs against one fails
-    or is known."""
-    return {
-        run_label(r)
-        for r in records
-        for c in r.checks
-        if c.against in REFERENCES and c.verdict in (Verdict.FAIL, Verdict.KNOWN) and run_label(r) not in REFERENCES
-    }
-
-
-def _theirs(record: Record, c, differ: set[str]) -> bool:
-    """Whether a failing or known comparison belongs to the other run's row (issue 55: a slip on
-    flax's side read as torch's float64 row failing): the other run differs from a reference
-    and this one does not (a reference never does)."""
-    return c.verdict in (Verdict.FAIL, Verdict.KNOWN) and c.against in differ and run_label(record) not in differ
-
-
 def _steps(record: Record) -> int | None:
     return record.timings.total_steps if record.timings else None
 
@@ -86,7 +64,7 @@ def _run_row(record: Record, differ: set[str] = frozenset(), steps: int | None =
     """A run's row; `steps`, the spec's longest run: a shorter one (a float64 twin, its first
     steps) says after which step its loss and accuracy are (`0.53436 @21`), not to be read
     beside the others' final ones."""
-    counted = verdict_counts(c.verdict for c in record.checks if not _theirs(record, c, differ))
+    counted = verdict_counts(c.verdict for c in record.checks if not theirs(record, c, differ))
     failed, counts = counted[Verdict.FAIL], _counts(counted)
     horizon = next(
         (
