@@ -43,9 +43,7 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     workers = table.workers_line([record for r in results for record in r.records])
     if workers:
         console.print(workers, highlight=False)
-    table.print_failures(console, results)
-    for label, (specs, reason) in session.skipped_runs(results).items():
-        console.print(f"SKIPPED {label} on {', '.join(specs)}: {reason}", style="yellow", highlight=False, soft_wrap=True)
+    table.print_failures(console, results, f"see the records under {results_dir}" if results_dir is not None else "not written (--no-records)")
     if results_dir is not None:
         speeds = table.speed_table([record for r in results for record in r.records])
         if speeds is not None:

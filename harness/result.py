@@ -13,12 +13,7 @@ from rich.console import Console
 
 from harness.core.registry import Verdict as CheckVerdict
 from harness.records.store import run_label
-
-# The module or layer a diagnosis names: where a twin's forward pass first differs, else the
-# tensor whose difference is largest (harness/verdict/diagnosis.py).
-FIRST_APART = re.compile(r"first differs at (?:layer|module) (?P<name>[^\s;()]+)")
-LARGEST_IN = re.compile(r"largest in (?P<name>[^\s;()]+)")
-
+from harness.report.table import diagnosis_kind, named_module
 
 # A failed run's Failure: its check, and its diagnosis's kind (its detail: the run's reason).
 RUN_CHECK, RUN_FAILED = "run", "failed"
@@ -41,28 +36,6 @@ class Failure:
     step: int | None
     ratio: float | None
     detail: str
-
-
-def diagnosis_kind(text: str) -> str:
-    """The first words of a diagnosis: implementation, rounding, undiagnosed, known, stale, not reproducible."""
-    if text.startswith("known"):
-        return "known"
-    if text.startswith("stale"):
-        return "stale"
-    if text.startswith("not reproducible"):
-        return "not reproducible"
-    return text.split(":", 1)[0].split(" ", 1)[0]
-
-
-def named_module(text: str, tensor: str | None) -> str | None:
-    """The module a diagnosis names: where the forward pass first differs, else the module of
-    the tensor whose difference is largest ("fc1.weight" -> "fc1")."""
-    found = FIRST_APART.search(text) or LARGEST_IN.search(text)
-    name = found["name"] if found else tensor
-    if name is None:
-        return None
-    name = name.strip("`'\".,")
-    return name.rsplit(".", 1)[0] if "." in name else name
 
 
 def _step(text: str, check) -> int | None:
@@ -127,5 +100,5 @@ def rendered(results: list, members: bool = False) -> str:
     across = table.cross_host_table(results)
     if across is not None:
         console.print(across)
-    table.print_failures(console, results)
+    table.print_failures(console, results, rest="see .failures")
     return out.getvalue()

@@ -131,22 +131,6 @@ def measure_rates(args: argparse.Namespace, keys: list, console: Console) -> dic
     return rates
 
 
-def skipped_runs(results: list) -> dict[str, tuple[list[str], str]]:
-    """Each run asked for that did not run (a framework not installed, no GPU), with the specs
-    it skipped and why: said in the summary, not only in a table row. Runs skipped on the
-    same specs for the same reason (a port not trained) are one entry, their labels joined."""
-    found: dict[str, tuple[list[str], str]] = {}
-    for result in results:
-        for key, outcome in result.outcomes.items():
-            if outcome.status == "skipped":
-                specs, _ = found.setdefault(key.label, ([], outcome.reason or "skipped"))
-                specs.append(result.loaded.name)
-    joined: dict[tuple[tuple[str, ...], str], list[str]] = {}
-    for label, (specs, reason) in found.items():
-        joined.setdefault((tuple(specs), reason), []).append(label)
-    return {", ".join(labels): (list(specs), reason) for (specs, reason), labels in joined.items()}
-
-
 def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None = None) -> tuple[list, Path | None, str, list[str]]:
     """`harness run`'s matrix: the specs the arguments name (or `loaded`, specs already
     loaded: the Python API's), their problems built, every run and check on the executor the

@@ -192,9 +192,11 @@ def test_run_spec_on_peaks_quick_passes_with_torchs_and_jaxs_records():
     assert {"torch", "jax"} <= {r["framework"] for r in verdict.records}
 
 
-def _port_slipped_on_flax(order: int = 1):
+def _port_slipped_on_flax(order: int = 1, said=lambda c: c.diagnosis, status: str = "ok"):
     """A port's committed records (examples/results/mlp_port), every check of flax's runs
-    made to fail, as a slip on flax's side does; in the records' order, or reversed (-1)."""
+    made to fail, as a slip on flax's side does, its diagnosis `said(check)`; in the records'
+    order, or reversed (-1); each run's status `status` (skipped: with the reason a port not
+    trained has)."""
     from types import SimpleNamespace
 
     from harness.core.registry import Verdict as CheckVerdict
@@ -203,8 +205,10 @@ def _port_slipped_on_flax(order: int = 1):
     records = []
     for record in load_records(ROOT / "examples" / "results" / "mlp_port").values():
         mine = run_label(record).startswith("jax")
-        checks = [c.model_copy(update={"verdict": CheckVerdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
-        records.append(record.model_copy(update={"checks": checks}))
+        failing = [c.model_copy(update={"verdict": CheckVerdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
+        checks = [c.model_copy(update={"diagnosis": said(c)}) if c.verdict == CheckVerdict.FAIL else c for c in failing]
+        reason = None if status == "ok" else "not trained: flax's initial forward pass differs from torch's"
+        records.append(record.model_copy(update={"checks": checks, "status": status, "reason": reason}))
     return [SimpleNamespace(title="mlp_port", records=records[::order], member_records=[])]
 
 
@@ -222,3 +226,55 @@ def test_a_failure_names_the_run_judged_and_its_reference_whatever_the_records_o
     assert pairs == {("jax@cpu", "torch@cpu"), ("jax@cpu", "torch@cpu+float64"), ("jax@cpu+float64", "torch@cpu+float64")}, pairs
     said = " ".join(str(verdict).split())
     assert "torch@cpu+float64 vs jax" not in said and "torch@cpu vs jax" not in said, said
+
+
+def _bn_slip(c) -> str:
+    """A diagnosis as a slip in one module gives them: the tensor checks name `norm`, the
+    others no module, and one check, math_final_outputs, a second module (`fc2`)."""
+    if c.name == "math_final_outputs":
+        return "implementation: different math; its forward pass first differs at module fc2 (the first batch)"
+    return "implementation: different math" + ("; largest in norm.scale after step 1" if c.tensor else "")
+
+
+def test_a_slip_leads_with_one_fail_line_per_cause_and_counts_the_rest():
+    """Issue 84: a batch-norm momentum slip gave 16 FAIL lines, 15 naming bn1 and one no
+    module. The text leads with one line per cause (the first failing check of each module
+    named; a check naming none goes with its run's cause of the same diagnosis), then a
+    count of the rest; `.failures` and the records keep every one."""
+    from harness.result import Verdict, rendered
+
+    results = _port_slipped_on_flax(said=_bn_slip)
+    verdict = Verdict(results, rendered(results))
+    said = " ".join(str(verdict).split())
+    assert said.count("FAIL mlp_port ") == 2 and "largest in norm.scale" in said and "first differs at module fc2" in said, said
+    more = len(verdict.failures) - 2
+    assert more > 10 and f"... and {more} more failing checks of the same causes: see .failures" in said, said
+    assert {f.module for f in verdict.failures} == {"norm", "fc2", None}
+    assert sum(c["verdict"] == "fail" for r in verdict.records for c in r["checks"]) == 2 * len(verdict.failures)  # both runs of each pair
+
+
+def test_a_port_not_trained_says_its_skipped_runs_once():
+    """Issue 84: a port failing its initial forward pass printed its SKIPPED runs in the FAIL
+    lines' block and again in the command line's summary. Once, in both texts."""
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from harness import cli
+    from harness.core.registry import RunKey
+    from harness.records.store import run_label
+    from harness.result import rendered
+    from harness.run.runner import Outcome
+
+    results = _port_slipped_on_flax(status="skipped")
+    for result in results:  # the matrix's result: each run's outcome beside its record
+        result.loaded = result
+        result.name = result.title
+        keys = [RunKey.from_label(run_label(r)) for r in result.records]
+        result.outcomes = {key: Outcome(key, "skipped", r.reason) for key, r in zip(keys, result.records)}
+    out = io.StringIO()
+    cli._finish_run(argparse.Namespace(), Console(file=out, width=100), results, None, "run")
+    for text in (out.getvalue(), rendered(results)):
+        said = " ".join(text.split())
+        assert said.count("SKIPPED") == 1 and "not trained" in said, said

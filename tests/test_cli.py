@@ -336,16 +336,16 @@ def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypat
     line of the run's summary, with the reason, not only a table row."""
     from types import SimpleNamespace
 
-    from harness.core.registry import RunKey
-    from harness.run.runner import Outcome
+    from harness.report.table import skipped_runs
+
+    def run(name, framework, status, reason=None):
+        key = dict(framework=framework, device=SimpleNamespace(kind="cpu"), variant="", precision_mode="strict", mode="eager")
+        return SimpleNamespace(spec=SimpleNamespace(name=name), status=status, reason=reason, **key)
 
     def result(name):
-        skipped = Outcome(RunKey("torch", "cpu"), "skipped", "torch is not installed")
-        return SimpleNamespace(
-            loaded=SimpleNamespace(name=name), outcomes={skipped.key: skipped, RunKey("numpy", "cpu"): Outcome(RunKey("numpy", "cpu"), "ok")}
-        )
+        return SimpleNamespace(records=[run(name, "torch", "skipped", "torch is not installed"), run(name, "numpy", "ok")], member_records=[])
 
-    found = session.skipped_runs([result("peaks_mlp"), result("moons_net")])
+    found = skipped_runs([result("peaks_mlp"), result("moons_net")])
     assert found == {"torch@cpu": (["peaks_mlp", "moons_net"], "torch is not installed")}
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.core.registry import DIVERGENCE_CHECKS, Verdict, explains, verdict_counts
-from harness.records.schema import Record
+from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
 from harness.verdict.bound import times_tolerance
@@ -156,29 +156,110 @@ def _print(console: Console, line: str, style: str | None = None) -> None:
 KNOWN_AT = re.compile(r"known \((?P<entry>[^,()]+)(?:, (?P<share>[^,()]+) of what (?:it explains|they explain))?\)")
 
 
-def print_failures(console: Console, results: Sequence[Shown]) -> None:
+# The module or layer a diagnosis names: where a twin's forward pass first differs, else the
+# tensor whose difference is largest (harness/verdict/diagnosis.py).
+FIRST_APART = re.compile(r"first differs at (?:layer|module) (?P<name>[^\s;()]+)")
+LARGEST_IN = re.compile(r"largest in (?P<name>[^\s;()]+)")
+
+
+def diagnosis_kind(text: str) -> str:
+    """The first words of a diagnosis: implementation, rounding, undiagnosed, known, stale, not reproducible."""
+    if text.startswith("known"):
+        return "known"
+    if text.startswith("stale"):
+        return "stale"
+    if text.startswith("not reproducible"):
+        return "not reproducible"
+    return text.split(":", 1)[0].split(" ", 1)[0]
+
+
+def named_module(text: str, tensor: str | None) -> str | None:
+    """The module a diagnosis names: where the forward pass first differs, else the module of
+    the tensor whose difference is largest ("fc1.weight" -> "fc1")."""
+    found = FIRST_APART.search(text) or LARGEST_IN.search(text)
+    name = found["name"] if found else tensor
+    if name is None:
+        return None
+    name = name.strip("`'\".,")
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def leading(problems: Sequence[tuple[Record, CheckRecord]]) -> list[bool]:
+    """Whether each failing or known check (problem_checks) leads the FAIL lines (issue 84: one
+    slip, one line): each known one, and one failing one per cause, the first that names it.
+    A cause is the module a diagnosis names; a check naming none has the cause of its run's
+    checks of the same diagnosis that name one, else its run and diagnosis of its own."""
+
+    def run_of(r: Record, c: CheckRecord) -> tuple:
+        return run_label(r), gating(r, c), diagnosis_kind(c.diagnosis or "")
+
+    modules = [named_module(c.diagnosis or "", c.tensor) if c.verdict == Verdict.FAIL else None for _, c in problems]
+    named: dict[tuple, str] = {}  # a run's cause of a diagnosis: the first module its failing checks name
+    for (r, c), module in zip(problems, modules, strict=True):
+        if module is not None:
+            named.setdefault(run_of(r, c), module)
+    leader: dict[tuple, int] = {}  # each cause's leading check: the first naming its module, else the first
+    for i, (r, c) in enumerate(problems):
+        if c.verdict != Verdict.FAIL:
+            continue
+        module = modules[i] or named.get(run_of(r, c))
+        cause = (r.spec.name, gating(r, c), module) if module else (r.spec.name, *run_of(r, c))
+        if cause not in leader or (modules[i] and not modules[leader[cause]]):
+            leader[cause] = i
+    leads = set(leader.values())
+    return [c.verdict != Verdict.FAIL or i in leads for i, (_, c) in enumerate(problems)]
+
+
+def print_failures(console: Console, results: Sequence[Shown], rest: str = "see the records") -> None:
+    """The FAIL lines, one per cause and a count of the rest (`rest` says where they are), the
+    KNOWN lines, the runs that failed or diverged, those skipped once, and each known
+    difference's reason once."""
     reasons: dict[str, str] = {}
     shares: dict[str, list[str]] = {}
     for result in results:
-        for record, c in problem_checks(result.records):
-            _print(console, failure_line(record, c), "red" if c.verdict == Verdict.FAIL else "yellow")
+        problems = problem_checks(result.records)
+        more = 0
+        for (record, c), leads in zip(problems, leading(problems), strict=True):
+            more += not leads
+            if leads:
+                _print(console, failure_line(record, c), "red" if c.verdict == Verdict.FAIL else "yellow")
             if c.verdict == Verdict.KNOWN and c.reason:
                 found = KNOWN_AT.match(c.diagnosis or "")
                 entry = found["entry"] if found else (c.diagnosis or "").split(";")[0]
                 reasons.setdefault(entry, c.reason)
                 if found and found["share"]:
                     shares.setdefault(entry, []).append(found["share"])
+        if more:
+            _print(console, f"... and {more} more failing check{'s' * (more != 1)} of the same causes: {rest}", "red")
         unfinished: dict[tuple[str, str, str | None], list[str]] = {}  # runs of one status and reason: one line
         for record, member in _every_run(result):
-            if record.status != "ok":
+            if record.status not in ("ok", "skipped"):
                 shown = "DIVERGED (as rounding alone does)" if diverged_as_members(record, member) else record.status.upper()
                 unfinished.setdefault((shown, record.spec.name, record.reason), []).append(run_label(record))
         for (shown, name, reason), labels in unfinished.items():
             _print(console, f"{shown} {name} {', '.join(labels)}: {reason}", "yellow" if shown.startswith("DIVERGED") else None)
+    for labels, (specs, reason) in skipped_runs(results).items():
+        _print(console, f"SKIPPED {labels} on {', '.join(specs)}: {reason}", "yellow")
     for entry, reason in reasons.items():  # each known difference explained once, its checks' shares listed
         share = f", {', '.join(shares[entry])} of what {explains(entry)}" if entry in shares else ""
         what = entry if entry.startswith("known") else f"known ({entry}{share})"
         _print(console, f"{what}: {reason}", "dim")
+
+
+def skipped_runs(results: Sequence[Shown]) -> dict[str, tuple[list[str], str]]:
+    """Each run that did not run (a framework not installed, no GPU, a port not trained), with
+    the specs it skipped and why, once. Runs skipped on the same specs for the same reason
+    are one entry, their labels joined."""
+    found: dict[str, tuple[list[str], str]] = {}
+    for result in results:
+        for record, _ in _every_run(result):
+            if record.status == "skipped":
+                specs, _ = found.setdefault(run_label(record), ([], record.reason or "skipped"))
+                specs.append(record.spec.name)
+    joined: dict[tuple[tuple[str, ...], str], list[str]] = {}
+    for label, (specs, reason) in found.items():
+        joined.setdefault((tuple(specs), reason), []).append(label)
+    return {", ".join(labels): (list(specs), reason) for (specs, reason), labels in joined.items()}
 
 
 def failed(results: Sequence[Shown]) -> bool:
