@@ -98,7 +98,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args), port_apart=matrix.port_apart(loaded.name, executor))
             key = loaded.spec.sweep.key
             console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
-            run = matrix.run_spec(
+            run = matrix.run_cells(
                 loaded, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor
             )
             results.append(run)

@@ -114,7 +114,7 @@ def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check:
     return SpecResult(loaded, problem, outcomes, [], [check], [])
 
 
-def run_spec(
+def run_cells(
     loaded: LoadedSpec,
     problem: Problem,
     keys: list[RunKey],
@@ -140,7 +140,7 @@ def run_spec(
     if executor is None:  # one of its own, shut down (its kept processes ended) when done
         own = executors.Local(executors.local_slots(1, None)) if isolate else executors.Inline()
         try:
-            return run_spec(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own, train_anyway)
+            return run_cells(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own, train_anyway)
         finally:
             own.shutdown()
     early: list[Check] = []  # a port's initial forward pass, failing, where it trains anyway

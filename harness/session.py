@@ -195,7 +195,7 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
         executor = executor or make_executor(args)
         console.print(executor.slots.describe(), highlight=False)
         results = [
-            matrix.run_spec(
+            matrix.run_cells(
                 spec,
                 problem,
                 keys,

@@ -291,7 +291,7 @@ def test_a_missing_framework_is_skipped_and_the_matrix_goes_on(monkeypatch):
     monkeypatch.setitem(registry.ADAPTERS, "absent", "adapters.no_such_framework")
     loaded, short = short_quick("moons_net", 3)
     keys = plan.matrix_keys(["absent", "numpy", "cupy"], ["cpu", "gpu"])
-    result = matrix.run_spec(loaded, short, keys, None, Console(file=io.StringIO()))
+    result = matrix.run_cells(loaded, short, keys, None, Console(file=io.StringIO()))
     statuses = {k.label: o.status for k, o in result.outcomes.items()}
     assert statuses["absent@cpu"] == "skipped" and "cannot be imported" in result.outcomes[RunKey("absent", "cpu")].reason
     assert statuses["numpy@cpu"] == statuses["oracle@cpu"] == "ok"
@@ -358,7 +358,7 @@ def test_a_librarys_float32_members_run_only_where_a_check_needs_them_and_give_t
 
     def judged():
         out = io.StringIO()
-        result = matrix.run_spec(loaded, short, keys, None, Console(file=out, width=300), repeats=1)
+        result = matrix.run_cells(loaded, short, keys, None, Console(file=out, width=300), repeats=1)
         return [(c.name, c.a, c.b, c.verdict, c.ratio, c.diagnosis) for c in result.checks], out.getvalue()
 
     lazy, said = judged()

@@ -252,7 +252,7 @@ def test_the_verdict_table_folds_the_members_into_one_row(members_from_the_start
 
     one_each = {"checks": {"long_run": {"members": 1}, "math_parity": {"members": 1}}}
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", one_each)
-    result = matrix.run_spec(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), None, Console(file=io.StringIO()), repeats=1)
+    result = matrix.run_cells(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), None, Console(file=io.StringIO()), repeats=1)
     assert sorted(r.variant for r in result.member_records) == ["order1", "order1"]  # the first look's float32 and float64 members
 
     def shown(members: bool) -> str:

@@ -130,7 +130,7 @@ def other_host(tmp_path_factory):
             if name == "bug":
                 register_copy(monkeypatch, "torch", "torch", {"_optimizer": eps_inside_torch_optimizer})
             keys = plan.matrix_keys(list(registry.ADAPTERS), ["cpu"])
-            matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
+            matrix.run_cells(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
         _as_another_host(out)
     return folders
 

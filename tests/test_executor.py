@@ -32,7 +32,7 @@ def small_matrix(executor):
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     problem = build_problem(loaded)
     keys = plan.matrix_keys(["numpy"], ["cpu"])
-    return matrix.run_spec(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1, executor=executor)
+    return matrix.run_cells(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1, executor=executor)
 
 
 def bits(outcome) -> bytes:

@@ -457,7 +457,7 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
     from harness.core.paths import SPECS_DIR
     from harness.execute.plan import matrix_keys
     from harness.inputs.problem import build_problem
-    from harness.matrix import run_spec
+    from harness.matrix import run_cells
     from harness.spec import catalogue
     from harness.spec.load import load_spec
 
@@ -474,7 +474,7 @@ def test_the_second_look_leaves_a_float32_library_difference_failing():
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(catalogue, "library_differences", lambda: entries)
         monkeypatch.setattr(calibration, "library_top_up", top_up)
-        result = run_spec(loaded, build_problem(loaded), matrix_keys(["jax", "numpy"], ["cpu"]), None, Console(file=out, width=400), repeats=1)
+        result = run_cells(loaded, build_problem(loaded), matrix_keys(["jax", "numpy"], ["cpu"]), None, Console(file=out, width=400), repeats=1)
     # the second look's jobs are among those a later look gathers again: its 16 members, the same spread
     planned, done, runs = looks[-1]
     again = calibration.gather(planned, done, runs).calibration.float32

@@ -112,7 +112,7 @@ EXPLAINS = re.compile(r"([\d.e+-]+) of what (?:it explains|they explain)")  # a 
 def verdicts(name: str, epochs: int, frameworks: list[str]):
     loaded, short_problem = short_quick(name, epochs)
     out = io.StringIO()
-    result = matrix.run_spec(loaded, short_problem, plan.matrix_keys(frameworks, ["cpu"]), None, Console(file=out, width=300), repeats=1)
+    result = matrix.run_cells(loaded, short_problem, plan.matrix_keys(frameworks, ["cpu"]), None, Console(file=out, width=300), repeats=1)
     return result, out.getvalue()
 
 
@@ -236,7 +236,7 @@ def test_a_matrix_reads_math_paritys_reference_from_the_oracles_whole_run(monkey
 
     def judged() -> tuple[str, list]:
         out = io.StringIO()
-        result = matrix.run_spec(loaded, problem, keys, None, Console(file=out, width=300))
+        result = matrix.run_cells(loaded, problem, keys, None, Console(file=out, width=300))
         return out.getvalue(), [(c.name, c.a, c.b, c.verdict, c.ratio) for c in result.checks]
 
     read, checks_read = judged()
@@ -304,7 +304,7 @@ def test_a_matrix_reads_numpys_float64_twin_from_the_oracles_whole_run(monkeypat
 
     def judged() -> tuple[str, list, dict]:
         out = io.StringIO()
-        result = matrix.run_spec(loaded, problem, keys, None, Console(file=out, width=300))
+        result = matrix.run_cells(loaded, problem, keys, None, Console(file=out, width=300))
         return out.getvalue(), sorted((c.name, c.a.label, c.b.label, c.verdict, c.ratio) for c in result.checks), result.outcomes
 
     read, checks_read, outcomes = judged()

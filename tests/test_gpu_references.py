@@ -60,7 +60,7 @@ def matrix_of(tmp_path, references: str, spec_changes: dict | None = None):
     loaded = load_spec(tiny_moons(tmp_path, **changes))
     problem = build_problem(loaded, None)
     keys = plan.matrix_keys(["torch"], ["cpu"], references=references)
-    return matrix.run_spec(loaded, problem, keys, tmp_path / references, Console(file=io.StringIO()))
+    return matrix.run_cells(loaded, problem, keys, tmp_path / references, Console(file=io.StringIO()))
 
 
 def test_the_keys_of_references_on_the_gpu_are_cupys_and_the_oracles_there(tmp_path):

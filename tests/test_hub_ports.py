@@ -171,10 +171,10 @@ def judged_on(path: Path, data_dir: Path | None):
     from rich.console import Console
 
     from harness.execute.plan import matrix_keys
-    from harness.matrix import run_spec
+    from harness.matrix import run_cells
 
     loaded = load_spec(path)
-    return run_spec(loaded, build_problem(loaded, data_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
+    return run_cells(loaded, build_problem(loaded, data_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
 
 
 def _transformers():

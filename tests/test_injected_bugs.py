@@ -7,7 +7,7 @@ functions look their helpers up in the copy, not in the original) with one globa
 replaced (for the NumPy bug, its `network`: itself a fresh copy of
 harness/reference/network.py whose optimizer registry hands it an Adam with its update
 replaced, since that module's train_step calls it). It is registered under its own name in harness.core.registry.ADAPTERS and in
-sys.modules while its matrix runs, and goes through harness.matrix.run_spec like any
+sys.modules while its matrix runs, and goes through harness.matrix.run_cells like any
 other framework. Two matrices are run once per module and shared by the tests: peaks
 (Adam, chaotic after a few dozen steps) and a shortened moons (plain gradient descent).
 """
@@ -33,7 +33,7 @@ from harness.core.paths import SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey
 from harness.execute.plan import matrix_keys
 from harness.inputs.problem import build_problem
-from harness.matrix import SpecResult, run_spec
+from harness.matrix import SpecResult, run_cells
 from harness.optimizers import adam
 from harness.reference import network
 from harness.spec import catalogue
@@ -198,7 +198,7 @@ def run_with_copies(loaded: LoadedSpec, buggy: list[str], problem=None) -> SpecR
             register_copy(monkeypatch, name, real, overrides)
         keys = matrix_keys([*REAL, *buggy], ["cpu"])
         problem = build_problem(loaded) if problem is None else problem
-        return run_spec(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1)
+        return run_cells(loaded, problem, keys, None, Console(file=io.StringIO()), repeats=1)
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,11 @@ def copied(example: Path, folder: Path, old: str = "", new: str = "", spec: dict
 def judged(path: Path, train_anyway: bool = False):
     """A port's matrix in this process (torch and JAX on the CPU): its checks. A port whose
     initial forward pass differs trains only with `train_anyway`."""
-    from harness.matrix import run_spec
+    from harness.matrix import run_cells
 
     loaded = load_spec(path)
     console = Console(file=io.StringIO(), width=300)
-    return run_spec(loaded, build_problem(loaded), matrix_keys(["torch", "jax"], ["cpu"]), None, console, train_anyway=train_anyway)
+    return run_cells(loaded, build_problem(loaded), matrix_keys(["torch", "jax"], ["cpu"]), None, console, train_anyway=train_anyway)
 
 
 # --- the spec: checked, never run ----------------------------------------------------------
@@ -1075,9 +1075,9 @@ def test_the_mnist_ports_on_real_data_pass_every_check(mnist_dir, name):
     torch's members summed batch norm's statistics as torch's CPU kernel does (issue 52)."""
     pytest.importorskip("jax")
     loaded = load_spec(EXAMPLES / name / f"{name}.yaml")
-    from harness.matrix import run_spec
+    from harness.matrix import run_cells
 
-    result = run_spec(loaded, build_problem(loaded, mnist_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
+    result = run_cells(loaded, build_problem(loaded, mnist_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
     counts = counted(result.checks)
     assert counts["fail"] == 0 and counts["pass"] >= 20, [c for c in result.checks if c.verdict == Verdict.FAIL]
 
@@ -1476,7 +1476,7 @@ def test_torchs_fast_mode_on_a_port_is_a_row_of_its_own_and_passes(tmp_path):
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     loaded = load_spec(path)
     keys = matrix_keys(["torch", "jax"], ["cpu"], modes=("eager", "fast"))
-    result = run_spec_quietly(loaded, keys)
+    result = run_cells_quietly(loaded, keys)
     fast = RunKey("torch", "cpu", mode="fast")
     assert result.outcomes[fast].status == "ok", result.outcomes[fast].reason
     judged_fast = [c for c in result.checks if c.involves(fast) and c.verdict != Verdict.SKIPPED]
@@ -1485,14 +1485,14 @@ def test_torchs_fast_mode_on_a_port_is_a_row_of_its_own_and_passes(tmp_path):
     dropping = tmp_path / "dropout"
     dropping.mkdir()
     with_drop = load_spec(with_dropout(dropping))
-    skipped = run_spec_quietly(with_drop, [fast, RunKey("jax", "cpu")]).outcomes[fast]
+    skipped = run_cells_quietly(with_drop, [fast, RunKey("jax", "cpu")]).outcomes[fast]
     assert skipped.status == "skipped" and "with dropout" in skipped.reason
 
 
-def run_spec_quietly(loaded, keys):
-    from harness.matrix import run_spec
+def run_cells_quietly(loaded, keys):
+    from harness.matrix import run_cells
 
-    return run_spec(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO(), width=300))
+    return run_cells(loaded, build_problem(loaded), keys, None, Console(file=io.StringIO(), width=300))
 
 
 TEXT = EXAMPLES / "text_port"

@@ -44,7 +44,7 @@ def moons_result(tmp_path_factory):
     problem = build_problem(loaded)
     out = tmp_path_factory.mktemp("results")
     keys = plan.matrix_keys(["numpy"], ["cpu"])
-    result = matrix.run_spec(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
+    result = matrix.run_cells(loaded, problem, keys, out, Console(file=io.StringIO()), repeats=2)
     return result, out
 
 

@@ -31,7 +31,7 @@ from rich.console import Console  # noqa: E402
 from harness.core.registry import Verdict  # noqa: E402
 from harness.execute.plan import matrix_keys  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
-from harness.matrix import run_spec  # noqa: E402
+from harness.matrix import run_cells  # noqa: E402
 from harness.spec.load import LoadedSpec, validate_document  # noqa: E402
 
 BASE = ROOT / "specs" / "mnist_adamw.yaml"
@@ -92,7 +92,7 @@ def judged(doc: dict, data_dir: Path):
     spec, overrides = validate_document(Path("<recipe>"), doc)
     sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     loaded = LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
-    return run_spec(loaded, build_problem(loaded, data_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
+    return run_cells(loaded, build_problem(loaded, data_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
 
 
 def main(argv: list[str]) -> int:
