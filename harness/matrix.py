@@ -19,7 +19,7 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE, ORACLE_KEY, PORT_REFERENCE_KEY, RunKey, Verdict
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE, ORACLE_KEY, PORT_REFERENCE_KEY, CheckVerdict, RunKey
 from harness.execute import executors, hosts, jobs, plan, schedule
 from harness.execute.jobs import inputs_sha256
 from harness.hardware.floor import Floor, Rates, floor_of
@@ -148,7 +148,7 @@ def run_cells(
         keys = plan.port_keys(keys)
         if any(k.framework == "jax" for k in keys):  # the converter and the initial forward pass, before any run
             start = check_port_start(loaded, problem, executor)
-            if start.verdict == Verdict.FAIL:
+            if start.verdict == CheckVerdict.FAIL:
                 result = not_trained(loaded, problem, keys, start)
                 then = "training it anyway (--train-anyway)" if train_anyway else "nothing trains (--train-anyway trains it)"
                 console.print(f"FAIL {loaded.name} {FORWARD}: {result.checks[0].diagnosis}; {then}", style="red", highlight=False, soft_wrap=True)

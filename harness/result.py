@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.core.registry import Verdict as CheckVerdict
+from harness.core.registry import CheckVerdict
 from harness.records.store import run_label
 from harness.report.table import diagnosis_kind, named_module
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.core import registry
-from harness.core.registry import FLOAT64, ORACLE_KEY, RunKey, Verdict
+from harness.core.registry import FLOAT64, ORACLE_KEY, CheckVerdict, RunKey
 from harness.inputs import problem as inputs
 from harness.spec.load import load_spec
 from tests.test_injected_bugs import run_with_copies, shortened_spec
@@ -83,9 +83,9 @@ def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
         result = run_with_copies(loaded, ["torch_late_lr"])
     checks = {(c.a.label, c.name): c for c in result.checks if c.b == ORACLE_KEY}
     late = "torch_late_lr@cpu+float64"
-    assert checks[late, "math_loss_curve"].verdict == Verdict.PASS  # the first 100 steps cannot see it
+    assert checks[late, "math_loss_curve"].verdict == CheckVerdict.PASS  # the first 100 steps cannot see it
     anchored = checks[late, "math_anchored_loss_curve"]
-    assert anchored.verdict == Verdict.FAIL and anchored.segment == 300 and 300 < anchored.first_failure_step < 400
+    assert anchored.verdict == CheckVerdict.FAIL and anchored.segment == 300 and 300 < anchored.first_failure_step < 400
     assert (
         anchored.diagnosis.startswith("implementation")
         and "starts at step 30" in anchored.diagnosis
@@ -94,7 +94,7 @@ def test_a_late_learning_rate_change_is_caught_in_its_segment(monkeypatch):
     for framework in ("torch", "jax", "numpy"):
         honest = checks.get((f"{framework}@cpu+float64", "math_anchored_loss_curve"))
         if honest is not None:
-            assert honest.verdict == Verdict.PASS, honest
+            assert honest.verdict == CheckVerdict.PASS, honest
 
 
 def test_a_re_anchored_cell_prints_its_steps_and_training_time_for_tools_timings(tmp_path):
@@ -182,15 +182,15 @@ def test_a_late_batch_norm_statistics_slip_is_caught_at_its_segments_end(monkeyp
     checks = {(c.a.label, c.name): c for c in result.checks if c.b == ORACLE_KEY}
     late = "torch_late_bn@cpu+float64"
     for name in ("math_params_after_step_10", "math_loss_curve", "math_anchored_loss_curve"):
-        assert checks[late, name].verdict == Verdict.PASS, checks[late, name]
+        assert checks[late, name].verdict == CheckVerdict.PASS, checks[late, name]
     state, outputs = checks[late, "math_anchored_state"], checks[late, "math_anchored_outputs"]
-    assert state.verdict == Verdict.FAIL and state.segment == 30 and state.tensor.startswith("bn1.running_")
+    assert state.verdict == CheckVerdict.FAIL and state.segment == 30 and state.tensor.startswith("bn1.running_")
     assert state.diagnosis.startswith("implementation") and "re-anchored at step 30" in state.diagnosis and "in bn1.running_" in state.diagnosis
-    assert outputs.verdict == Verdict.FAIL and outputs.segment == 30
+    assert outputs.verdict == CheckVerdict.FAIL and outputs.segment == 30
     for framework in ("torch", "jax", "numpy"):
         for name in ("math_anchored_state", "math_anchored_outputs"):
             honest = checks.get((f"{framework}@cpu+float64", name))
-            assert honest is not None and honest.verdict == Verdict.PASS, honest
+            assert honest is not None and honest.verdict == CheckVerdict.PASS, honest
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])

@@ -199,7 +199,7 @@ def _port_slipped_on_flax(order: int = 1, said=lambda c: c.diagnosis, status: st
     trained has)."""
     from types import SimpleNamespace
 
-    from harness.core.registry import Verdict as CheckVerdict
+    from harness.core.registry import CheckVerdict
     from harness.records.store import load_records, run_label
 
     records = []

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from harness.core.registry import ORACLE_KEY, RunKey, Verdict
+from harness.core.registry import ORACLE_KEY, CheckVerdict, RunKey
 from tests import family
 from tests.conftest import ROOT
 
@@ -208,7 +208,7 @@ CLIPPED_ADAMW = {
 def test_a_twin_past_three_members_spread_is_judged_again_on_sixteen_against_the_oracle(doc, bug):
     result = passes_and_catches(doc, bug)
     twin = [c for c in result.checks if c.a == RunKey("jax", "cpu", precision="float64") and c.bound is not None and c.bound.factor is not None]
-    assert twin and all(c.verdict == Verdict.PASS for c in twin)
+    assert twin and all(c.verdict == CheckVerdict.PASS for c in twin)
     assert max(c.bound.members for c in twin) == 16  # judged again on the second look's members (long_run.second_look)
 
 
@@ -581,7 +581,7 @@ def test_an_honest_adamw_recipe_on_mnist_has_no_failing_check(mnist_dir):
     finally:
         sys.path.remove(str(ROOT / "tools"))
     result = recipe_family.judged(recipe_family.drawn(12, 5601)[0], mnist_dir)
-    failing = [c for c in result.checks if c.verdict == Verdict.FAIL]
+    failing = [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert not failing, [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis) for c in failing]
 
 
@@ -652,8 +652,8 @@ def test_members_that_diverge_still_calibrate_the_steps_before_and_a_bug_there_i
     assert spread.diverged and len(spread.curve) == spread.finite_steps < result.problem.total_steps
     assert result.outcomes[ORACLE_KEY].status == "ok"  # the oracle trained: the members alone diverged
     twin = {c.name: c for c in result.checks if c.a == RunKey("torch_attention_scale", "cpu", precision="float64")}
-    assert twin["math_initial_outputs"].verdict == Verdict.FAIL  # seen before anything diverged
-    assert twin["math_final_outputs"].verdict == Verdict.SKIPPED and "rounding alone diverges" in twin["math_final_outputs"].reason
+    assert twin["math_initial_outputs"].verdict == CheckVerdict.FAIL  # seen before anything diverged
+    assert twin["math_final_outputs"].verdict == CheckVerdict.SKIPPED and "rounding alone diverges" in twin["math_final_outputs"].reason
 
 
 # Peaks at a rate of 3.0 (NO_DAMPENING's grid, plain SGD, 8 tanh units): the oracle's loss
@@ -682,11 +682,11 @@ def test_a_float32_run_that_diverges_as_its_members_do_is_rounding_and_a_bug_is_
         key = RunKey(framework, "cpu")
         assert result.outcomes[key].status == "failed" and result.outcomes[key].failed_at_step >= result.calibration.float32.finite_steps
         checks = {c.name: c for c in result.checks if c.a == key and c.b == ORACLE_KEY}
-        assert checks["divergence"].verdict == Verdict.PASS and "rounding alone diverges" in checks["divergence"].reason
+        assert checks["divergence"].verdict == CheckVerdict.PASS and "rounding alone diverges" in checks["divergence"].reason
         if framework != "numpy":  # NumPy's float32 run sums in the members' plain order: no envelope of its own
-            assert checks["loss_curve_envelope"].verdict == Verdict.PASS, framework  # its finite steps, within it
+            assert checks["loss_curve_envelope"].verdict == CheckVerdict.PASS, framework  # its finite steps, within it
     twin = {c.name: c.verdict for c in result.checks if c.a == RunKey("torch_loss_scaled", "cpu", precision="float64")}
-    assert twin["math_initial_loss"] == Verdict.FAIL
+    assert twin["math_initial_loss"] == CheckVerdict.FAIL
 
 
 @pytest.mark.slow
@@ -702,7 +702,7 @@ def test_a_transformer_on_the_edge_of_divergence_passes_honestly_and_a_bug_is_st
     diverged = [k for k, o in result.outcomes.items() if k.precision != "float64" and k.framework in honest and o.status == "failed"]
     for key in diverged:
         checks = {c.name: c for c in result.checks if c.a == key and c.b == ORACLE_KEY}
-        assert checks["divergence"].verdict == Verdict.PASS and "rounding alone diverges" in checks["divergence"].reason, key.label
+        assert checks["divergence"].verdict == CheckVerdict.PASS and "rounding alone diverges" in checks["divergence"].reason, key.label
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from rich.console import Console
 from harness import matrix
 from harness.calibrate import calibration, roles
 from harness.core.paths import SPECS_DIR
-from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, CheckVerdict, RunKey
 from harness.execute import plan
 from harness.inputs.problem import truncated
 from harness.spec.load import load_spec
@@ -52,7 +52,7 @@ def test_the_first_look_and_the_rest_are_every_member_the_spec_asks_for(name, ki
     assert {j.role for j in rest} == kinds
 
 
-def check(verdict: Verdict, a: RunKey, name: str = "a check") -> checks.Check:
+def check(verdict: CheckVerdict, a: RunKey, name: str = "a check") -> checks.Check:
     return checks.Check(name, a, ORACLE_KEY, verdict, "rule")
 
 
@@ -64,18 +64,18 @@ SEGMENT = "math_anchored_outputs"  # a re-anchored check: the re-anchored member
     "name, standing, kinds",
     [
         ("gpl_transformer", [], set()),
-        ("gpl_transformer", [check(Verdict.SKIPPED, JAX), check(Verdict.SKIPPED, TWIN)], set()),  # nothing more members can judge
-        ("gpl_transformer", [check(Verdict.FAIL, JAX)], {roles.MEMBER}),
-        ("gpl_transformer", [check(Verdict.KNOWN, JAX)], {roles.MEMBER}),  # known or passing: only all the members say which
+        ("gpl_transformer", [check(CheckVerdict.SKIPPED, JAX), check(CheckVerdict.SKIPPED, TWIN)], set()),  # nothing more members can judge
+        ("gpl_transformer", [check(CheckVerdict.FAIL, JAX)], {roles.MEMBER}),
+        ("gpl_transformer", [check(CheckVerdict.KNOWN, JAX)], {roles.MEMBER}),  # known or passing: only all the members say which
         # its JAX twin is judged against optax's formula, on the members computing it: not the oracle's own
-        ("gpl_transformer", [check(Verdict.FAIL, TWIN)], {roles.LIBRARY_MEMBER}),
-        ("gpl_transformer", [check(Verdict.FAIL, NUMPY64)], {roles.MEMBER64}),
-        ("gpl_transformer", [check(Verdict.FAIL, NUMPY64), check(Verdict.FAIL, TWIN)], {roles.MEMBER64, roles.LIBRARY_MEMBER}),
-        ("gpl_transformer", [check(Verdict.FAIL, JAX), check(Verdict.KNOWN, TWIN)], {roles.MEMBER, roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [check(CheckVerdict.FAIL, TWIN)], {roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [check(CheckVerdict.FAIL, NUMPY64)], {roles.MEMBER64}),
+        ("gpl_transformer", [check(CheckVerdict.FAIL, NUMPY64), check(CheckVerdict.FAIL, TWIN)], {roles.MEMBER64, roles.LIBRARY_MEMBER}),
+        ("gpl_transformer", [check(CheckVerdict.FAIL, JAX), check(CheckVerdict.KNOWN, TWIN)], {roles.MEMBER, roles.LIBRARY_MEMBER}),
         # moons_net's twins are judged against the oracle, re-anchored too: each check its own kind
-        ("moons_net", [check(Verdict.FAIL, TWIN)], {roles.MEMBER64}),
-        ("moons_net", [check(Verdict.FAIL, TWIN, SEGMENT)], {roles.ANCHORED_MEMBER}),
-        ("moons_net", [check(Verdict.FAIL, TWIN, SEGMENT), check(Verdict.KNOWN, NUMPY64)], {roles.ANCHORED_MEMBER, roles.MEMBER64}),
+        ("moons_net", [check(CheckVerdict.FAIL, TWIN)], {roles.MEMBER64}),
+        ("moons_net", [check(CheckVerdict.FAIL, TWIN, SEGMENT)], {roles.ANCHORED_MEMBER}),
+        ("moons_net", [check(CheckVerdict.FAIL, TWIN, SEGMENT), check(CheckVerdict.KNOWN, NUMPY64)], {roles.ANCHORED_MEMBER, roles.MEMBER64}),
     ],
 )
 @pytest.mark.parametrize("look", ["first", "rest"])
@@ -93,7 +93,12 @@ def test_the_first_and_the_rest_of_the_members_run_for_the_checks_they_calibrate
         asked.extend(jobs)
         return {}
 
-    passing = [check(Verdict.PASS, JAX), check(Verdict.PASS, TWIN), check(Verdict.PASS, CALIBRATION_KEY), check(Verdict.PASS, TWIN, SEGMENT)]
+    passing = [
+        check(CheckVerdict.PASS, JAX),
+        check(CheckVerdict.PASS, TWIN),
+        check(CheckVerdict.PASS, CALIBRATION_KEY),
+        check(CheckVerdict.PASS, TWIN, SEGMENT),
+    ]
     looking = calibration.first_look if look == "first" else calibration.top_up
     looked = looking(loaded, problem, keys, planned, {}, {}, [*passing, *standing], run, Console(file=io.StringIO()))
     assert {j.role for j in asked} == kinds
@@ -147,12 +152,12 @@ def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, nam
     assert [(c.name, c.a, c.b) for c in first.checks] == [(c.name, c.a, c.b) for c in every.checks]
     for a, b in zip(first.checks, every.checks):
         if id(a) in explained:
-            assert b.verdict in (Verdict.KNOWN, Verdict.PASS) and (a.ratio or 0) >= (b.ratio or 0), a.name
+            assert b.verdict in (CheckVerdict.KNOWN, CheckVerdict.PASS) and (a.ratio or 0) >= (b.ratio or 0), a.name
             continue
         assert a.verdict == b.verdict, a.name
-        if b.verdict == Verdict.PASS:
+        if b.verdict == CheckVerdict.PASS:
             assert (a.ratio or 0) >= (b.ratio or 0) or a.ratio == b.ratio == 0  # the first look's spread is a part of every member's
-        elif b.verdict == Verdict.KNOWN:  # its library's members too: a reach no further on the first look's
+        elif b.verdict == CheckVerdict.KNOWN:  # its library's members too: a reach no further on the first look's
             assert a.ratio == b.ratio and EXPLAINS.sub("", a.diagnosis) == EXPLAINS.sub("", b.diagnosis), a.name
             assert float(EXPLAINS.search(a.diagnosis)[1]) >= float(EXPLAINS.search(b.diagnosis)[1])
         else:

@@ -19,7 +19,7 @@ from rich.console import Console
 from adapters import xp_adapter
 from harness import matrix
 from harness.calibrate import roles
-from harness.core.registry import CALIBRATION_KEY, GPU_CALIBRATION_KEY, GPU_ORACLE_KEY, ORACLE_KEY, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, GPU_CALIBRATION_KEY, GPU_ORACLE_KEY, ORACLE_KEY, CheckVerdict, RunKey
 from harness.execute import plan
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
@@ -89,7 +89,7 @@ def test_references_on_the_gpu_judge_as_the_cpus_do(tmp_path, numpy_as_cupy, cha
     for a, b in zip(cpu.checks, gpu.checks):
         assert (a.name, on_gpu(a.a), on_gpu(a.b)) == (b.name, b.a, b.b)
         assert (a.verdict, a.ratio, a.max_abs_error) == (b.verdict, b.ratio, b.max_abs_error), (a.name, a.a.label, a.b.label)
-    assert any(c.b == GPU_ORACLE_KEY and c.verdict == Verdict.PASS for c in gpu.checks)
+    assert any(c.b == GPU_ORACLE_KEY and c.verdict == CheckVerdict.PASS for c in gpu.checks)
     assert gpu.calibration.reference == GPU_ORACLE_KEY and gpu.calibration.member == GPU_CALIBRATION_KEY
     assert all(m.key.device == "gpu" for m in gpu.members) and all(m.key.framework == "oracle" for m in gpu.members64)
     by_key = {(r.framework, r.device.kind): r for r in gpu.records if r.precision_mode == "strict"}
@@ -99,7 +99,7 @@ def test_references_on_the_gpu_judge_as_the_cpus_do(tmp_path, numpy_as_cupy, cha
     np.testing.assert_array_equal(cpu.outcomes[ORACLE_KEY].losses, gpu.outcomes[GPU_ORACLE_KEY].losses)
     # the oracle kept its states on the GPU too: the re-anchored twins were judged
     anchored = [c for c in gpu.checks if c.name.endswith("anchored_loss_curve")]
-    assert anchored and all(c.verdict == Verdict.PASS and c.b == GPU_ORACLE_KEY for c in anchored)
+    assert anchored and all(c.verdict == CheckVerdict.PASS and c.b == GPU_ORACLE_KEY for c in anchored)
 
 
 def test_references_on_the_gpu_without_one_stop_in_one_line(tmp_path, capsys):

@@ -27,7 +27,7 @@ import yaml
 from rich.console import Console
 
 from harness.core.errors import SpecError
-from harness.core.registry import PORT_REFERENCE_KEY, RunKey, Verdict
+from harness.core.registry import PORT_REFERENCE_KEY, CheckVerdict, RunKey
 from harness.execute.plan import matrix_keys
 from harness.inputs.port import PortError
 from harness.inputs.problem import build_problem
@@ -309,14 +309,14 @@ def test_an_honest_port_with_an_l2_penalty_and_label_smoothing_passes(tmp_path):
     loss = {"l2": {"coefficient": 0.01, "divide_by_examples": False}, "label_smoothing": 0.1}
     result = judged(copied(CNN, tmp_path, spec={"loss": loss}))
     counts = counted(result.checks)
-    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
 
 
 # --- the verdict ----------------------------------------------------------------------------
 
 
 def counted(checks) -> dict[str, int]:
-    return {v.value: sum(c.verdict == v for c in checks) for v in Verdict}
+    return {v.value: sum(c.verdict == v for c in checks) for v in CheckVerdict}
 
 
 def test_an_honest_mlp_port_passes_every_check():
@@ -326,7 +326,7 @@ def test_an_honest_mlp_port_passes_every_check():
     pytest.importorskip("jax")
     result = judged(MLP / "mlp_port.yaml")
     counts = counted(result.checks)
-    assert counts["fail"] == 0 and counts["pass"] >= 25, [c for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 25, [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
     math = [c for c in result.checks if c.name.startswith("math_")]
     assert {c.b for c in math} == {PORT_REFERENCE_KEY} and any(c.name == "math_anchored_loss_curve" for c in math)
     assert not any(k.framework in ("numpy", "oracle") for k in result.outcomes)
@@ -379,7 +379,7 @@ def test_a_port_with_dropout_runs_with_it_off_in_both_and_says_so(tmp_path):
     path = with_dropout(tmp_path)
     result = judged(path)
     counts = counted(result.checks)
-    assert counts["fail"] == 0 and counts["pass"] >= 25, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 25, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert result.records and all(r.spec.port.dropout_off == list(result.problem.port_dropout) for r in result.records)
     assert "dropout off in both frameworks (torch: drop (p=0.1);" in result.title
     slipped = tmp_path / "slip"
@@ -389,7 +389,7 @@ def test_a_port_with_dropout_runs_with_it_off_in_both_and_says_so(tmp_path):
 
 
 def failing(result, name: str):
-    found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == name and c.a.framework == "jax" and c.b == PORT_REFERENCE_KEY]
+    found = [c for c in result.checks if c.verdict == CheckVerdict.FAIL and c.name == name and c.a.framework == "jax" and c.b == PORT_REFERENCE_KEY]
     assert found, f"no failing {name}: {[(c.name, c.verdict.value) for c in result.checks]}"
     return found[0]
 
@@ -402,8 +402,8 @@ def test_an_honest_cnn_port_passes_and_its_batch_norm_variance_is_known():
     members computing it reach, and nothing fails."""
     result = judged(CNN / "cnn_port.yaml")
     counts = counted(result.checks)
-    assert counts["fail"] == 0, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
-    known = [c for c in result.checks if c.verdict == Verdict.KNOWN]
+    assert counts["fail"] == 0, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    known = [c for c in result.checks if c.verdict == CheckVerdict.KNOWN]
     assert known and all("flax-batch-norm-biased-running-var" in c.diagnosis for c in known)
 
 
@@ -482,7 +482,7 @@ def test_an_honest_ports_initial_forward_passes_are_far_within_float32s_rounding
         problem = build_problem(loaded)
         outputs = port_start.check_start(problem, loaded.port_sha256)
         check = parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
-        assert check.verdict == Verdict.PASS and check.max_rel_error < 1e-13, (example.name, check)
+        assert check.verdict == CheckVerdict.PASS and check.max_rel_error < 1e-13, (example.name, check)
         assert set(outputs[PORT_REFERENCE_KEY.label]) >= {"output"} and check.forward_layer is None
 
 
@@ -503,7 +503,7 @@ def test_the_generated_family_written_as_ports_shows_no_false_alarm(tmp_path):
         folder.mkdir()
         result = judged(port_family.port_of(doc, folder)[0])
         assert result.checks and all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
-        failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+        failed += [(i, c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
         shape = doc["model"].get("input_shape") or doc["model"]["input_width"]
         print(f"port {i}: input {shape}, {len(doc['model']['layers'])} layers: {counted(result.checks)}")  # pytest -s: the family's rows
     assert docs and not failed, failed
@@ -520,9 +520,9 @@ def test_math_paritys_second_look_measures_a_ports_float64_spread_on_more_member
     doc = port_family.drawn(100, 20261127)[45]
     assert [layer.get("kind", "dense") for layer in doc["model"]["layers"]] == ["conv2d", "conv2d", "flatten", "dense"]
     result = judged(port_family.port_of(doc, tmp_path)[0])
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.ratio) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.ratio) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     math = next(c for c in result.checks if c.name == "math_params_after_step_10")
-    assert math.verdict == Verdict.PASS
+    assert math.verdict == CheckVerdict.PASS
     # On the Intel host (OpenBLAS's SkylakeX kernels) the spec's three members fell short
     # and the second look ran; on the AMD EPYC host (Haswell kernels, 2026-11-27, at 64eb82f
     # too) the twin passes on them, and nothing is looked at again (since bee77a6 on the
@@ -547,9 +547,9 @@ def test_torchs_clipping_eps_on_a_lone_gradient_is_known_in_flaxs_checks(tmp_pat
     doc = port_family.drawn(150, 20261216)[12]
     assert doc["optimizer"] == {"kind": "sgd", "lr": 0.01, "clip_global_norm": 0.05}
     result = judged(port_family.port_of(doc, tmp_path)[0])
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     flax = [c for c in result.checks if c.name == "params_after_step_1" and {c.a, c.b} == {RunKey("jax", "cpu"), PORT_REFERENCE_KEY}]
-    assert flax and flax[0].verdict == Verdict.KNOWN and "torch-clip-grad-norm-eps" in flax[0].diagnosis and flax[0].ratio > 1
+    assert flax and flax[0].verdict == CheckVerdict.KNOWN and "torch-clip-grad-norm-eps" in flax[0].diagnosis and flax[0].ratio > 1
 
 
 @pytest.mark.slow
@@ -568,7 +568,7 @@ def test_slips_written_into_a_generated_port_are_caught_with_the_module_named(tm
         path, written = port_family.port_of(doc, folder, slip)
         if written is None:
             continue
-        failing = [c for c in judged(path).checks if c.verdict == Verdict.FAIL]
+        failing = [c for c in judged(path).checks if c.verdict == CheckVerdict.FAIL]
         named = [c for c in failing if c.diagnosis.startswith("implementation") and any(f"{written.named}{end}" in c.diagnosis for end in " ,")]
         if not named:
             missed.append((slip, written, [(c.name, c.diagnosis[:200]) for c in failing]))
@@ -683,12 +683,12 @@ def test_torchs_clipping_eps_on_a_port_is_borne_by_the_other_librarys_members_an
 
     entry = next(e for e in catalogue.library_differences() if e.id == "torch-clip-grad-norm-eps")
     jax32 = RunKey("jax", "cpu")
-    check = Check("params_after_step_1", jax32, PORT_REFERENCE_KEY, Verdict.FAIL, "per tensor", ratio=3.7)
+    check = Check("params_after_step_1", jax32, PORT_REFERENCE_KEY, CheckVerdict.FAIL, "per tensor", ratio=3.7)
     assert diagnosis.covers(entry, check, PORT_REFERENCE_KEY) and not diagnosis.covers(entry, check)
-    twins = Check("params_after_step_1", RunKey("jax", "cpu", precision="float64"), PORT_REFERENCE_KEY, Verdict.FAIL, "per tensor", ratio=3.7)
+    twins = Check("params_after_step_1", RunKey("jax", "cpu", precision="float64"), PORT_REFERENCE_KEY, CheckVerdict.FAIL, "per tensor", ratio=3.7)
     assert not diagnosis.covers(entry, twins, PORT_REFERENCE_KEY)  # float64 against float64: no library entry
     inductor = next(e for e in catalogue.library_differences() if e.id == "inductor-cross-entropy-sum")
-    curve = Check("loss_curve_envelope", jax32, PORT_REFERENCE_KEY, Verdict.FAIL, "envelope", ratio=3.7)
+    curve = Check("loss_curve_envelope", jax32, PORT_REFERENCE_KEY, CheckVerdict.FAIL, "envelope", ratio=3.7)
     assert not diagnosis.covers(inductor, curve, PORT_REFERENCE_KEY)  # torch's fast mode: not what the reference computes
     spec = loaded.spec
     reached = {"jax": {"params_after_step_1": 0.5}}
@@ -724,8 +724,8 @@ def test_an_honest_port_with_another_librarys_optimizer_recipe_passes(tmp_path, 
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     result = judged(path)
     counts = counted(result.checks)
-    assert counts["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
-    known = [c.diagnosis for c in result.checks if c.verdict == Verdict.KNOWN]
+    assert counts["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    known = [c.diagnosis for c in result.checks if c.verdict == CheckVerdict.KNOWN]
     within = ("of what it explains", "of what they explain")  # within what members computing optax's behaviours reach
     assert known and all("optax" in d and any(w in d for w in within) for d in known), known
 
@@ -744,13 +744,13 @@ def test_a_porting_slip_under_optaxs_recipe_is_still_caught():
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         result = judged(path, train_anyway=True)  # the slip fails before training too (math_initial_forward)
     # flax's twin is judged against the reference computing optax's formula (torch@cpu+float64~as-jax)
-    found = [c for c in result.checks if c.verdict == Verdict.FAIL and c.name == "math_initial_outputs" and c.a.framework == "jax"]
+    found = [c for c in result.checks if c.verdict == CheckVerdict.FAIL and c.name == "math_initial_outputs" and c.a.framework == "jax"]
     assert found and "first differs at module norm " in found[0].diagnosis, [(c.name, c.b.label, c.diagnosis) for c in found]
     assert failing(result, "initial_outputs").diagnosis.startswith("implementation")
     # no optax entry excuses a check of the run whose twin differs (the twin rule); its
     # final outputs after Adam lie within the float32 envelope of members that round as XLA
     # does, and pass (they failed on members that rounded less)
-    assert not [c.name for c in result.checks if c.verdict == Verdict.KNOWN and "jax" in (c.a.framework, c.b.framework)]
+    assert not [c.name for c in result.checks if c.verdict == CheckVerdict.KNOWN and "jax" in (c.a.framework, c.b.framework)]
 
 
 def test_a_port_members_loss_rounds_its_lse_at_its_own_size():
@@ -1079,7 +1079,7 @@ def test_the_mnist_ports_on_real_data_pass_every_check(mnist_dir, name):
 
     result = run_cells(loaded, build_problem(loaded, mnist_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
     counts = counted(result.checks)
-    assert counts["fail"] == 0 and counts["pass"] >= 20, [c for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 20, [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
 
 
 def test_a_ports_re_anchored_segments_cover_every_step_of_its_run(tmp_path):
@@ -1158,8 +1158,8 @@ def test_flaxs_fast_variance_in_float32_is_known_within_its_bound(tmp_path):
 
     path, _ = port_family.port_of(FAST_VARIANCE_DRAW, tmp_path)
     result = judged(path)
-    assert counted(result.checks)["fail"] == 0, [c for c in result.checks if c.verdict == Verdict.FAIL]
-    assert any(c.name == "initial_loss" and "flax-batch-norm-fast-variance" in c.diagnosis for c in result.checks if c.verdict == Verdict.KNOWN)
+    assert counted(result.checks)["fail"] == 0, [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    assert any(c.name == "initial_loss" and "flax-batch-norm-fast-variance" in c.diagnosis for c in result.checks if c.verdict == CheckVerdict.KNOWN)
 
 
 # --- tanh's derivative from its rounded value (adapters/torch_port.py _jitter) ----------------
@@ -1201,9 +1201,9 @@ def test_a_width_1_tanh_ports_members_take_tanhs_derivative_from_its_rounded_val
 
     path, _ = port_family.port_of(TANH_DRAW, tmp_path)
     result = judged(path)
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     step1 = next(c for c in result.checks if c.name == "math_params_after_step_1")
-    assert step1.verdict == Verdict.PASS and step1.ratio < 0.5, step1.ratio
+    assert step1.verdict == CheckVerdict.PASS and step1.ratio < 0.5, step1.ratio
 
 
 # --- flax's layer norm variance (harness/known_differences.yaml flax-layer-norm-fast-variance) ----
@@ -1256,16 +1256,18 @@ def test_flaxs_layer_norm_variance_is_the_twins_math_and_an_eps_slip_on_it_still
     doc = port_family.drawn(144, 20261402, ("text",))[143]
     path, _ = port_family.port_of(doc, tmp_path)
     result = judged(path)
-    assert counted(result.checks)["fail"] == 0, [c for c in result.checks if c.verdict == Verdict.FAIL]
-    assert any(c.name == "initial_outputs" and "flax-layer-norm-fast-variance" in c.diagnosis for c in result.checks if c.verdict == Verdict.KNOWN)
-    assert any(c.name == "math_loss_curve" and c.verdict == Verdict.PASS for c in result.checks)
+    assert counted(result.checks)["fail"] == 0, [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    assert any(
+        c.name == "initial_outputs" and "flax-layer-norm-fast-variance" in c.diagnosis for c in result.checks if c.verdict == CheckVerdict.KNOWN
+    )
+    assert any(c.name == "math_loss_curve" and c.verdict == CheckVerdict.PASS for c in result.checks)
 
     source = path.parent / "port.py"
     honest = 'nn.LayerNorm(epsilon=1e-05, name="ln1")'
     assert source.read_text().count(honest) == 1
     source.write_text(source.read_text().replace(honest, 'nn.LayerNorm(epsilon=1.00001e-05, name="ln1")'))
     slipped = judged(path)
-    failing = {c.name: c.diagnosis for c in slipped.checks if c.verdict == Verdict.FAIL and c.name.startswith("math_")}
+    failing = {c.name: c.diagnosis for c in slipped.checks if c.verdict == CheckVerdict.FAIL and c.name.startswith("math_")}
     assert "math_initial_forward" not in failing and failing, counted(slipped.checks)
     assert all(d.startswith("implementation") and "ln1" in d for d in failing.values()), failing
 
@@ -1311,14 +1313,14 @@ def test_flaxs_batch_norm_variance_is_the_twins_math_and_an_eps_slip_on_it_still
 
     path, _ = port_family.port_of(FAST_VARIANCE64_DRAW, tmp_path)
     result = judged(path)
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
-    assert any(c.name == "math_params_after_step_1" and c.verdict == Verdict.PASS for c in result.checks)
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    assert any(c.name == "math_params_after_step_1" and c.verdict == CheckVerdict.PASS for c in result.checks)
 
     source = path.parent / "port.py"
     honest = 'epsilon=1e-05, name="bn1"'
     assert source.read_text().count(honest) == 1
     source.write_text(source.read_text().replace(honest, 'epsilon=1.0000001e-05, name="bn1"'))
-    failing = {c.name: c.diagnosis for c in judged(path).checks if c.verdict == Verdict.FAIL and c.name.startswith("math_")}
+    failing = {c.name: c.diagnosis for c in judged(path).checks if c.verdict == CheckVerdict.FAIL and c.name.startswith("math_")}
     assert "math_initial_forward" not in failing and "math_params_after_step_1" in failing, failing
     assert all(d.startswith("implementation") and "bn1" in d for d in failing.values()), failing
 
@@ -1397,7 +1399,7 @@ def test_a_small_batch_norms_honest_port_passes(tmp_path, draw):
 
     path, _ = port_family.port_of(draw, tmp_path)
     result = judged(path)
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.ratio, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
 
 
 @pytest.mark.slow
@@ -1413,8 +1415,8 @@ def test_a_run_tipped_by_its_librarys_clipping_lies_with_that_formula_and_is_kno
     doc = port_family.drawn(150, 20261216)[101]
     assert doc["optimizer"]["clip_global_norm"] == 0.05 and doc["optimizer"]["kind"] == "adamw"
     result = judged(port_family.port_of(doc, tmp_path)[0])
-    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
-    lying = [c for c in result.checks if c.verdict == Verdict.KNOWN and "from torch@cpu+float64~as-jax-whole" in c.diagnosis]
+    assert counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    lying = [c for c in result.checks if c.verdict == CheckVerdict.KNOWN and "from torch@cpu+float64~as-jax-whole" in c.diagnosis]
     assert {c.name for c in lying} >= {"final_outputs", "loss_curve_envelope"} and max(c.ratio for c in lying) > 100, lying
     assert result.calibration.library_whole["jax"].status == "ok"
 
@@ -1434,7 +1436,7 @@ def test_a_run_failing_on_rounding_alone_is_run_again_and_called_not_reproducibl
     def failing(spec, outcomes, cal):
         found = verdicts(spec, outcomes, cal)
         return [
-            dataclasses.replace(c, verdict=Verdict.FAIL, diagnosis=f"{diagnosis.FLOAT32_ROUNDING}, 3x the calibrated tolerance")
+            dataclasses.replace(c, verdict=CheckVerdict.FAIL, diagnosis=f"{diagnosis.FLOAT32_ROUNDING}, 3x the calibrated tolerance")
             if c.name == "final_outputs" and c.a == RunKey("jax", "cpu") and c.b == PORT_REFERENCE_KEY
             else c
             for c in found
@@ -1461,7 +1463,7 @@ def test_a_run_failing_on_rounding_alone_is_run_again_and_called_not_reproducibl
 
 
 def failing_check(result):
-    (found,) = [c for c in result.checks if c.verdict == Verdict.FAIL]
+    (found,) = [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
     return found
 
 
@@ -1479,8 +1481,10 @@ def test_torchs_fast_mode_on_a_port_is_a_row_of_its_own_and_passes(tmp_path):
     result = run_cells_quietly(loaded, keys)
     fast = RunKey("torch", "cpu", mode="fast")
     assert result.outcomes[fast].status == "ok", result.outcomes[fast].reason
-    judged_fast = [c for c in result.checks if c.involves(fast) and c.verdict != Verdict.SKIPPED]
-    assert judged_fast and all(c.verdict in (Verdict.PASS, Verdict.KNOWN) for c in judged_fast), [c for c in judged_fast if c.verdict == Verdict.FAIL]
+    judged_fast = [c for c in result.checks if c.involves(fast) and c.verdict != CheckVerdict.SKIPPED]
+    assert judged_fast and all(c.verdict in (CheckVerdict.PASS, CheckVerdict.KNOWN) for c in judged_fast), [
+        c for c in judged_fast if c.verdict == CheckVerdict.FAIL
+    ]
     assert counted(result.checks)["fail"] == 0
     dropping = tmp_path / "dropout"
     dropping.mkdir()
@@ -1534,7 +1538,7 @@ def test_an_honest_text_port_passes_every_check():
     GPL-3: no check fails (optax's float32 bias corrections `known`)."""
     result = judged(TEXT / "text_port.yaml")
     counts = counted(result.checks)
-    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    assert counts["fail"] == 0 and counts["pass"] >= 20, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert all(o.status == "ok" for o in result.outcomes.values())
 
 
@@ -1553,7 +1557,7 @@ def test_math_paritys_second_look_re_anchors_its_members_where_a_segment_is_doub
     problem = build_problem(loaded)
     twin = RunKey("jax", "cpu", precision="float64")
     bound = Bound(rule="r", measure="relative_curve", factor=2.0)
-    failing = Check("math_anchored_loss_curve", twin, PORT_REFERENCE_KEY, Verdict.FAIL, "rule", bound=bound)
+    failing = Check("math_anchored_loss_curve", twin, PORT_REFERENCE_KEY, CheckVerdict.FAIL, "rule", bound=bound)
     assert diagnosis.math_doubted([failing]) == [failing]
     seconds = loaded.spec.checks.long_run.second_look
     found = roles.math_second_look_jobs(loaded, problem, [twin], PORT_SCHEME, seconds, segments=True)

@@ -21,7 +21,7 @@ from functools import cache
 
 import pytest
 
-from harness.core.registry import STRICT, Verdict
+from harness.core.registry import STRICT, CheckVerdict
 from harness.records.schema import Record
 from harness.records.store import read, record_order, record_paths
 from harness.report.rows import verdict_markdown
@@ -173,9 +173,9 @@ def readme_mismatches(text: str, records: Sequence[Record]) -> list[str]:
 
     said = flat(text)
     checks = [(r, c) for r in mine for c in r.checks]
-    if "Every check passes" in said and (any(c.verdict == Verdict.FAIL for _, c in checks) or any(r.status != "ok" for r in mine)):
+    if "Every check passes" in said and (any(c.verdict == CheckVerdict.FAIL for _, c in checks) or any(r.status != "ok" for r in mine)):
         wrong.append(f"the README says every check passes; run {run} has a failing check or run")
-    known = [(r, c) for r, c in checks if c.verdict == Verdict.KNOWN]
+    known = [(r, c) for r, c in checks if c.verdict == CheckVerdict.KNOWN]
     if "`known` checks on peaks are JAX's step-1 parameters" in said and not all(
         r.spec.name == "peaks_mlp" and c.name == "params_after_step_1" and "jax" in (r.framework + c.against) for r, c in known
     ):
@@ -231,9 +231,9 @@ def findings_mismatches(text: str, records: Sequence[Record]) -> list[str]:
                 wrong.append(f"{spec} {framework} (run {run}): {what} {shown}; the records say {actual:.4g}")
         known_said = re.match(r"ok(?: \((\d+) known)?", fast_checks)
         verdicts = [c.verdict for c in fast.checks]
-        if known_said is None or Verdict.FAIL in verdicts or verdicts.count(Verdict.KNOWN) != int(known_said[1] or 0):
+        if known_said is None or CheckVerdict.FAIL in verdicts or verdicts.count(CheckVerdict.KNOWN) != int(known_said[1] or 0):
             wrong.append(
-                f"{spec} {framework} (run {run}): fast mode's checks {fast_checks!r}; the records hold {verdicts.count(Verdict.KNOWN)} known"
+                f"{spec} {framework} (run {run}): fast mode's checks {fast_checks!r}; the records hold {verdicts.count(CheckVerdict.KNOWN)} known"
             )
     said = flat(text)
     host = re.search(r"the older committed records name no kernels, and their `host.cpu_model` is `([^`]+)`", said)
@@ -334,7 +334,7 @@ def test_the_readme_check_reads_the_records_too():
     """The same README is wrong about records that fail a check, or that hold a GPU run."""
     records = list(committed_records())
     i = next(i for i, r in enumerate(records) if r.run_id == "f6d668528020" and r.checks)
-    failing = records[i].checks[0].model_copy(update={"verdict": Verdict.FAIL.value})
+    failing = records[i].checks[0].model_copy(update={"verdict": CheckVerdict.FAIL.value})
     with_a_failure = [*records[:i], records[i].model_copy(update={"checks": [failing, *records[i].checks[1:]]}), *records[i + 1 :]]
     assert any("every check passes" in line for line in readme_mismatches(guide(), with_a_failure))
     said = guide() + "\nNo GPU records yet.\n"  # what it said before the first GPU run

@@ -17,7 +17,7 @@ import pytest
 from harness import cli
 from harness.core import registry
 from harness.core.paths import SPECS_DIR
-from harness.core.registry import Verdict
+from harness.core.registry import CheckVerdict
 from harness.inputs.problem import from_named
 from harness.records import store
 from harness.records.schema import Device, Record
@@ -180,7 +180,7 @@ def test_gpu_records_give_the_expected_speedups(tmp_path):
 def test_failed_check_and_skipped_run_are_visible(tmp_path):
     template, _ = committed("peaks_mlp", "torch")
     checks = [
-        c.model_copy(update={"verdict": Verdict.FAIL}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks
+        c.model_copy(update={"verdict": CheckVerdict.FAIL}) if c.name == "initial_loss" and c.against == "oracle@cpu" else c for c in template.checks
     ]
     fake(tmp_path, "peaks_mlp", "torch", checks=checks)
     fake(tmp_path, "peaks_mlp", "oracle")
@@ -400,7 +400,7 @@ def test_each_known_difference_is_explained_once_with_its_checks_shares_listed()
 
     from rich.console import Console
 
-    from harness.core.registry import Verdict
+    from harness.core.registry import CheckVerdict
     from harness.records.store import load_records
     from harness.report.table import print_failures
 
@@ -408,7 +408,7 @@ def test_each_known_difference_is_explained_once_with_its_checks_shares_listed()
     for record in load_records(ROOT / "results" / "mnist_adamw").values():
         checks = [
             c.model_copy(update={"diagnosis": f"known (optax-adam-float32-bias-corrections, 0.0{next(share)} of what it explains)"})
-            if c.verdict == Verdict.KNOWN and "bias-corrections" in (c.diagnosis or "")
+            if c.verdict == CheckVerdict.KNOWN and "bias-corrections" in (c.diagnosis or "")
             else c
             for c in record.checks
         ]
@@ -430,7 +430,7 @@ def test_a_check_known_by_several_entries_is_listed_under_them_together():
 
     from rich.console import Console
 
-    from harness.core.registry import Verdict
+    from harness.core.registry import CheckVerdict
     from harness.records.store import load_records
     from harness.report.table import KNOWN_AT, print_failures
 
@@ -439,7 +439,7 @@ def test_a_check_known_by_several_entries_is_listed_under_them_together():
     records, share = [], iter(range(1, 100))
     for record in load_records(ROOT / "results" / "mnist_adamw").values():
         update = {"diagnosis": f"known ({joint}, 0.0{next(share)} of what they explain)", "reason": "known difference: both, at once"}
-        checks = [c.model_copy(update=update) if c.verdict == Verdict.KNOWN else c for c in record.checks]
+        checks = [c.model_copy(update=update) if c.verdict == CheckVerdict.KNOWN else c for c in record.checks]
         records.append(record.model_copy(update={"checks": checks}))
     out = io.StringIO()
     print_failures(Console(file=out, width=100), [SimpleNamespace(title="mnist_adamw", records=records, member_records=[])])
@@ -465,7 +465,7 @@ def test_a_failing_comparison_counts_on_the_row_of_the_run_that_differs_from_the
     records = []
     for record in load_records(ROOT / "examples" / "results" / "mlp_port").values():
         mine = run_label(record).startswith("jax")
-        checks = [c.model_copy(update={"verdict": Verdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
+        checks = [c.model_copy(update={"verdict": CheckVerdict.FAIL}) if mine or c.against.startswith("jax") else c for c in record.checks]
         records.append(record.model_copy(update={"checks": checks}))
     shown = [SimpleNamespace(title="mlp_port", records=records, member_records=[])]
     out = io.StringIO()

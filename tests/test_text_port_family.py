@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core.registry import PORT_REFERENCE_KEY, Verdict
+from harness.core.registry import PORT_REFERENCE_KEY, CheckVerdict
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
 
@@ -56,7 +56,7 @@ def test_honest_text_ports_initial_forward_passes_agree_far_within_float32s_roun
         folder = tmp_path / str(i)
         folder.mkdir()
         check = _forward(port_family.port_of(doc, folder)[0])
-        assert check.verdict == Verdict.PASS and check.max_rel_error < 1e-12, (DRAWS[i], check)
+        assert check.verdict == CheckVerdict.PASS and check.max_rel_error < 1e-12, (DRAWS[i], check)
 
 
 @pytest.mark.slow
@@ -76,7 +76,7 @@ def test_each_text_slip_fails_before_training_with_its_module_named(tmp_path, do
                 continue
             seen.add(slip)
             check = _forward(path)
-            named = check.verdict == Verdict.FAIL and any(f"{written.named}{end}" in f"module {check.forward_layer} " for end in " ,/")
+            named = check.verdict == CheckVerdict.FAIL and any(f"{written.named}{end}" in f"module {check.forward_layer} " for end in " ,/")
             if not named:
                 missed.append((DRAWS[i], slip, written, check.verdict, check.forward_layer))
     assert seen == set(text_ports.TEXT_SLIPS) and not missed, (seen, missed)
@@ -94,6 +94,6 @@ def test_an_honest_drawn_text_port_with_rope_passes_every_check_trained(tmp_path
     assert any(layer.get("rope") for layer in doc["model"]["layers"])
     result = judged(port_family.port_of(doc, tmp_path)[0])
     counts = counted(result.checks)
-    failing = [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == Verdict.FAIL]
+    failing = [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert counts["fail"] == 0 and counts["pass"] >= 20, failing
     assert all(o.status == "ok" for o in result.outcomes.values())

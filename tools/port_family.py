@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import port_family  # noqa: E402 (before jax: it keeps XLA's executables beside OUT)
 
 N, SEED, a, b, out, kinds, slips, slipped = port_family.tool_arguments(sys.argv[1:])
-from harness.core.registry import JOINED, Verdict  # noqa: E402
+from harness.core.registry import JOINED, CheckVerdict  # noqa: E402
 from tests.test_port import counted, judged  # noqa: E402
 
 todo = port_family.to_write(out, N, SEED, a, b, slips if slipped else (None,), kinds)
@@ -37,16 +37,16 @@ for i, slip, doc, path, written, row in todo:
         row["statuses"] = {k.label: o.status for k, o in result.outcomes.items() if o.status != "ok"}
         row["reasons"] = {k.label: o.reason for k, o in result.outcomes.items() if o.status != "ok"}
         row["counts"] = counted(result.checks)
-        row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:300]) for c in result.checks if c.verdict == Verdict.FAIL]
-        known = [c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis]
+        row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:300]) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+        known = [c.diagnosis.split("(")[1].split(",")[0] for c in result.checks if c.verdict == CheckVerdict.KNOWN and "(" in c.diagnosis]
         row["known"] = sorted({entry for named in known for entry in named.split(JOINED)})  # each entry of a joint explanation
-        passing = [c for c in result.checks if c.verdict == Verdict.PASS and c.ratio is not None]
+        passing = [c for c in result.checks if c.verdict == CheckVerdict.PASS and c.ratio is not None]
         worst = max(passing, key=lambda c: c.ratio, default=None)
         row["worst_pass"] = worst.ratio if worst else 0
         row["worst_check"] = (worst.name, worst.a.label, worst.b.label) if worst else None
         if written is not None:
             row["named"] = written.named
-            failing = [c for c in result.checks if c.verdict == Verdict.FAIL]
+            failing = [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
             row["caught"] = any(c.diagnosis.startswith("implementation") for c in failing)
             row["diagnoses"] = sorted({c.diagnosis.split(":")[0] for c in failing})
             row["caught_named"] = any(any(f"{written.named}{end}" in c.diagnosis for end in " ,/") for c in failing)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
-from harness.core.registry import Verdict  # noqa: E402
+from harness.core.registry import CheckVerdict  # noqa: E402
 from harness.execute.plan import matrix_keys  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
 from harness.matrix import run_cells  # noqa: E402
@@ -114,10 +114,10 @@ def main(argv: list[str]) -> int:
         try:
             result = judged(docs[i], args.data_dir)
             checks = result.checks
-            row["counts"] = {v.value: sum(c.verdict == v for c in checks) for v in Verdict}
-            row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:400]) for c in checks if c.verdict == Verdict.FAIL]
-            row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in checks if c.verdict == Verdict.KNOWN and "(" in c.diagnosis})
-            passing = [c for c in checks if c.verdict == Verdict.PASS and c.ratio is not None]
+            row["counts"] = {v.value: sum(c.verdict == v for c in checks) for v in CheckVerdict}
+            row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:400]) for c in checks if c.verdict == CheckVerdict.FAIL]
+            row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in checks if c.verdict == CheckVerdict.KNOWN and "(" in c.diagnosis})
+            passing = [c for c in checks if c.verdict == CheckVerdict.PASS and c.ratio is not None]
             worst = max(passing, key=lambda c: c.ratio, default=None)
             row["worst_pass"] = worst.ratio if worst else 0
             row["worst_check"] = (worst.name, worst.a.label, worst.b.label) if worst else None

@@ -31,7 +31,7 @@ from rich.console import Console
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
 from harness.calibrate.spread import Calibration, Segments, floor_segments, floor_spread, measure, measure_segments, measure_segments_against
-from harness.core.registry import ANCHORED_CHECKS, FLOAT32, FLOAT64, RunKey, Verdict
+from harness.core.registry import ANCHORED_CHECKS, FLOAT32, FLOAT64, CheckVerdict, RunKey
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
 from harness.inputs.problem import Problem
@@ -73,7 +73,7 @@ class Judged(Protocol):
     name: str
     a: RunKey
     b: RunKey
-    verdict: Verdict
+    verdict: CheckVerdict
     ratio: float | None
 
 
@@ -122,7 +122,7 @@ def _needing(checks: list[Judged], planned: list[Job], scheme: Scheme) -> tuple[
     them otherwise: float32 members for a float32 pair's check, and, where twins run, the
     kinds of float64 member whose spreads a twin's checks read (a pair's `a` is never the
     reference)."""
-    standing = [c for c in checks if c.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
+    standing = [c for c in checks if c.verdict not in (CheckVerdict.PASS, CheckVerdict.SKIPPED)]
     float32 = any(c.a.precision != FLOAT64 for c in standing)
     return standing, float32, _kinds([c for c in standing if c.a.precision == FLOAT64], planned, scheme) if _ran(planned, (roles.TWIN,)) else set()
 

@@ -1,6 +1,6 @@
 """The harness's names, each defined once: adapters (mapped to module paths, imported only
 when a run needs them), devices, precisions and modes; a run's key (`RunKey`), a record's
-cell (`Cell`), a check's verdict (`Verdict`), and the rule of which checks gate a run.
+cell (`Cell`), a check's verdict (`CheckVerdict`), and the rule of which checks gate a run.
 
 An adapter is a module with a handful of functions (see adapters/__init__.py). `import
 harness` never imports torch, jax or cupy; a test proves it in a subprocess.
@@ -124,17 +124,24 @@ def gates(a: RunKey, b: RunKey) -> bool:
     return TF32 not in (a.precision, b.precision)
 
 
-class Verdict(StrEnum):
+class CheckVerdict(StrEnum):
+    """One check's verdict, as its record holds it."""
+
     PASS = "pass"
     FAIL = "fail"
     KNOWN = "known"  # a failure a known library difference explains
     SKIPPED = "skipped"  # not judged, with the reason
 
 
-def verdict_counts(verdicts: Iterable[str]) -> dict[Verdict, int]:
+# The old name, for the two modules still importing it (harness/verdict/parity.py and
+# tests/test_hub_ports.py, being edited elsewhere): to go when they import CheckVerdict.
+Verdict = CheckVerdict
+
+
+def verdict_counts(verdicts: Iterable[str]) -> dict[CheckVerdict, int]:
     """How many of each verdict, every verdict named (zero where none)."""
-    counted = Counter(Verdict(v) for v in verdicts)
-    return {v: counted[v] for v in Verdict}
+    counted = Counter(CheckVerdict(v) for v in verdicts)
+    return {v: counted[v] for v in CheckVerdict}
 
 
 @dataclass(frozen=True, order=True)

@@ -31,7 +31,7 @@ from harness.core.errors import RecordError
 from harness.core.git import checked_revision, folder_at
 from harness.core.paths import REFERENCE_DIR
 from harness.core.provenance import fingerprint
-from harness.core.registry import Cell, Verdict
+from harness.core.registry import Cell, CheckVerdict
 from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
@@ -217,9 +217,9 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
         old = base_checks.get((check.name, check.against))
         old_verdict = "-" if old is None else old.verdict
         err = "" if check.ratio is None else f" ({times_tolerance(check.ratio)})"
-        if check.verdict == Verdict.FAIL:
+        if check.verdict == CheckVerdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
-        elif old is not None and old.verdict == Verdict.FAIL:
+        elif old is not None and old.verdict == CheckVerdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 
     if base.metrics and new.metrics:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from harness.core.registry import ORACLE, Verdict
+from harness.core.registry import ORACLE, CheckVerdict
 from harness.records.schema import CheckRecord, Record
 
 # How far a recorded ratio may stand from error / allowed, where both are recorded: the
@@ -28,10 +28,10 @@ def check_problems(check: CheckRecord) -> list[str]:
         value = getattr(check, field)
         if value is not None and (math.isnan(value) or value < 0):
             problems.append(f"{name}: {field} is {value}")
-    if check.verdict == Verdict.PASS and check.ratio is not None and not check.ratio <= 1:
+    if check.verdict == CheckVerdict.PASS and check.ratio is not None and not check.ratio <= 1:
         problems.append(f"{name}: marked pass at {check.ratio:.3g}x its tolerance")
     bound = check.bound
-    if bound is None or check.verdict == Verdict.SKIPPED:
+    if bound is None or check.verdict == CheckVerdict.SKIPPED:
         return problems
     if bound.factor is not None and None not in (bound.spread, bound.floor, bound.allowed):
         expected = bound.factor * bound.spread + bound.floor
@@ -41,7 +41,7 @@ def check_problems(check: CheckRecord) -> list[str]:
         measured = check.max_abs_error / bound.allowed
         if check.ratio is None or not math.isclose(check.ratio, measured, rel_tol=RATIO_RTOL, abs_tol=0.0):
             problems.append(f"{name}: ratio {check.ratio} is not its error over its tolerance ({measured:.6g})")
-        if check.verdict == Verdict.PASS and check.max_abs_error > bound.allowed:
+        if check.verdict == CheckVerdict.PASS and check.max_abs_error > bound.allowed:
             problems.append(f"{name}: marked pass with an error of {check.max_abs_error:.3g} over {bound.allowed:.3g} allowed")
     return problems
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_serializer
 
 from harness.core.provenance import Frozen, Git, Host
-from harness.core.registry import Verdict
+from harness.core.registry import CheckVerdict
 from harness.spec.fields import Name
 from harness.verdict.bound import Bound
 
@@ -151,7 +151,7 @@ class Metrics(Frozen):
 class CheckRecord(Frozen):
     name: str
     against: str
-    verdict: Verdict
+    verdict: CheckVerdict
     tolerance: str
     max_abs_error: float | None
     max_rel_error: float | None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from harness.core.registry import FLOAT64, GPU_ORACLE_KEY, ORACLE, PORT_REFERENCE_KEY, STRICT, Cell, RunKey, Verdict, gates, verdict_counts
+from harness.core.registry import FLOAT64, GPU_ORACLE_KEY, ORACLE, PORT_REFERENCE_KEY, STRICT, Cell, CheckVerdict, RunKey, gates, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_key, run_label
 from harness.report.speed import SpeedRow
@@ -110,7 +110,7 @@ def check_counts(record: Record) -> str:
     """`pass / fail / known / skipped`, in bold where a check fails."""
     counts = verdict_counts(c.verdict for c in record.checks)
     text = " / ".join(str(n) for n in counts.values())
-    return f"**{text}**" if counts[Verdict.FAIL] else text
+    return f"**{text}**" if counts[CheckVerdict.FAIL] else text
 
 
 def run_to_run(record: Record) -> str:
@@ -128,7 +128,7 @@ def status(record: Record) -> str:
         return "**FAILED**"
     if record.status == "skipped":
         return "*skipped*"
-    failing = verdict_counts(c.verdict for c in record.checks)[Verdict.FAIL]
+    failing = verdict_counts(c.verdict for c in record.checks)[CheckVerdict.FAIL]
     return f"**ok, {failing} check{'s' * (failing > 1)} FAIL**" if failing else "ok"
 
 
@@ -160,7 +160,7 @@ def verdict_markdown(records: list[Record]) -> str:
 # The runs every other is judged against, the first the most: the oracle (on the CPU or the
 # GPU), then a port's torch float64 run (where a spec has an oracle, a twin judged against it).
 REFERENCES = (ORACLE_LABEL, GPU_ORACLE_KEY.label, PORT_REFERENCE_KEY.label)
-PROBLEMS = (Verdict.FAIL, Verdict.KNOWN)
+PROBLEMS = (CheckVerdict.FAIL, CheckVerdict.KNOWN)
 
 
 def differing(records: Sequence[Record]) -> set[str]:
@@ -310,7 +310,7 @@ def gating_verdicts(record: Record | None) -> str:
     if record.precision_mode != STRICT:
         return "measured, not gated"
     counts = verdict_counts(c.verdict for c in record.checks)
-    fails, known = counts[Verdict.FAIL], counts[Verdict.KNOWN]
+    fails, known = counts[CheckVerdict.FAIL], counts[CheckVerdict.KNOWN]
     parts = [f"**{fails} FAIL**" if fails else "", f"{known} known" if known else ""]
     return ", ".join(p for p in parts if p) or "ok"
 
@@ -404,7 +404,7 @@ def sweep_agreement_table(records: list[Record]) -> str:
     """Per size and run: horizon against the oracle, check counts, and the failing checks."""
     rows = []
     for r in sorted(records, key=record_order):
-        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == Verdict.FAIL})
+        failing = sorted({f"{c.name} vs {c.against}" for c in r.checks if c.verdict == CheckVerdict.FAIL})
         rows.append(
             [
                 f"{r.data.n_train:,}",

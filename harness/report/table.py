@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import DIVERGENCE_CHECKS, Verdict, explains, verdict_counts
+from harness.core.registry import DIVERGENCE_CHECKS, CheckVerdict, explains, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
@@ -32,12 +32,12 @@ def _fmt(value: float | None, spec: str = ".6g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-SAID = {Verdict.FAIL: "FAIL", Verdict.KNOWN: "known", Verdict.SKIPPED: "skip"}
+SAID = {CheckVerdict.FAIL: "FAIL", CheckVerdict.KNOWN: "known", CheckVerdict.SKIPPED: "skip"}
 
 
-def _counts(counts: dict[Verdict, int]) -> str:
+def _counts(counts: dict[CheckVerdict, int]) -> str:
     """`12 ok`, then only the counts that are not zero: `2 FAIL`, `3 known`, `1 skip`."""
-    return " ".join([f"{counts[Verdict.PASS]} ok"] + [f"{counts[v]} {said}" for v, said in SAID.items() if counts[v]])
+    return " ".join([f"{counts[CheckVerdict.PASS]} ok"] + [f"{counts[v]} {said}" for v, said in SAID.items() if counts[v]])
 
 
 # Fits a 100-column terminal: the run labels are never cut (a calibration member's order
@@ -65,7 +65,7 @@ def _run_row(record: Record, differ: set[str] = frozenset(), steps: int | None =
     steps) says after which step its loss and accuracy are (`0.53436 @21`), not to be read
     beside the others' final ones."""
     counted = verdict_counts(c.verdict for c in record.checks if not theirs(record, c, differ))
-    failed, counts = counted[Verdict.FAIL], _counts(counted)
+    failed, counts = counted[CheckVerdict.FAIL], _counts(counted)
     horizon = next(
         (
             c.horizon_steps
@@ -140,7 +140,7 @@ def failure_line(record: Record, c) -> str:
         measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
     if c.ratio is not None:
         measured += f", {times_tolerance(c.ratio)}"
-    tolerance = f" [{c.tolerance}]" if c.verdict == Verdict.FAIL else ""
+    tolerance = f" [{c.tolerance}]" if c.verdict == CheckVerdict.FAIL else ""
     return f"{label} {record.spec.name} {run_label(record)} vs {c.against}: {c.name}:{measured}{tolerance}; diagnosis: {c.diagnosis}"
 
 
@@ -193,21 +193,21 @@ def leading(problems: Sequence[tuple[Record, CheckRecord]]) -> list[bool]:
     def run_of(r: Record, c: CheckRecord) -> tuple:
         return run_label(r), gating(r, c), diagnosis_kind(c.diagnosis or "")
 
-    modules = [named_module(c.diagnosis or "", c.tensor) if c.verdict == Verdict.FAIL else None for _, c in problems]
+    modules = [named_module(c.diagnosis or "", c.tensor) if c.verdict == CheckVerdict.FAIL else None for _, c in problems]
     named: dict[tuple, str] = {}  # a run's cause of a diagnosis: the first module its failing checks name
     for (r, c), module in zip(problems, modules, strict=True):
         if module is not None:
             named.setdefault(run_of(r, c), module)
     leader: dict[tuple, int] = {}  # each cause's leading check: the first naming its module, else the first
     for i, (r, c) in enumerate(problems):
-        if c.verdict != Verdict.FAIL:
+        if c.verdict != CheckVerdict.FAIL:
             continue
         module = modules[i] or named.get(run_of(r, c))
         cause = (r.spec.name, gating(r, c), module) if module else (r.spec.name, *run_of(r, c))
         if cause not in leader or (modules[i] and not modules[leader[cause]]):
             leader[cause] = i
     leads = set(leader.values())
-    return [c.verdict != Verdict.FAIL or i in leads for i, (_, c) in enumerate(problems)]
+    return [c.verdict != CheckVerdict.FAIL or i in leads for i, (_, c) in enumerate(problems)]
 
 
 def print_failures(console: Console, results: Sequence[Shown], rest: str = "see the records") -> None:
@@ -222,8 +222,8 @@ def print_failures(console: Console, results: Sequence[Shown], rest: str = "see 
         for (record, c), leads in zip(problems, leading(problems), strict=True):
             more += not leads
             if leads:
-                _print(console, failure_line(record, c), "red" if c.verdict == Verdict.FAIL else "yellow")
-            if c.verdict == Verdict.KNOWN and c.reason:
+                _print(console, failure_line(record, c), "red" if c.verdict == CheckVerdict.FAIL else "yellow")
+            if c.verdict == CheckVerdict.KNOWN and c.reason:
                 found = KNOWN_AT.match(c.diagnosis or "")
                 entry = found["entry"] if found else (c.diagnosis or "").split(";")[0]
                 reasons.setdefault(entry, c.reason)
@@ -264,7 +264,7 @@ def skipped_runs(results: Sequence[Shown]) -> dict[str, tuple[list[str], str]]:
 
 def failed(results: Sequence[Shown]) -> bool:
     """Whether the run fails: a gating check failed, or a run (or member) failed (failed_runs)."""
-    return any(c.verdict == Verdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
+    return any(c.verdict == CheckVerdict.FAIL and gating(r, c) for result in results for r, c in problem_checks(result.records)) or any(
         failed_runs(result) for result in results
     )
 
@@ -286,7 +286,7 @@ def diverged_as_members(record: Record, member: bool) -> bool:
     divergence check passes (it diverged no earlier than its members)."""
     if record.failed_at_step is None:
         return False
-    return member or any(c.name in DIVERGENCE_CHECKS and c.verdict == Verdict.PASS for c in record.checks)
+    return member or any(c.name in DIVERGENCE_CHECKS and c.verdict == CheckVerdict.PASS for c in record.checks)
 
 
 def speed_table(written: list) -> Table | None:

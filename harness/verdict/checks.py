@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.calibrate.spread import TINY, Spread, relative_curve_distance, tensors
-from harness.core.registry import CALIBRATION_PAIRS, FLOAT32, FLOAT64, RunKey, Verdict
+from harness.core.registry import CALIBRATION_PAIRS, FLOAT32, FLOAT64, CheckVerdict, RunKey
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
@@ -43,7 +43,7 @@ class Check:
     name: str
     a: RunKey
     b: RunKey
-    verdict: Verdict
+    verdict: CheckVerdict
     tolerance: str
     max_abs_error: float | None = None
     max_rel_error: float | None = None
@@ -74,8 +74,8 @@ def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(diff.max(initial=0.0)), float(rel.max(initial=0.0))
 
 
-def _verdict(holds: bool) -> Verdict:
-    return Verdict.PASS if holds else Verdict.FAIL
+def _verdict(holds: bool) -> CheckVerdict:
+    return CheckVerdict.PASS if holds else CheckVerdict.FAIL
 
 
 def _ratio(error: float, allowed: float) -> float:
@@ -87,7 +87,7 @@ def close_check(name: str, a: RunKey, b: RunKey, va: np.ndarray, vb: np.ndarray,
     va, vb = np.asarray(va, np.float64), np.asarray(vb, np.float64)
     rule = f"|a-b| <= {tol.atol:g} + {tol.rtol:g}*|b| (the spec's override)"
     if va.shape != vb.shape:
-        return Check(name, a, b, Verdict.FAIL, rule, reason=f"shapes differ: {va.shape} vs {vb.shape}")
+        return Check(name, a, b, CheckVerdict.FAIL, rule, reason=f"shapes differ: {va.shape} vs {vb.shape}")
     max_abs, max_rel = _errors(va, vb)
     allowed = (tol.atol + tol.rtol * np.abs(vb)).ravel()
     ratios = [_ratio(float(e), float(t)) for e, t in zip(np.abs(va - vb).ravel(), allowed)]
@@ -131,7 +131,7 @@ def tensor_check(
     spread_of = spread_prose(cal.runs, cal.dtype, f" from {cal.around}")
     rule = f"per tensor ||a-b|| <= {factor:g} * s + {ROUNDING_ULPS} * {eps:.3g} * {size}, s = {spread_of}"
     if [x.shape for x in va] != [y.shape for y in vb]:
-        return Check(name, a, b, Verdict.FAIL, rule, reason="shapes differ", first_failure_step=step)
+        return Check(name, a, b, CheckVerdict.FAIL, rule, reason="shapes differ", first_failure_step=step)
     errors = [float(np.linalg.norm(x - y)) for x, y in zip(va, vb)]
     allowed = [factor * s + ROUNDING_ULPS * eps * max(float(np.linalg.norm(y)), 1.0 if at_least_one else 0.0) for s, y in zip(spread, vb)]
     ratios = [_ratio(e, t) for e, t in zip(errors, allowed)]
@@ -235,7 +235,7 @@ def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: 
 
 
 def skipped(names: list[str], a: RunKey, b: RunKey, rule: str, reason: str) -> list[Check]:
-    return [Check(n, a, b, Verdict.SKIPPED, rule, reason=reason) for n in names]
+    return [Check(n, a, b, CheckVerdict.SKIPPED, rule, reason=reason) for n in names]
 
 
 NO_CALIBRATION = "no calibration: needs ok runs of numpy@cpu (float32, and its members) and the oracle"
@@ -349,7 +349,7 @@ def short_horizon_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None,
             checks.append(close_check(prefix + name, a.key, b.key, flat_a, flat_b, override))
         elif cal is None or spread_of(cal) is None:
             reason = cal.unbounded if cal is not None and cal.diverged else NO_CALIBRATION  # a snapshot after the first divergence
-            checks.append(Check(prefix + name, a.key, b.key, Verdict.SKIPPED, "calibrated", reason=reason))
+            checks.append(Check(prefix + name, a.key, b.key, CheckVerdict.SKIPPED, "calibrated", reason=reason))
         else:
             labels = names if name.startswith("params") else None
             # math parity's step-0 loss takes the loss curve's floor (loss_floor): 4 ulps of the

@@ -20,7 +20,7 @@ import math
 from fnmatch import fnmatchcase
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, RunKey, Verdict, explains
+from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, CheckVerdict, RunKey, explains
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -176,7 +176,7 @@ def apply_known_differences(
         covering = [e for e in entries if covers(e, check, reference)]
         if any((side.framework, side.device) in differing for side in (check.a, check.b) if side.precision != FLOAT64):
             covering = [e for e in covering if not isinstance(e, LibraryDifference)]
-        if covering and check.verdict == Verdict.FAIL:
+        if covering and check.verdict == CheckVerdict.FAIL:
             known = covering[0]
             library = [e for e in covering if isinstance(e, LibraryDifference)]
             bound = _explained(spec, check, covering, reached or {}, reference) if library else None
@@ -203,18 +203,18 @@ def apply_known_differences(
                     who = JOINED.join(named) if library else _label(known)
                     said = who + ("" if bound is None else f", {check.ratio / bound:.2g} of what {explains(who)}")
                 reason = "; ".join(f"{_label(e)}: {e.reason}" for e in sorted(library, key=_label)) if len(named) > 1 else known.reason
-                check = dataclasses.replace(check, verdict=Verdict.KNOWN, reason=f"known difference: {reason}", diagnosis=f"known ({said})")
+                check = dataclasses.replace(check, verdict=CheckVerdict.KNOWN, reason=f"known difference: {reason}", diagnosis=f"known ({said})")
         marked.append(check)
     for known in entries:
-        judged = [c for c in checks if covers(known, c, reference) and c.verdict != Verdict.SKIPPED]
-        if known.strict and judged and not any(c.verdict == Verdict.FAIL for c in judged):
+        judged = [c for c in checks if covers(known, c, reference) and c.verdict != CheckVerdict.SKIPPED]
+        if known.strict and judged and not any(c.verdict == CheckVerdict.FAIL for c in judged):
             first = judged[0]
             marked.append(
                 Check(
                     "known_difference_absent",
                     first.a,
                     first.b,
-                    Verdict.FAIL,
+                    CheckVerdict.FAIL,
                     f"lists {_label(known)} as a known difference",
                     reason="the listed difference did not occur: remove it from known_differences",
                     diagnosis="stale known difference",
@@ -227,9 +227,9 @@ def _parity(checks: list[Check]) -> dict[tuple[str, str], list[Check]]:
     """(framework, device) of each float64 twin -> its failing math-parity checks."""
     parity: dict[tuple[str, str], list[Check]] = {}
     for c in checks:
-        if c.a.precision == FLOAT64 and c.verdict != Verdict.SKIPPED:
+        if c.a.precision == FLOAT64 and c.verdict != CheckVerdict.SKIPPED:
             parity.setdefault((c.a.framework, c.a.device), [])
-            if c.verdict == Verdict.FAIL:
+            if c.verdict == CheckVerdict.FAIL:
                 parity[(c.a.framework, c.a.device)].append(c)
     return parity
 
@@ -240,20 +240,20 @@ def _where(check: Check, pair: list[Check], ref: str = "the oracle") -> str:
     parts = []
     if check.first_failure_step is not None:
         parts.append(f"starts at step {check.first_failure_step}")
-    if check.segment is not None and check.verdict != Verdict.PASS:
+    if check.segment is not None and check.verdict != CheckVerdict.PASS:
         parts.append(f"in the segment re-anchored at step {check.segment} (the twin started from {ref}'s state there)")
     if check.segment is not None:  # late in the run: the first steps' snapshots say nothing of it
-        if check.tensor and check.verdict != Verdict.PASS:
+        if check.tensor and check.verdict != CheckVerdict.PASS:
             parts.append(f"largest in {check.tensor} at the segment's end ({times_tolerance(check.ratio)})")
         return "; ".join(parts)
     snapshots = sorted(
         (c for c in pair if c.tensor and c.name.removeprefix(MATH).startswith("params_after_step_")),
         key=lambda c: int(c.name.rsplit("_", 1)[1]),
     )
-    grown = next((c for c in snapshots if c.verdict != Verdict.PASS), snapshots[0] if snapshots else None)
+    grown = next((c for c in snapshots if c.verdict != CheckVerdict.PASS), snapshots[0] if snapshots else None)
     if grown is not None:
         step = grown.name.rsplit("_", 1)[1]
-        if grown.verdict == Verdict.PASS:  # no snapshot differs past its tolerance: the drift comes later
+        if grown.verdict == CheckVerdict.PASS:  # no snapshot differs past its tolerance: the drift comes later
             parts.append(f"the parameters agree after step {step} (largest in {grown.tensor}: {times_tolerance(grown.ratio)})")
         else:
             parts.append(f"largest in {grown.tensor} after step {step} ({times_tolerance(grown.ratio)})")
@@ -318,7 +318,7 @@ def on_rounding_alone(checks: list[Check]) -> list[Check]:
     return [
         c
         for c in checks
-        if c.verdict == Verdict.FAIL
+        if c.verdict == CheckVerdict.FAIL
         and (c.diagnosis or "").startswith(FLOAT32_ROUNDING)
         and c.bound is not None
         and c.bound.factor is not None
@@ -339,7 +339,7 @@ def beyond_reach(checks: list[Check]) -> list[Check]:
     members computing their library's behaviour reach, those members having run
     (apply_known_differences): those the rest of those members judge again
     (harness/calibrate/calibration.py library_top_up)."""
-    return [c for c in checks if c.verdict == Verdict.FAIL and _past_members_reach(c)]
+    return [c for c in checks if c.verdict == CheckVerdict.FAIL and _past_members_reach(c)]
 
 
 def _past_members_reach(check: Check) -> bool:
@@ -357,7 +357,7 @@ def library_known(spec: Spec, check: Check, reference: RunKey = ORACLE_KEY) -> b
     99 known and 2 passing (docs/measurements.md, 2026-12-02). A check a spec's own entry or
     a strict one covers is judged on every member (a strict entry that no longer fails is a
     failure); on a port (torch's float64 run the reference) every member runs as before."""
-    if check.verdict != Verdict.KNOWN or check.a.precision == FLOAT64 or reference.framework != ORACLE:
+    if check.verdict != CheckVerdict.KNOWN or check.a.precision == FLOAT64 or reference.framework != ORACLE:
         return False
     entries = _applying(spec)
     covering = [e for e in entries if covers(e, check, reference)]
@@ -374,7 +374,7 @@ def unmeasured_libraries(spec: Spec, checks: list[Check], reference: RunKey = OR
     entries = [e for e in catalogue.library_differences() if catalogue.applies(e, spec)]
     found: dict[str, list[Check]] = {}
     for check in checks:
-        if check.verdict != Verdict.FAIL or NO_MEMBERS not in (check.diagnosis or ""):
+        if check.verdict != CheckVerdict.FAIL or NO_MEMBERS not in (check.diagnosis or ""):
             continue
         covering = [e for e in entries if covers(e, check, reference)]
         for side in (check.a, check.b):
@@ -390,7 +390,7 @@ def doubted_runs(checks: list[Check], reference: RunKey) -> list[RunKey]:
     """The float32 runs (not the reference's, nor a member) of the checks failing on rounding
     alone: each is run once more in a fresh process (harness/matrix.py reproduced) before its
     failure is called rounding."""
-    failing = [c for c in checks if c.verdict == Verdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING)]
+    failing = [c for c in checks if c.verdict == CheckVerdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING)]
     return list(dict.fromkeys(k for c in failing for k in (c.a, c.b) if k.precision != FLOAT64 and not k.variant and k != reference))
 
 
@@ -401,7 +401,7 @@ def not_reproducible(checks: list[Check], apart: dict[RunKey, int]) -> list[Chec
     out = []
     for c in checks:
         side = next((k for k in (c.a, c.b) if k in apart), None)
-        if side is not None and c.verdict == Verdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING):
+        if side is not None and c.verdict == CheckVerdict.FAIL and (c.diagnosis or "").startswith(FLOAT32_ROUNDING):
             c = dataclasses.replace(c, diagnosis=f"{NOT_REPRODUCIBLE} ({side.label}: two processes differ from step {apart[side]}); {c.diagnosis}")
         out.append(c)
     return out
@@ -415,7 +415,11 @@ def math_doubted(checks: list[Check]) -> list[Check]:
     return [
         c
         for c in checks
-        if c.verdict == Verdict.FAIL and c.name.startswith(MATH) and c.a.precision == FLOAT64 and c.bound is not None and c.bound.factor is not None
+        if c.verdict == CheckVerdict.FAIL
+        and c.name.startswith(MATH)
+        and c.a.precision == FLOAT64
+        and c.bound is not None
+        and c.bound.factor is not None
     ]
 
 
@@ -424,9 +428,9 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
     parity = _parity(checks)
     out = []
     for check in checks:
-        if check.verdict in (Verdict.FAIL, Verdict.KNOWN):
+        if check.verdict in (CheckVerdict.FAIL, CheckVerdict.KNOWN):
             pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
-            if check.verdict == Verdict.KNOWN:
+            if check.verdict == CheckVerdict.KNOWN:
                 why = check.diagnosis
             elif (check.diagnosis or "").startswith(BEYOND):  # covered, and beyond what its entry explains
                 why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"

@@ -21,7 +21,7 @@ from itertools import combinations
 from typing import Protocol
 
 from harness.calibrate.spread import Calibration, Spread, diverged
-from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, RunKey, Verdict
+from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, CheckVerdict, RunKey
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
@@ -87,8 +87,8 @@ def divergence_check(name: str, run: Outcome, reference: RunKey, reference_name:
     rule = f"a run trains wherever {reference_name} does, or diverges no earlier than the first of its members summing in other orders"
     first = None if spread is None else spread.finite_steps
     if first is not None and run.failed_at_step >= first:
-        return Check(name, run.key, reference, Verdict.PASS, rule, reason=f"{run.reason}; {spread.unbounded}")
-    return Check(name, run.key, reference, Verdict.FAIL, rule, first_failure_step=run.failed_at_step, reason=run.reason)
+        return Check(name, run.key, reference, CheckVerdict.PASS, rule, reason=f"{run.reason}; {spread.unbounded}")
+    return Check(name, run.key, reference, CheckVerdict.FAIL, rule, first_failure_step=run.failed_at_step, reason=run.reason)
 
 
 def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
