@@ -381,7 +381,7 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
         def backward(ctx, grad):
             return grad[:, None].expand(-1, ctx.width), None
 
-    class Spread(torch.autograd.Function):
+    class Broadcast(torch.autograd.Function):
         """A per-channel vector broadcast over x's shape; its gradient summed back as Summed sums."""
 
         @staticmethod
@@ -399,16 +399,16 @@ def _batch_norm_summed(torch, rng, fast: bool = False, moved=None, variances=Non
     def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps):
         count = input.numel() // input.shape[1]
         mean = per_channel(input) / count
-        centred = input - Spread.apply(mean, input)
+        centred = input - Broadcast.apply(mean, input)
         if fast:
             var = _fast_variance(torch, mean, again(again(per_channel(again(input * input))) / count), again)
         else:
             var = per_channel(centred * centred) / count
-        out = centred * Spread.apply(1 / torch.sqrt(var + eps), input)
+        out = centred * Broadcast.apply(1 / torch.sqrt(var + eps), input)
         if weight is not None:
-            out = out * Spread.apply(weight, input)
+            out = out * Broadcast.apply(weight, input)
         if bias is not None:
-            out = out + Spread.apply(bias, input)
+            out = out + Broadcast.apply(bias, input)
         with torch.no_grad():
             if running_mean is not None:
                 running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)

@@ -152,3 +152,20 @@ def test_no_module_is_over_500_lines():
     """Issue 53: no file over 500 lines in harness/ or adapters/ (split where one grows)."""
     long = {name: n for name, path in module_files().items() if (n := len(path.read_text().splitlines())) > 500}
     assert long == {}
+
+
+# Names two ideas once shared (issue 84): each is now defined in one module of harness/ and adapters/.
+ONE_IDEA = {"run_spec": "harness.api", "Verdict": "harness.result", "Spread": "harness.calibrate.spread"}
+
+
+def test_the_apis_names_and_spread_are_each_defined_once():
+    """The public run_spec (harness/api.py) beside the driver's, the API's Verdict beside the
+    checks' verdict, and calibrate's Spread beside an autograd function: one name per idea."""
+    import ast
+
+    defined: dict[str, list[str]] = {name: [] for name in ONE_IDEA}
+    for module, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in defined:
+                defined[node.name].append(module)
+    assert defined == {name: [module] for name, module in ONE_IDEA.items()}, defined
