@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.core.registry import PORT_REFERENCE_KEY, Verdict
+from harness.core.registry import PORT_REFERENCE_KEY, CheckVerdict
 from harness.inputs import port
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
@@ -110,7 +110,7 @@ def test_a_hub_style_ports_forward_passes_agree_and_its_modules_pair_through_the
     assert problem.port_tied == (("tied.weight", "mix.weight"),) and "tied.weight" not in problem.initial_params
     outputs = port_start.check_start(problem, loaded.port_sha256)
     check = parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
-    assert check.verdict == Verdict.PASS and check.max_rel_error < 1e-13, check
+    assert check.verdict == CheckVerdict.PASS and check.max_rel_error < 1e-13, check
     twin = outputs[port_start.FLAX_TWIN_KEY.label]
     assert {"body/blocks/0 (flax's body/blocks_0)", "body/blocks/1/layer/0 (flax's body/blocks_1/layer_0)", "body"} <= set(twin), sorted(twin)
     assert parity.first_layer_apart(twin, outputs[PORT_REFERENCE_KEY.label], shared_only=True) is None
@@ -139,7 +139,7 @@ def test_a_flax_module_computing_float32_in_the_float64_twin_stops_in_one_line(t
 @pytest.mark.slow
 def test_an_honest_hub_style_port_passes_every_check():
     result = judged(HUB_PORT / "hub_port.yaml")
-    assert not [c for c in result.checks if c.verdict == Verdict.FAIL], [c for c in result.checks if c.verdict == Verdict.FAIL]
+    assert not [c for c in result.checks if c.verdict == CheckVerdict.FAIL], [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert all(o.status == "ok" for o in result.outcomes.values()), result.outcomes
 
 
@@ -227,6 +227,31 @@ def test_hf_gpt2_and_resnet_pass_as_users_write_them(mnist_dir, example):
     variances `known`)."""
     _transformers()
     result = judged_on(EXAMPLES / example / f"{example}.yaml", mnist_dir)
-    assert not [c for c in result.checks if c.verdict == Verdict.FAIL], [c for c in result.checks if c.verdict == Verdict.FAIL]
+    assert not [c for c in result.checks if c.verdict == CheckVerdict.FAIL], [c for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert all(o.status == "ok" for o in result.outcomes.values()) and counted(result.checks).get("pass", 0) > 20, counted(result.checks)
     assert re.search(r"known", str(counted(result.checks))), counted(result.checks)
+
+
+def _callables(example: str):
+    """The example port's module, imported as a user's test file imports it."""
+    found = importlib.util.spec_from_file_location(example, EXAMPLES / example / f"{example}.py")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module.torch_model, module.flax_model, module.torch_to_flax
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["hub_gpt2", "hub_resnet"])
+def test_hf_gpt2_and_resnet_pass_through_check_port(mnist_dir, example):
+    """The same models from Python: harness.check_port with the example's data section."""
+    import harness
+
+    _transformers()
+    spec = load_spec(EXAMPLES / example / f"{example}.yaml").spec
+    data = spec.data.model_dump(exclude_none=True)
+    shape = {} if example == "hub_gpt2" else {"input_shape": (1, 28, 28), "data_dir": mnist_dir}
+    training = {"epochs": 1, "batch_size": spec.training.batch_size, "last_batch": spec.training.last_batch}
+    optimizer = spec.optimizer.model_dump(exclude_none=True)
+    checks = {} if example == "hub_gpt2" else {"checks": spec.checks.model_dump(exclude_none=True)}
+    verdict = harness.check_port(*_callables(example), data=data, loss="cross_entropy", optimizer=optimizer, training=training, **shape, **checks)
+    assert verdict.passed and not verdict.failures, verdict

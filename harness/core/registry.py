@@ -133,9 +133,6 @@ class CheckVerdict(StrEnum):
     SKIPPED = "skipped"  # not judged, with the reason
 
 
-# The old name, for the two modules still importing it (harness/verdict/parity.py and
-# tests/test_hub_ports.py, being edited elsewhere): to go when they import CheckVerdict.
-Verdict = CheckVerdict
 
 
 def verdict_counts(verdicts: Iterable[str]) -> dict[CheckVerdict, int]:

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from harness.calibrate.spread import Calibration, Segments, Spread
-from harness.core.registry import ANCHORED_CHECKS, FLOAT64, ORACLE, RunKey, Verdict
+from harness.core.registry import ANCHORED_CHECKS, FLOAT64, ORACLE, CheckVerdict, RunKey
 from harness.inputs import port
 from harness.run.runner import Outcome
 from harness.spec.model import Spec
@@ -75,12 +75,13 @@ def initial_forward_check(twin: RunKey, reference: RunKey, outputs: dict[str, di
     layer = first_layer_apart(got, want, shared_only=True)
     if a is None or b is None or a.shape != b.shape:
         shapes = f"{None if a is None else a.shape} vs {None if b is None else b.shape}"
-        return Check(FORWARD, twin, reference, Verdict.FAIL, rule, reason=f"outputs' shapes differ: {shapes}", forward_layer=layer)
+        return Check(FORWARD, twin, reference, CheckVerdict.FAIL, rule, reason=f"outputs' shapes differ: {shapes}", forward_layer=layer)
     diff = float(np.abs(a - b).max(initial=0.0))
     scale = max(float(np.abs(b).max(initial=0.0)), np.finfo(np.float64).tiny)
     ratio = diff / (FORWARD_APART * scale)
-    verdict = Verdict.FAIL if ratio > 1 else Verdict.PASS
-    return Check(FORWARD, twin, reference, verdict, rule, diff, diff / scale, ratio=ratio, forward_layer=layer if verdict == Verdict.FAIL else None)
+    verdict = CheckVerdict.FAIL if ratio > 1 else CheckVerdict.PASS
+    layer = layer if verdict == CheckVerdict.FAIL else None
+    return Check(FORWARD, twin, reference, verdict, rule, diff, diff / scale, ratio=ratio, forward_layer=layer)
 
 
 def math_parity_checks(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
@@ -166,7 +167,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
         return []  # a run too short for a segment after the first steps
     rule = f"math parity re-anchored at {cal.reference_name}'s state"
     if run is not None and run.status != "ok":
-        return [Check(name, twin.key, cal.reference, Verdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
+        return [Check(name, twin.key, cal.reference, CheckVerdict.FAIL, rule, reason=run.reason, first_failure_step=run.failed_at_step)]
     if run is None or segments is None or cal.float64 is None or sorted(run.segments) != sorted(segments.reference):
         return skipped(
             [name], twin.key, cal.reference, rule, f"no calibrated segments: needs {cal.reference_name}'s states and its members' re-anchored runs"
@@ -204,7 +205,7 @@ def anchored_parity_check(spec: Spec, twin: Outcome, cal: Calibration) -> list[C
 def _first_failing_or_worst(found: list[Check]) -> Check:
     """Of one check over several segments: the first that fails (where the difference
     starts), or the one closest to failing."""
-    failing = [c for c in found if c.verdict == Verdict.FAIL]
+    failing = [c for c in found if c.verdict == CheckVerdict.FAIL]
     return failing[0] if failing else max(found, key=lambda c: c.ratio or 0.0)
 
 
@@ -227,7 +228,7 @@ def segment_end_checks(spec: Spec, twin: Outcome, run: Outcome, segments: Segmen
         missing = [n for n in reference if "/" not in n and n not in mine]
         if missing:
             reason = f"it carries no {', '.join(missing)}"
-            states.append(Check(f"{ANCHORED_CHECKS}state", twin.key, cal.reference, Verdict.FAIL, "every tensor", reason=reason, segment=a))
+            states.append(Check(f"{ANCHORED_CHECKS}state", twin.key, cal.reference, CheckVerdict.FAIL, "every tensor", reason=reason, segment=a))
         else:
             # every tensor the reference and its members kept, and the optimizer moments the
             # run carries too (an adapter without training_state carries none)
