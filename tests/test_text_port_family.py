@@ -7,11 +7,16 @@ tools/port_family.py and tools/forward_family.py (`text`) measure it over the fa
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from harness.core.registry import PORT_REFERENCE_KEY, CheckVerdict
 from harness.inputs.problem import build_problem
 from harness.spec.load import load_spec
+from tests.conftest import ROOT
 
 pytest.importorskip("torch")
 pytest.importorskip("flax")
@@ -97,3 +102,28 @@ def test_an_honest_drawn_text_port_with_rope_passes_every_check_trained(tmp_path
     failing = [(c.name, c.a.label, c.b.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
     assert counts["fail"] == 0 and counts["pass"] >= 20, failing
     assert all(o.status == "ok" for o in result.outcomes.values())
+
+
+@pytest.mark.slow
+def test_a_catalogued_formula_that_diverges_reads_known_and_every_run_diverging_is_said(tmp_path):
+    """Text seed 20261608, draw 8: SGD at lr 1.0 with dampening diverges in every run, JAX's
+    first (optax's SGD has no dampening: larger steps). Its twin diverges where torch's
+    reference computing optax's formula does: `known`, naming the entry, not different math."""
+    out = tmp_path / "draw8.jsonl"
+    command = [sys.executable, str(ROOT / "tools" / "port_family.py"), "60", "20261608", "8", "9", str(out), "text"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["counts"]["fail"] == 0 and "optax-sgd-no-dampening" in row["known"], row
+    assert all("diverged" in reason for reason in row["reasons"].values()) and len(row["reasons"]) == 4, row
+    spec = tmp_path / "draw8-ports" / "20261608-8" / "honest" / "generated_port.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(spec), "--frameworks", "torch,jax", "--no-records", "--no-floor"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    said = " ".join(done.stdout.split())
+    assert said.index("EVERY RUN DIVERGED generated_port at steps 16 to 88") < said.index("KNOWN generated_port jax@cpu+float64"), said[-3000:]
+    assert "math_divergence" in said and "known (optax-sgd-no-dampening" in said, said[-3000:]

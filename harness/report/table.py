@@ -211,12 +211,16 @@ def leading(problems: Sequence[tuple[Record, CheckRecord]]) -> list[bool]:
 
 
 def print_failures(console: Console, results: Sequence[Shown], rest: str = "see the records") -> None:
-    """The FAIL lines, one per cause and a count of the rest (`rest` says where they are), the
-    KNOWN lines, the runs that failed or diverged, those skipped once, and each known
+    """Where every run of a spec diverged, a line saying so first; the FAIL lines, one per
+    cause and a count of the rest (`rest` says where they are), the KNOWN lines, the runs that failed or diverged, those skipped once, and each known
     difference's reason once."""
     reasons: dict[str, str] = {}
     shares: dict[str, list[str]] = {}
     for result in results:
+        steps = [r.failed_at_step for r in result.records]
+        if len(steps) > 1 and None not in steps:  # said first: no step-by-step check can judge the runs' ends
+            what = f"at steps {min(steps)} to {max(steps)}: the optimizer's steps are beyond this workload's stability"
+            _print(console, f"EVERY RUN DIVERGED {result.records[0].spec.name} {what} (a smaller learning rate trains it)", "yellow")
         problems = problem_checks(result.records)
         more = 0
         for (record, c), leads in zip(problems, leading(problems), strict=True):

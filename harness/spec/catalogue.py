@@ -59,13 +59,22 @@ def applies(entry: KnownDifference, spec: Spec) -> bool:
     )
 
 
+def formula_entries(spec: Spec, key) -> list:
+    """The library entries with a `formula` (harness/known_differences.yaml) that apply to a
+    float64 twin's framework on this spec."""
+    return [
+        entry
+        for entry in library_differences()
+        if entry.formula is not None and entry.framework == key.framework and key.device in entry.devices and applies(entry, spec)
+    ]
+
+
 def library_formula(spec: Spec, key) -> LibraryFormula | None:
-    """The library formulas (harness/known_differences.yaml, `formula`) that apply to a
-    float64 twin's framework on this spec, merged; None where there are none."""
+    """The library formulas that apply to a float64 twin's framework on this spec
+    (formula_entries), merged; None where there are none."""
     found: dict = {}
-    for entry in library_differences():
-        if entry.formula is not None and entry.framework == key.framework and key.device in entry.devices and applies(entry, spec):
-            found.update(entry.formula.model_dump(exclude_none=True))
+    for entry in formula_entries(spec, key):
+        found.update(entry.formula.model_dump(exclude_none=True))
     return LibraryFormula(**found) if found else None
 
 

@@ -23,6 +23,7 @@ from typing import Protocol
 from harness.calibrate.spread import Calibration, Spread, diverged
 from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, CheckVerdict, RunKey
 from harness.run.runner import Outcome
+from harness.spec import catalogue
 from harness.spec.model import Spec
 from harness.verdict.bound import Bound
 from harness.verdict.checks import NO_CALIBRATION, Check, curve_check, envelope_checks, horizon_check, short_horizon_checks, skipped
@@ -94,11 +95,22 @@ def divergence_check(name: str, run: Outcome, reference: RunKey, reference_name:
 def twin_divergence(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
     """A float64 twin trains wherever the oracle does: one that stops on a non-finite value
     where the oracle's first steps ran is different math, unless the oracle's reordered
-    members diverged as early."""
+    members diverged as early; `known`, naming the entries, where the twin is judged against
+    the oracle computing its library's catalogued formula and that reference diverges no
+    later (optax's SGD without dampening taking larger steps: port text seed 20261608, draw 8)."""
     reference_ok = cal.twin_reference is not None and cal.twin_reference.status == "ok"
     if twin.failed_at_step is None or not reference_ok:
         return []
-    return [divergence_check(DIVERGENCE_CHECKS[1], twin, cal.reference, cal.reference_name, cal.spread_of(twin.key))]
+    check = divergence_check(DIVERGENCE_CHECKS[1], twin, cal.reference, cal.reference_name, cal.spread_of(twin.key))
+    library = cal.library.get((twin.key.framework, twin.key.device))
+    formula = library[0] if library is not None else None
+    if check.verdict != CheckVerdict.FAIL or formula is None or formula.failed_at_step is None or formula.failed_at_step > twin.failed_at_step:
+        return [check]
+    # judged against the reference computing its library's catalogued formula, which diverges
+    # no later: that formula's dynamics, not other math (optax's SGD without dampening)
+    ids = ", ".join(entry.id for entry in catalogue.formula_entries(spec, twin.key))
+    said = f"{formula.key.label}, {cal.reference_name} computing {ids}, diverges at step {formula.failed_at_step}"
+    return [dataclasses.replace(check, verdict=CheckVerdict.KNOWN, reason=f"{twin.reason}; {said}", diagnosis=f"known ({ids})")]
 
 
 def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
