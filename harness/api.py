@@ -18,35 +18,13 @@ from typing import Any
 
 from rich.console import Console
 
-from harness import arguments, session
+from harness import session
 from harness.core.errors import SpecError
-from harness.core.registry import ADAPTERS, DEVICES
 from harness.execute.fresh import exit_if_importing_main
+from harness.options import RunOptions
 from harness.result import Verdict, rendered
 from harness.spec import load as spec_load
 from harness.spec.model import FULL_PROFILE
-
-
-def _names(argument: str, value: Any, allowed: Sequence[str]) -> list[str] | None:
-    """A list of names out of `allowed` (None: the default), else SpecError naming it."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
-        raise SpecError(f"{argument}: a list of names out of {', '.join(allowed)}, got {value!r}")
-    unknown = [v for v in value if v not in allowed]
-    if unknown:
-        raise SpecError(f"{argument}: unknown {unknown[0]!r}; choose from {', '.join(allowed)}")
-    return list(dict.fromkeys(value))
-
-
-def _folder(argument: str, value: Any) -> Path | None:
-    if value is None:
-        return None
-    if not isinstance(value, str | Path):
-        raise SpecError(f"{argument}: a folder's path (str or pathlib.Path), got {type(value).__name__}")
-    return Path(value)
 
 
 def loaded_spec(spec: Any, profile: str) -> spec_load.LoadedSpec:
@@ -58,11 +36,10 @@ def loaded_spec(spec: Any, profile: str) -> spec_load.LoadedSpec:
     raise SpecError(f"spec: a path, a spec's name or a dict in the spec language, got {type(spec).__name__}")
 
 
-def run_loaded(loaded: spec_load.LoadedSpec, argv: list[str], members: bool = False) -> Verdict:
-    """The matrix of one loaded spec under `harness run`'s options `argv`, quietly: its Verdict."""
-    args = arguments.parser("harness").parse_args(["run", *argv])
+def run_loaded(loaded: spec_load.LoadedSpec, options: RunOptions, members: bool = False) -> Verdict:
+    """The matrix of one loaded spec under `options`, quietly: its Verdict."""
     console = Console(file=io.StringIO(), width=100)
-    results, _, _, _ = session.run_matrix(args, console, [loaded])
+    results, _, _, _ = session.run_matrix(options, console, [loaded])
     return Verdict(results, rendered(results, members))
 
 
@@ -82,15 +59,7 @@ def run_spec(
     Called at a script's top level, outside `if __name__ == "__main__":`, it raises
     RuntimeError saying so (its worker processes import the script again)."""
     exit_if_importing_main()
-    if profile is not None and not isinstance(profile, str):
-        raise SpecError(f"profile: a profile's name, got {type(profile).__name__}")
-    chosen = _names("frameworks", frameworks, ADAPTERS)
-    where = _names("devices", devices, DEVICES)
-    data, out = _folder("data_dir", data_dir), _folder("results", results)
-    loaded = loaded_spec(spec, profile or FULL_PROFILE)
-    argv = ["--profile", profile or FULL_PROFILE]
-    argv += ["--frameworks", ",".join(chosen)] if chosen else []
-    argv += ["--devices", ",".join(where)] if where else []
-    argv += ["--data-dir", str(data)] if data else []
-    argv += ["--results", str(out)] if out else ["--no-records"]
-    return run_loaded(loaded, argv)
+    options = RunOptions(
+        profile=FULL_PROFILE if profile is None else profile, frameworks=frameworks, devices=devices, data_dir=data_dir, results=results
+    )
+    return run_loaded(loaded_spec(spec, options.profile), options)

@@ -23,6 +23,7 @@ from harness.core.registry import (
     DEVICES,
 )
 from harness.inputs import resources
+from harness.options import RunOptions
 from harness.records import schema, write
 from harness.run import progress
 from harness.spec import load as spec_load
@@ -58,14 +59,14 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    results, results_dir, run_id, unread = session.run_matrix(args, console)
+    results, results_dir, run_id, unread = session.run_matrix(RunOptions.from_args(args), console)
     return _finish_run(args, console, results, results_dir, run_id, unread)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.report import table
 
-    results, results_dir, run_id, unread = session.run_matrix(args, console)
+    results, results_dir, run_id, unread = session.run_matrix(RunOptions.from_args(args), console)
     code = _finish_run(args, console, results, results_dir, run_id, unread)
     console.print(table.bench_table([record for r in results for record in r.records]))
     return code
@@ -75,6 +76,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from harness import matrix
     from harness.inputs import problem as inputs
 
+    options = RunOptions.from_args(args)
     points = []  # (the spec at one point of its sweep, the swept value); all valid before anything runs
     for path in session.spec_paths(args.specs, args.specs_dir):
         spec = spec_load.load_spec(path).spec
@@ -85,21 +87,21 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         for value in args.values or spec.sweep.values:
             (extra,) = spec_load.sweep_overrides(spec, [value])
             point = spec_load.load_spec(path, spec.sweep.profile, extra)
-            resources.check(point, arguments.limits(args))
+            resources.check(point, options.limits)
             points.append((point, value))
-    results_dir, keys = session.prepare(args, [point.name for point, _ in points])
-    rates = session.measure_rates(args, keys, console)
+    results_dir, keys = session.prepare(options, [point.name for point, _ in points])
+    rates = session.measure_rates(options, keys, console)
     run_id = write.new_id()
     results = []
-    executor = session.make_executor(args)
+    executor = session.make_executor(options)
     console.print(executor.slots.describe(), highlight=False)
     try:
         for i, (loaded, value) in enumerate(points, 1):
-            problem = inputs.build_problem(loaded, args.data_dir, limits=arguments.limits(args), port_apart=matrix.port_apart(loaded.name, executor))
+            problem = inputs.build_problem(loaded, options.data_dir, limits=options.limits, port_apart=matrix.port_apart(loaded.name, executor))
             key = loaded.spec.sweep.key
             console.rule(f"sweep point {i}/{len(points)}: {loaded.name}, {key} = {value}, {len(problem.x_train)} examples")
             run = matrix.run_cells(
-                loaded, problem, keys, results_dir, console, args.repeats, run_id, work_dir=args.work_dir, rates=rates, executor=executor
+                loaded, problem, keys, results_dir, console, options.repeats, run_id, work_dir=options.work_dir, rates=rates, executor=executor
             )
             results.append(run)
     finally:

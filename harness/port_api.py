@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import _folder, _names, run_loaded
+from harness import options
+from harness.api import run_loaded
 from harness.core.errors import SpecError
 from harness.core.registry import DEVICES
 from harness.execute.fresh import exit_if_importing_main
@@ -208,8 +209,8 @@ def check_port(
     if arrays is None and not isinstance(data, dict):
         raise SpecError(f"data: a spec's data section (a dict with its kind) or {{'train': (x, y), ...}} of NumPy arrays, got {type(data).__name__}")
     loss_section = {"kind": loss, "reduction": "mean"} if isinstance(loss, str) else _section("loss", loss)
-    where = _names("devices", devices, DEVICES)
-    folder, out = _folder("data_dir", data_dir), _folder("results", results)
+    where = options.names("devices", devices, DEVICES)
+    folder, out = options.folder("data_dir", data_dir), options.folder("results", results)
     spec_name = name or re.sub(r"[^a-z0-9_]+", "_", f"port_{names.get('torch_model', 'torch_model')}".lower())[:60]
     document = {
         "name": spec_name,
@@ -227,14 +228,17 @@ def check_port(
     with _data_folder(arrays, folder) as (used, section):
         document["data"] = section if section is not None else _section("data", data)
         loaded = spec_load.load_mapping(document, FULL_PROFILE, folder=source.parent, what="check_port")
-        argv = ["--frameworks", "torch,jax"]
-        argv += ["--devices", ",".join(where)] if where else []
-        argv += ["--data-dir", str(used)] if used else []
         # no records, no floor: nothing holds a run's speed against the hardware's (its measure
         # cost the example's check 6.3 s on the 2-core VM: docs/measurements.md "A port check's
         # processes"); with `results` the records carry it as `harness run`'s do
-        argv += ["--results", str(out)] if out else ["--no-records", "--no-floor"]
-        argv += ["--in-process"] if in_process else []
-        argv += ["--train-anyway"] if train_anyway else []
+        chosen = options.RunOptions(
+            frameworks=("torch", "jax"),
+            devices=where,
+            data_dir=used,
+            results=out,
+            no_floor=out is None,
+            in_process=in_process,
+            train_anyway=train_anyway,
+        )
         with port.given(source, callables if in_process else None):
-            return run_loaded(loaded, argv)
+            return run_loaded(loaded, chosen)

@@ -5,15 +5,12 @@ command line or prints a verdict."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rich.console import Console
 
-from harness import arguments
 from harness.core.errors import DataError, HarnessError
 from harness.core.registry import (
-    ADAPTERS,
     CALIBRATION_KEY,
     GPU_CALIBRATION_KEY,
     GPU_ORACLE_KEY,
@@ -23,6 +20,7 @@ from harness.core.registry import (
     STRICT,
     runs_on,
 )
+from harness.options import RunOptions
 from harness.records import write
 from harness.spec import load as spec_load
 
@@ -36,54 +34,53 @@ def spec_paths(names: list[str], specs_dir: Path) -> list[Path]:
     return paths
 
 
-def prepare(args: argparse.Namespace, names: list[str]) -> tuple[Path | None, list]:
+def prepare(options: RunOptions, names: list[str]) -> tuple[Path | None, list]:
     """Checks shared by run, bench and sweep, before anything runs: repeats, the results
     folder and each spec's folder in it (`names`), the GPU when it is required; then the
     matrix's keys."""
     from harness.execute import executors, plan, probe
 
-    if args.executor == executors.LOCAL and not getattr(args, "in_process", False):
-        executors.local_slots(args.jobs, args.threads)  # jobs and threads within the cores, said before any work
-    chosen, args.frameworks = args.frameworks or [], args.frameworks or list(ADAPTERS)
-    for framework in chosen:  # by name: of all (the default), each runs where it can
-        if not any(runs_on(framework, device) for device in args.devices):
+    if options.executor == executors.LOCAL and not options.in_process:
+        executors.local_slots(options.jobs, options.threads)  # jobs and threads within the cores, said before any work
+    for framework in options.frameworks or ():  # by name: of all (the default), each runs where it can
+        if not any(runs_on(framework, device) for device in options.devices):
             only = ONLY_ON[framework][0]
             raise HarnessError(
                 f"--frameworks {framework}: {framework} runs on the {only} only (numpy and cupy are the same "
                 f"array-module code on the CPU and the GPU); add {only} to --devices"
             )
-    results_dir = None if getattr(args, "no_records", False) else args.results
+    results_dir = options.results
     if results_dir is not None:
         write.ensure_writable(results_dir)
         for name in dict.fromkeys(names):
             write.ensure_writable(results_dir / name, f"folder of {name}'s records")
-    if getattr(args, "work_dir", None) is not None:  # else every job would run, and none be kept
-        write.ensure_writable(args.work_dir, "work folder")
-    if args.require_gpu and "gpu" not in args.devices:
+    if options.work_dir is not None:  # else every job would run, and none be kept
+        write.ensure_writable(options.work_dir, "work folder")
+    if options.require_gpu and "gpu" not in options.devices:
         raise HarnessError("--require-gpu: add gpu to --devices")
-    if args.require_gpu or list(args.devices) == ["gpu"]:  # nothing asked for would run without one
-        probe.require_gpu(args.frameworks)
-    if args.references == "gpu":  # every check is judged against the oracle there
+    if options.require_gpu or list(options.devices) == ["gpu"]:  # nothing asked for would run without one
+        probe.require_gpu(options.running)
+    if options.references == "gpu":  # every check is judged against the oracle there
         try:
             probe.require_gpu([GPU_CALIBRATION_KEY.framework])
         except HarnessError as exc:
             raise HarnessError(f"--references gpu: the oracle runs through CuPy: {exc}") from None
-    keys = plan.matrix_keys(args.frameworks, args.devices, tf32=args.tf32, modes=tuple(args.modes), references=args.references)
+    keys = plan.matrix_keys(options.running, list(options.devices), tf32=options.tf32, modes=options.modes, references=options.references)
     return results_dir, keys
 
 
-def executor_kind(args: argparse.Namespace) -> str:
+def executor_kind(options: RunOptions) -> str:
     """The executor the options name: in-process, local, ray or ray:ADDRESS."""
     from harness.execute.capacity import INLINE
 
-    return INLINE if getattr(args, "in_process", False) else args.executor
+    return INLINE if options.in_process else options.executor
 
 
-def make_executor(args: argparse.Namespace):
+def make_executor(options: RunOptions):
     """The executor the options name (harness/execute/executors.py)."""
     from harness.execute import executors
 
-    return executors.make(executor_kind(args), args.jobs, args.threads, args.gpu_types, args.places)
+    return executors.make(executor_kind(options), options.jobs, options.threads, options.gpu_types, options.places)
 
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:
@@ -111,14 +108,14 @@ def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[s
     console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
 
 
-def measure_rates(args: argparse.Namespace, keys: list, console: Console) -> dict:
+def measure_rates(options: RunOptions, keys: list, console: Console) -> dict:
     """Each device's rates (per precision on the GPU), measured once, after every input was
     found good and before any run; a device that cannot be measured is said so, and its
     records carry no floor."""
     from harness.hardware.rates import describe, measure
 
     rates = {}
-    if args.no_floor:
+    if options.no_floor:
         return rates
     for device, precision in sorted({(k.device, k.precision) for k in keys}):
         try:
@@ -131,10 +128,10 @@ def measure_rates(args: argparse.Namespace, keys: list, console: Console) -> dic
     return rates
 
 
-def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None = None) -> tuple[list, Path | None, str, list[str]]:
-    """`harness run`'s matrix: the specs the arguments name (or `loaded`, specs already
+def run_matrix(options: RunOptions, console: Console, loaded: list | None = None) -> tuple[list, Path | None, str, list[str]]:
+    """`harness run`'s matrix: the specs the options name (or `loaded`, specs already
     loaded: the Python API's), their problems built, every run and check on the executor the
-    arguments choose; the results, the records' folder, the run's id and the specs not run
+    options choose; the results, the records' folder, the run's id and the specs not run
     for want of their data."""
     from harness import matrix
     from harness.execute.capacity import INLINE, LOCAL
@@ -142,22 +139,22 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
     from harness.inputs.port import PortError
 
     if loaded is None:
-        loaded = [spec_load.load_spec(p, args.profile) for p in spec_paths(args.specs, args.specs_dir)]
-    results_dir, keys = prepare(args, [spec.name for spec in loaded])
+        loaded = [spec_load.load_spec(p, options.profile) for p in spec_paths(list(options.specs), options.specs_dir)]
+    results_dir, keys = prepare(options, [spec.name for spec in loaded])
     ports = [spec.name for spec in loaded if spec.port is not None]
-    also_runs(args.frameworks, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)
+    also_runs(options.running, keys, console, ports, layers=len(ports) < len(loaded), records=results_dir is not None)
     # The local and inline executors are made before the problems (no process starts before
     # a job): a port's file then runs where its start check and torch's members will
     # (matrix.port_apart). Ray's is made once they are built (ray.init starts or joins a
     # cluster, which a spec's one-line data error need not wait for); a port's file then
     # runs in a fresh process.
-    executor = make_executor(args) if executor_kind(args) in (INLINE, LOCAL) else None
+    executor = make_executor(options) if executor_kind(options) in (INLINE, LOCAL) else None
     try:
         problems, ready, unread = [], [], []
         for spec in loaded:
             try:
                 apart = matrix.port_apart(spec.name, executor)  # the driver never runs a port's file (it imports JAX)
-                problems.append(inputs.build_problem(spec, args.data_dir, args.data_source, args.download, arguments.limits(args), apart))
+                problems.append(inputs.build_problem(spec, options.data_dir, options.data_source, options.download, options.limits, apart))
                 ready.append(spec)
                 said = spec.spec.data
                 if getattr(said, "kind", None) == "idx" and problems[-1].data_source != said.source:
@@ -181,7 +178,7 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
                 unread.append(spec.name)
                 console.print(f"SKIPPED {spec.name}, its data is not here: {exc}", style="yellow", highlight=False, soft_wrap=True)
         loaded = ready
-        source = getattr(args, "data_source", None)
+        source = options.data_source
         without = [spec.name for spec in loaded if source and source not in (getattr(spec.spec.data, "sources", None) or {})]
         if without:  # a note, not a refusal: the GPU contact passes it to every phase (issue 55)
             console.print(
@@ -190,9 +187,9 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
                 highlight=False,
                 soft_wrap=True,
             )
-        rates = measure_rates(args, keys, console)
+        rates = measure_rates(options, keys, console)
         run_id = write.new_id()
-        executor = executor or make_executor(args)
+        executor = executor or make_executor(options)
         console.print(executor.slots.describe(), highlight=False)
         results = [
             matrix.run_cells(
@@ -201,12 +198,12 @@ def run_matrix(args: argparse.Namespace, console: Console, loaded: list | None =
                 keys,
                 results_dir,
                 console,
-                args.repeats,
+                options.repeats,
                 run_id,
-                work_dir=args.work_dir,
+                work_dir=options.work_dir,
                 rates=rates,
                 executor=executor,
-                train_anyway=getattr(args, "train_anyway", False),
+                train_anyway=options.train_anyway,
             )
             for spec, problem in zip(loaded, problems)
         ]

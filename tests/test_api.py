@@ -73,6 +73,40 @@ def test_bad_arguments_raise_spec_error_in_one_line_before_anything_runs(tmp_pat
     assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"modes": ["eager", "quick"]}, "modes: unknown 'quick'"),
+        ({"references": "tpu"}, "references: choose from"),
+        ({"repeats": 0}, "repeats: a whole number from 1"),
+        ({"jobs": True}, "jobs: a whole number"),
+        ({"work_dir": 3}, "work_dir: a folder's path"),
+        ({"train_anyway": "yes"}, "train_anyway: True or False"),
+    ],
+)
+def test_run_options_are_validated_once_where_they_are_made(kwargs, said):
+    """The core's typed options (harness/options.py): a bad value is a SpecError in one line
+    naming the option, whoever builds them."""
+    from harness.options import RunOptions
+
+    with pytest.raises(harness.SpecError, match=said) as caught:
+        RunOptions(**kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_command_line_parses_into_the_options_the_api_builds(tmp_path):
+    """`harness run`'s argv parsed (harness/arguments.py) into RunOptions gives the same value
+    as the API's keywords: the CLI is a skin on the typed core."""
+    from harness import arguments
+    from harness.options import RunOptions
+
+    argv = ["run", "peaks_mlp", "--profile", "quick", "--frameworks", "torch,jax,jax", "--no-records", "--work-dir", str(tmp_path), "--repeats", "2"]
+    parsed = RunOptions.from_args(arguments.parser("harness").parse_args(argv))
+    built = RunOptions(specs=["peaks_mlp"], profile="quick", frameworks=["torch", "jax"], results=None, work_dir=str(tmp_path), repeats=2)
+    assert parsed == built and parsed.running == ["torch", "jax"] and RunOptions().results is not None
+    assert RunOptions.from_args(arguments.parser("harness").parse_args(["run"])) == RunOptions()
+
+
 def test_a_bad_spec_dict_names_its_key(tmp_path):
     doc = yaml.safe_load(tiny_moons(tmp_path).read_text())
     doc["optimizer"]["lrr"] = 0.1

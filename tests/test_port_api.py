@@ -308,7 +308,9 @@ def test_check_port_gives_the_records_of_the_same_port_run_from_a_yaml_file_bitw
 
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("flax", reason="flax is not installed")
+    from harness import arguments
     from harness.api import run_loaded
+    from harness.options import RunOptions
     from harness.records.store import read_record
     from harness.spec.load import load_spec
 
@@ -337,7 +339,8 @@ def test_check_port_gives_the_records_of_the_same_port_run_from_a_yaml_file_bitw
     (tmp_path / "my_port.yaml").write_text(json.dumps(document))  # JSON is YAML
     yaml_dir, api_dir = tmp_path / "yaml", tmp_path / "api"
     argv = ["--in-process", "--frameworks", "torch,jax", "--data-dir", str(tmp_path / "data"), "--results", str(yaml_dir)]
-    from_file = run_loaded(load_spec(tmp_path / "my_port.yaml"), argv)
+    options = RunOptions.from_args(arguments.parser("harness").parse_args(["run", *argv]))  # as `harness run` parses them
+    from_file = run_loaded(load_spec(tmp_path / "my_port.yaml"), options)
     from_python = harness.check_port(mine.torch_model, mine.flax_model, mine.torch_to_flax, data=arrays, results=api_dir, in_process=True, **SETUP)
     assert from_file.passed and from_python.passed, str(from_python)
     read = [{(r.framework, r.precision_mode): r for r in map(read_record, (d / "port_torch_model").glob("*.json"))} for d in (yaml_dir, api_dir)]

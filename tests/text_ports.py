@@ -176,10 +176,14 @@ def _flat(layers: list[dict]) -> list[dict]:
     return [inner for layer in layers for inner in (_flat(layer["layers"]) if layer["kind"] == "residual" else [layer])]
 
 
-def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | None]:
-    """The port of text spec `doc` as a user writes it, with `slip` (one of TEXT_SLIPS)
-    written into the first attention or layer where it changes the math; the source, and
-    the slip written (None where none takes it)."""
+def text_port_source(doc: dict, slip: str | None = None, hub: bool = False) -> tuple[str, Slip | None]:
+    """The port of text spec `doc` as a user writes it, with `slip` (one of TEXT_SLIPS, or
+    "tie_dropped" where `hub`) written into the first attention or layer where it changes
+    the math; the source, and the slip written (None where none takes it). In a hub's style
+    (`hub`, issue 83), the head's weight is the token embedding's where their shapes allow,
+    as GPT-2's is: torch's `head.weight = embed.weight`, flax's head the embedding's
+    `attend` (HF's Flax GPT-2 reads the embedding's table); with the slip, flax's head keeps
+    a kernel of its own, so the converter places torch's one tensor twice."""
     from harness.spec.model import Spec
 
     placed = Spec.model_validate(doc).model.placed
@@ -187,6 +191,9 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
     init, forward, call, convert, load = [], [], [], [], {}
     written: Slip | None = None
     modules = [p.name for p in placed if p.module.KIND != "residual"]  # what torch's hooks and flax's intermediates name
+    tables = [p.name for p in placed if p.module.KIND == "embedding"]
+    last = doc["model"]["layers"][-1]
+    head = modules[-1] if hub and tables and last["kind"] == "dense" and last["width"] == 256 else None
 
     def slipped(kind: str, name: str, when: bool, named: str | None = None) -> bool:
         nonlocal written
@@ -258,11 +265,12 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
         for layer, p, body in walked:
             kind, n = layer["kind"], p.name
             if kind in ("embedding", "positional"):  # a table: of the tokens' ids, or of the positions
-                width = layer.get("width", width)
+                width = widths[n] = layer.get("width", width)
                 rows, ids, plus = (256, "x", "") if kind == "embedding" else (layer["max_len"], "{}.arange(x.shape[1]{})", "x + ")
                 init.append(f"self.{n} = torch.nn.Embedding({rows}, {width})")
                 forward.append(f"x = {plus}self.{n}({ids.format('torch', ', device=x.device')})")
-                call.append(f'x = {plus}nn.Embed({rows}, {width}, name="{n}")({ids.format("jnp", "")})')
+                call.append(f'{n} = nn.Embed({rows}, {width}, name="{n}")')
+                call.append(f"x = {plus}{n}({ids.format('jnp', '')})")
                 load[f"{n}.weight"] = (f"{n}.weight", False, None)
                 convert.append(f'params["{n}"] = {{"embedding": s["{n}.weight"]}}')
             elif kind == "layer_norm":
@@ -275,10 +283,17 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
                 convert.append(f'params["{n}"] = {{"scale": s["{n}.weight"], "bias": s["{n}.bias"]}}')
             elif kind == "dense":
                 init.append(f"self.{n} = {dense(n, width, layer['width'])}")
+                tied = n == head and width == widths[tables[0]]
+                if tied:
+                    init.append(f"self.{n}.weight = self.{tables[0]}.weight  # tied, as GPT-2's head")
                 width = layer["width"]
                 forward.append(f"x = self.{n}(x)")
-                call.append(f'x = nn.Dense({width}, name="{n}")(x)')
-                convert.append(f'params["{n}"] = {{"kernel": s["{n}.weight"].T, "bias": s["{n}.bias"]}}')
+                if tied and not slipped("tie_dropped", n, True, f"{tables[0]}.weight"):
+                    call.append(f'x = {tables[0]}.attend(x) + self.param("{n}_bias", nn.initializers.zeros, ({width},))')
+                    convert.append(f'params["{n}_bias"] = s["{n}.bias"]')
+                else:
+                    call.append(f'x = nn.Dense({width}, name="{n}")(x)')
+                    convert.append(f'params["{n}"] = {{"kernel": s["{n}.weight"].T, "bias": s["{n}.bias"]}}')
                 activation = layer.get("activation", "identity")
                 if activation != "identity":
                     forward.append(f"x = {TORCH_ACTIVATION[activation]}")
@@ -300,6 +315,7 @@ def text_port_source(doc: dict, slip: str | None = None) -> tuple[str, Slip | No
                 raise ValueError(f"no text port of layer kind {kind!r}")
         return width
 
+    widths: dict[str, int] = {}  # each table's width
     layers(_walk(doc["model"]["layers"], iter(placed)), None)
 
     def lines(found: list[str], indent: int) -> str:

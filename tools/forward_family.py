@@ -4,10 +4,10 @@ each as a port (honest, and with each classic slip its layers can take), and app
 line per port to OUT: harness/verdict/parity.py initial_forward_check's relative difference,
 its ratio to FORWARD_APART and the module it names. Nothing trains: a port takes seconds.
 
-    HARNESS_DATA_DIR=... python tools/forward_family.py N SEED A B OUT.jsonl [text]
+    HARNESS_DATA_DIR=... python tools/forward_family.py N SEED A B OUT.jsonl [text | image] [hub]
 
 With `text`, the family's transformers on Debian's licences (tests/text_ports.py), with
-their own slips.
+their own slips; with `hub`, in a hub's style with its own slips (tools/port_family.py).
 """
 
 import json
@@ -19,14 +19,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import port_family  # noqa: E402 (before jax: it keeps XLA's executables beside OUT)
 
-N, SEED, a, b, out, kinds, slips, _ = port_family.tool_arguments(sys.argv[1:])
+N, SEED, a, b, out, kinds, slips, _, hub = port_family.tool_arguments(sys.argv[1:])
 from harness.core.registry import PORT_REFERENCE_KEY  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
 from harness.run import port_start  # noqa: E402
 from harness.spec.load import load_spec  # noqa: E402
 from harness.verdict import parity  # noqa: E402
 
-for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *slips), kinds):
+for i, slip, _, path, written, row in port_family.to_write(out, N, SEED, a, b, (None, *slips), kinds, hub):
     began = time.time()
     row["named"] = None if written is None else written.named
     try:
