@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 import harness
-from harness.testing import assert_port_matches
+from harness.testing import assert_port_matches, harness_processes  # noqa: F401 (workers held across the checks)
 
 
 class TorchMLP(torch.nn.Module):

@@ -15,7 +15,7 @@ from typing import Any
 from harness.core.errors import SpecError
 
 __version__ = "0.1.0"
-__all__ = ["SpecError", "Verdict", "check_port", "run_spec"]
+__all__ = ["SpecError", "Verdict", "check_port", "held_processes", "run_spec"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,6 +28,10 @@ def __getattr__(name: str) -> Any:
         from harness.port_api import check_port
 
         return check_port
+    if name == "held_processes":
+        from harness.execute.fresh import held_processes
+
+        return held_processes
     if name == "Verdict":
         from harness.result import Verdict
 

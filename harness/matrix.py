@@ -224,9 +224,6 @@ def run_cells(
     return result
 
 
-AGAIN = "run again in a fresh process"  # the role of reproduced's jobs
-
-
 def reproduced(loaded: LoadedSpec, problem: Problem, outcomes: dict[RunKey, Outcome], checks: list[Check], run, console: Console) -> list[Check]:
     """Before a float32 check's failure is called rounding (its twin agrees), its run is run
     once more in a fresh process (`run`: the driver's): where the two processes' losses
@@ -236,7 +233,7 @@ def reproduced(loaded: LoadedSpec, problem: Problem, outcomes: dict[RunKey, Outc
     if not keys:
         return checks
     labels = {k: f"{loaded.name} {k.label} (again, in a fresh process)" for k in keys}
-    again = [jobs.Job(f"{k.label} (again)", AGAIN, ((k, labels[k]),), cost=jobs.cost(k, problem.total_steps), metrics=False) for k in keys]
+    again = [jobs.Job(f"{k.label} (again)", jobs.AGAIN, ((k, labels[k]),), cost=jobs.cost(k, problem.total_steps), metrics=False) for k in keys]
     console.print(f"  {loaded.name}: float32 checks fail on rounding alone; running {', '.join(k.label for k in keys)} again in a fresh process")
     done = run(again)
     apart = {}

@@ -77,10 +77,14 @@ def executor_kind(options: RunOptions) -> str:
 
 
 def make_executor(options: RunOptions):
-    """The executor the options name (harness/execute/executors.py)."""
-    from harness.execute import executors
+    """The executor the options name (harness/execute/executors.py); where they write no
+    records, in the processes held across calls if any are (fresh.held_processes: a record
+    times its runs in fresh processes)."""
+    from harness.execute import executors, fresh
 
-    return executors.make(executor_kind(options), options.jobs, options.threads, options.gpu_types, options.places)
+    held = fresh.held() if options.results is None else None
+    gpu_types, places = (list(names) if names else None for names in (options.gpu_types, options.places))
+    return executors.make(executor_kind(options), options.jobs, options.threads, gpu_types, places, held)
 
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:

@@ -43,7 +43,8 @@ def test_a_hub_style_image_port_is_written_as_hubs_write_theirs_and_its_forward_
 
     path, _ = port_family.port_of(image_doc, tmp_path, hub=True)
     source = path.with_name("port.py").read_text()
-    for written in ("torch.nn.ModuleList([", "return self.layer(x), None", "FlaxBlock(functools.partial(nn.Conv", "dtype=self.dtype", "def flax_model(dtype="):
+    hub_style = ("torch.nn.ModuleList([", "return self.layer(x), None", "FlaxBlock(functools.partial(nn.Conv", "def flax_model(dtype=")
+    for written in hub_style:
         assert written in source, written
     check = _forward(path)
     assert check.verdict == CheckVerdict.PASS and check.max_rel_error < 1e-12, check
@@ -61,7 +62,8 @@ def test_each_slip_in_a_hub_style_port_fails_before_training_with_both_sides_nam
         assert check.verdict == CheckVerdict.FAIL, (slip, check)
         layer = written.named.removeprefix("module ")
         # torch's path, and flax's beside it: "layers/1/layer (flax's layers_1/layer)"
-        assert check.forward_layer.startswith(f"{layer}/") and f"(flax's {layer.replace('/', '_')}/" in check.forward_layer, (slip, check.forward_layer)
+        flax_side = f"(flax's {layer.replace('/', '_')}/"
+        assert check.forward_layer.startswith(f"{layer}/") and flax_side in check.forward_layer, (slip, check.forward_layer)
         seen.append(slip)
     assert len(seen) == 3
 
@@ -102,4 +104,5 @@ def test_an_honest_tied_text_port_trains_with_no_failing_check(tmp_path, text_do
 
     result = judged(port_family.port_of(text_doc, tmp_path, hub=True)[0])
     assert all(o.status == "ok" for o in result.outcomes.values()), [(k.label, o.reason) for k, o in result.outcomes.items()]
-    assert result.checks and counted(result.checks)["fail"] == 0, [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    failing = [(c.name, c.a.label, c.diagnosis) for c in result.checks if c.verdict == CheckVerdict.FAIL]
+    assert result.checks and counted(result.checks)["fail"] == 0, failing

@@ -351,3 +351,32 @@ def test_check_port_gives_the_records_of_the_same_port_run_from_a_yaml_file_bitw
         assert ours.data.inputs_sha256 == theirs.data.inputs_sha256 and ours.spec.port.sha256 == theirs.spec.port.sha256, key
         curves = [np.load(d / "port_torch_model" / r.artifacts.file, allow_pickle=False)["losses"] for d, r in ((yaml_dir, ours), (api_dir, theirs))]
         assert np.array_equal(curves[0], curves[1]), key
+
+
+@pytest.mark.slow
+def test_checks_under_held_processes_give_the_same_checks_in_the_same_processes(tmp_path):
+    """harness.held_processes (harness.testing's harness_processes in pytest): a second
+    check_port of the README's example port runs in the processes the first started (a
+    framework's run too, each framework in its own), and its checks are the first's, bitwise
+    (errors, ratios), as are those of a check in fresh processes."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location("test_port_example", ROOT / "examples" / "test_port_example.py")
+    example = importlib.util.module_from_spec(found)
+    found.loader.exec_module(example)
+    sys.modules.setdefault("test_port_example", example)
+
+    def checks(verdict):
+        return sorted((c.name, c.a.label, c.b.label, c.verdict.value, c.ratio, c.max_rel_error) for r in verdict.results for c in r.checks)
+
+    fresh = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP)
+    with harness.held_processes() as held:
+        first = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP)
+        started = {group: pool for (_, group), pool in held.pools.items()}
+        second = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP)
+        assert {group: pool for (_, group), pool in held.pools.items()} == started
+    assert {("held", "torch"), ("held", "jax")} <= set(started), sorted(started)
+    assert fresh.passed and checks(first) == checks(second) == checks(fresh)
+    assert not held.pools  # ended with it

@@ -84,32 +84,42 @@ class Local:
 
     places: list[str] = []
 
-    def __init__(self, slots: Slots):
+    def __init__(self, slots: Slots, held: Reused | None = None):
         self.slots = slots
         self.pool = ThreadPoolExecutor(max_workers=slots.jobs, thread_name_prefix="job")
-        self.kept = Reused()
+        self.kept = held or Reused()
+        self.held = held is not None  # processes held across calls (fresh.held_processes): not this executor's to end
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         group = None if job is None else job.kept_group
+        if group is None and self.held and job is not None:
+            group = job.held_group
         if group is None:
             return self.pool.submit(in_fresh_process, _capped, self.slots.threads, call, *args)
         return self.pool.submit(self.kept.call, _capped, self.slots.threads, call, *args, group=group)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.kept.shutdown()
+        if not self.held:
+            self.kept.shutdown()
 
 
 def make(
-    kind: str, jobs: int | None = None, threads: int | None = None, gpu_types: list[str] | None = None, places: list[str] | None = None
+    kind: str,
+    jobs: int | None = None,
+    threads: int | None = None,
+    gpu_types: list[str] | None = None,
+    places: list[str] | None = None,
+    held: Reused | None = None,
 ) -> Executor:
-    """The executor `kind` names: in-process, local, ray or ray:ADDRESS."""
+    """The executor `kind` names: in-process, local, ray or ray:ADDRESS; a local one runs its
+    jobs in the processes `held` across calls where given (fresh.held_processes)."""
     if kind == INLINE:
         return Inline()
     if kind == LOCAL:
         if gpu_types or places:
             raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
-        return Local(local_slots(jobs, threads))
+        return Local(local_slots(jobs, threads), held)
     if kind == RAY or kind.startswith(f"{RAY}:"):
         from harness.execute import ray_executor
 

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -146,20 +146,28 @@ class Reused:
     that thread's first call of the group and kept for its next; each dies with its parent, as
     a fresh one does. A group keeps apart what must not share a process (one framework's
     threads and another's). A process that dies fails the call it held with ProcessDied, and
-    that thread's next call starts a new one: a death never fails another thread's call."""
+    that thread's next call starts a new one: a death never fails another thread's call.
+    `by_thread` False: one process per group whichever thread calls (held_processes: the
+    job threads of one call are gone by the next), its calls one after another."""
 
-    def __init__(self):
+    def __init__(self, by_thread: bool = True):
         self.lock = threading.Lock()
-        self.pools: dict[tuple[int, Any], ProcessPoolExecutor] = {}
+        self.by_thread = by_thread
+        self.pools: dict[tuple[int | None, Any], ProcessPoolExecutor] = {}
+        # Held across calls, a process is started from a thread of its own that lasts as long:
+        # a child dies with the thread that started it (PR_SET_PDEATHSIG), and a call's job
+        # threads end with the call.
+        self.starter = None if by_thread else ThreadPoolExecutor(max_workers=1, thread_name_prefix="held")
 
     def call(self, call: Callable[..., Any], *args: Any, group: Any = None) -> Any:
-        me = (threading.get_ident(), group)
+        me = (threading.get_ident() if self.by_thread else None, group)
         with self.lock:
             pool = self.pools.get(me)
             if pool is None:
                 pool = self.pools[me] = _pool()
         try:
-            return _result(_submit(pool, call, *args))
+            submitted = _submit(pool, call, *args) if self.starter is None else self.starter.submit(_submit, pool, call, *args).result()
+            return _result(submitted)
         except (ProcessDied, UnguardedMain):
             with self.lock:
                 self.pools.pop(me, None)
@@ -171,3 +179,33 @@ class Reused:
             pools, self.pools = list(self.pools.values()), {}
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        if self.starter is not None:
+            self.starter.shutdown(wait=True)
+
+
+# The processes held across the harness's calls, while held_processes lasts (innermost last).
+_HELD: list[Reused] = []
+
+
+@contextlib.contextmanager
+def held_processes() -> Iterator[Reused]:
+    """While it lasts, the harness's calls that write no records (harness.check_port,
+    harness.run_spec without `results`) run their jobs in worker processes held from one call
+    to the next, one per framework, instead of a fresh process each: each imports torch, JAX
+    and the user's port once (a second check of the README's example port took seconds, not
+    half a minute: docs/measurements.md). A run again in a fresh process (the reproducibility
+    look) still starts one. Its processes end when it ends. Code changed while it lasts is
+    not read again by them (a port file's own bytes are: each file's content is a module of
+    its own), so hold them in one test session, not across edits."""
+    held = Reused(by_thread=False)
+    _HELD.append(held)
+    try:
+        yield held
+    finally:
+        _HELD.remove(held)
+        held.shutdown()
+
+
+def held() -> Reused | None:
+    """The processes held_processes holds now, or None."""
+    return _HELD[-1] if _HELD else None

@@ -33,6 +33,7 @@ from harness.run import anchored, progress
 from harness.run.runner import Outcome, run_alternating
 from harness.spec.load import LoadedSpec, port_source
 
+AGAIN = "run again in a fresh process"  # the role of harness/matrix.py reproduced's jobs
 FRAMEWORK = "framework run"  # the role of a chosen run (its modes together), or the calibration run; calibration's: harness/calibrate/roles.py
 
 NO_LIMITS = resources.Limits(2.0**20, 10**18)  # GiB, steps: the driver admitted the spec already
@@ -166,6 +167,16 @@ class Job:
         if self.own_process or self.gpu or len({k.adapter for k in self.keys}) != 1:
             return None
         return (self.keys[0].adapter,)
+
+    @property
+    def held_group(self) -> tuple[str, ...] | None:
+        """The process held across calls (fresh.held_processes) a job with no kept_group runs
+        in: its adapter's, so one framework's threads never meet another's; None for a run
+        again in a fresh process (what it measures is a fresh process), a GPU's, or a job of
+        several adapters."""
+        if self.gpu or self.role == AGAIN or len({k.adapter for k in self.keys}) != 1:
+            return None
+        return ("held", self.keys[0].adapter)
 
     def problem(self, base: Problem) -> Problem:
         """This job's problem, made from the spec's."""
