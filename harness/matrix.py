@@ -31,7 +31,7 @@ from harness.records.write import new_id
 from harness.run import progress
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
-from harness.verdict import cross_host, diagnosis, parity
+from harness.verdict import cross_host, diagnosis
 from harness.verdict.checks import Check
 from harness.verdict.parity import FORWARD
 
@@ -63,16 +63,6 @@ class SpecResult:
         return loaded.name
 
 
-def plan_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[jobs.Job]:
-    """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
-    together (harness/execute/plan.py), and the jobs calibration needs (harness/calibrate/calibration.py)."""
-    calibrating = calibration.jobs(loaded, problem, keys, twins, roles.scheme_of(problem))
-    # a twin of the reference's own code reads its metrics at the twins' last step too
-    read = {c.reads.label for c in calibrating if c.reads is not None and c.role == roles.TWIN}
-    framework = [replace(c, first_metrics=True) if c.name in read else c for c in plan.framework_jobs(loaded, problem, keys, repeats)]
-    return [*framework, *calibrating]
-
-
 PORT_START = "a port's start"  # the role of check_port_start's job and port_apart's
 
 
@@ -95,23 +85,12 @@ def port_apart(name: str, executor: executors.Executor | None, what: str = "modu
 def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
     """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
-    forward pass against torch's (parity.initial_forward_check), where port_apart runs a
-    port's start."""
+    forward pass against torch's, diagnosed where it fails (diagnosis.initial_forward), where
+    port_apart runs a port's start."""
     from harness.run import port_start
 
     outputs = port_apart(loaded.name, executor, FORWARD)(port_start.check_start, problem, loaded.port_sha256)
-    return parity.initial_forward_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
-
-
-def not_trained(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], check: Check) -> SpecResult:
-    """A port whose initial forward pass differs (check_port_start), not trained: a different
-    function needs no training to be called different. Its runs are skipped, saying why, and
-    the failing check is flax's float64 run's, diagnosed (--train-anyway trains it all)."""
-    check = replace(check, diagnosis=diagnosis.of_initial_forward(check))
-    reason = f"not trained: flax's initial forward pass differs from torch's ({FORWARD} FAIL); --train-anyway trains it"
-    twin = check.a
-    outcomes = {key: Outcome(key, "skipped", reason) for key in [*keys, twin]}
-    return SpecResult(loaded, problem, outcomes, [], [check], [])
+    return diagnosis.initial_forward(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
 
 
 def run_cells(
@@ -129,7 +108,7 @@ def run_cells(
     executor: executors.Executor | None = None,
     train_anyway: bool = False,
 ) -> SpecResult:
-    """Run every key on the spec with what calibrates its checks (plan_jobs), check every
+    """Run every key on the spec with what calibrates its checks (calibration.matrix_jobs), check every
     pair, and write one record per run (keys and float64 twins; the members are part of the
     checks' tolerance, not records). The jobs run on `executor` (harness/execute/executors.py;
     by default each in a fresh process one at a time with `isolate`, else in this process).
@@ -149,18 +128,17 @@ def run_cells(
         if any(k.framework == "jax" for k in keys):  # the converter and the initial forward pass, before any run
             start = check_port_start(loaded, problem, executor)
             if start.verdict == CheckVerdict.FAIL:
-                result = not_trained(loaded, problem, keys, start)
                 then = "training it anyway (--train-anyway)" if train_anyway else "nothing trains (--train-anyway trains it)"
-                console.print(f"FAIL {loaded.name} {FORWARD}: {result.checks[0].diagnosis}; {then}", style="red", highlight=False, soft_wrap=True)
-                if not train_anyway:
-                    result.records, result.member_records, made = records_of(result, run_id or new_id(), {}, inputs_sha256(problem))
-                    result.paths = write_together(results_dir, made) if results_dir is not None else []
-                    return result
-                early = result.checks
+                console.print(f"FAIL {loaded.name} {FORWARD}: {start.diagnosis}; {then}", style="red", highlight=False, soft_wrap=True)
+                if not train_anyway:  # a different function needs no training to be called different: its runs skipped, saying why
+                    reason = f"not trained: flax's initial forward pass differs from torch's ({FORWARD} FAIL); --train-anyway trains it"
+                    skipped = {key: Outcome(key, "skipped", reason) for key in [*keys, start.a]}
+                    return recorded(SpecResult(loaded, problem, skipped, [], [start], []), run_id, {}, inputs_sha256(problem), results_dir)
+                early = [start]
     elif GPU_ORACLE_KEY in keys:  # the oracle and its members on the GPU (harness run --references gpu)
         problem = replace(problem, references="gpu")
     scheme = roles.scheme_of(problem)
-    planned = plan_jobs(loaded, problem, keys, repeats, twins)
+    planned = calibration.matrix_jobs(loaded, problem, keys, repeats, twins)
     planned = hosts.spread(planned, executor.places)  # a framework job at each place asked for
     driver = schedule.Driver(loaded, problem, executor, console, work_dir)
     done = driver.run(planned)
@@ -218,7 +196,13 @@ def run_cells(
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
-    result.records, result.member_records, made = records_of(result, run_id or new_id(), floors, driver.source.inputs_sha256)
+    return recorded(result, run_id, floors, driver.source.inputs_sha256, results_dir)
+
+
+def recorded(result: SpecResult, run_id: str | None, floors: dict[RunKey, Floor], inputs_sha256: str, results_dir: Path | None) -> SpecResult:
+    """`result` with one record per run (records_of), written together where a results
+    folder is given."""
+    result.records, result.member_records, made = records_of(result, run_id or new_id(), floors, inputs_sha256)
     if results_dir is not None:
         result.paths = write_together(results_dir, made)
     return result

@@ -22,7 +22,6 @@ import numpy as np
 from hypothesis import strategies as st
 from rich.console import Console
 
-from harness.calibrate import spread
 from harness.calibrate.spread import tensors
 from harness.core import registry
 from harness.core.registry import DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, RunKey
@@ -447,7 +446,7 @@ def judge(result: SpecResult, bug: str) -> Verdict:
         bug_layers=layers,
         bug_layer_named=names_a_layer(diagnosed, layers) if layers and diagnosed else None,
         bug_segment=anchored[0].segment if anchored and not first_steps else None,
-        diverged=spread.diverged(result.outcomes.get(ORACLE_KEY)),
+        diverged=result.outcomes.get(ORACLE_KEY) is not None and result.outcomes[ORACLE_KEY].diverged,
     )
 
 

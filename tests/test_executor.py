@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from harness import matrix
-from harness.calibrate import roles
+from harness.calibrate import calibration, roles
 from harness.core.errors import HarnessError
 from harness.core.paths import SPECS_DIR
 from harness.core.registry import PORT_MEMBER_KEY
@@ -73,7 +73,7 @@ def test_calibration_runs_share_a_kept_process_with_the_bits_of_their_own(member
     after another in a process it keeps, every other cell in a fresh one; a matrix gives
     the bits, verdicts and records it gives with every cell in the driver's process."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
-    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
+    planned = calibration.matrix_jobs(loaded, build_problem(loaded), plan.matrix_keys(["numpy"], ["cpu"]), 1, True)
     calibrating = [c for c in planned if c.calibrates]
     assert {c.role for c in calibrating} == {roles.MEMBER, roles.MEMBER64, roles.REFERENCE}
     assert {c.role for c in planned if not c.calibrates} == {jobs.FRAMEWORK, roles.TWIN}  # recorded, timed: fresh
@@ -105,7 +105,7 @@ def test_a_ports_calibration_runs_share_a_kept_process_for_each_framework_and_pr
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("flax", reason="flax is not installed")
     loaded = load_spec(ROOT / "examples" / "mlp_port" / "mlp_port.yaml", "full")
-    planned = matrix.plan_jobs(loaded, build_problem(loaded), plan.port_keys(plan.matrix_keys(["torch", "jax"], ["cpu"])), 1, True)
+    planned = calibration.matrix_jobs(loaded, build_problem(loaded), plan.port_keys(plan.matrix_keys(["torch", "jax"], ["cpu"])), 1, True)
     groups = {c.name: c.kept_group for c in planned}
     kept = {("torch",), ("jax",)}
     assert {g for g in groups.values() if g is not None} == kept
@@ -152,7 +152,7 @@ def test_a_worker_refuses_inputs_that_hash_otherwise():
     problem = build_problem(loaded)
     source = jobs.source_of(loaded, problem)
     forged = jobs.Source(**{**source.__dict__, "inputs_sha256": "0" * 64})
-    (cell,) = [c for c in matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
+    (cell,) = [c for c in calibration.matrix_jobs(loaded, problem, plan.matrix_keys(["numpy"], ["cpu"]), 1, False) if c.name == "numpy@cpu"]
     with pytest.raises(jobs.InputsDiffer, match="refused"):
         jobs.run_job(forged, cell)
     assert jobs.run_job(source, cell, quiet=True).outcomes[cell.keys[0]].status == "ok"
@@ -305,7 +305,7 @@ def test_math_paritys_cells_skip_the_whole_set_predictions(members_from_the_star
     time); every run a record or the float32 envelope reads keeps them."""
     loaded = load_spec(SPECS_DIR / "peaks_mlp.yaml", "quick", SMALL)
     problem = build_problem(loaded)
-    planned = matrix.plan_jobs(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
+    planned = calibration.matrix_jobs(loaded, problem, plan.matrix_keys(["numpy", "jax"], ["cpu"]), 1, True)
     assert {c.role for c in planned if not c.metrics} == {roles.REFERENCE, roles.MEMBER64}
     assert all(c.metrics for c in planned if c.role in (jobs.FRAMEWORK, roles.MEMBER, roles.TWIN))
     (reference,) = [c for c in planned if c.role == roles.REFERENCE]

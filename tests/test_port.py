@@ -228,14 +228,13 @@ def test_a_port_runs_torch_and_jax_against_torch_float64_with_torch_members():
     takes the variance as E[x^2] - E[x]^2, harness/known_differences.yaml
     flax-layer-norm-fast-variance) with its members, and nothing else; the members run from
     the first look on, where a check needs them."""
-    from harness import matrix
-    from harness.calibrate import roles
+    from harness.calibrate import calibration, roles
     from harness.execute.plan import port_keys
 
     loaded = load_spec(MLP / "mlp_port.yaml")
     problem = build_problem(loaded)
     keys_asked = port_keys(matrix_keys(["torch", "jax", "numpy"], ["cpu"]))
-    planned = matrix.plan_jobs(loaded, problem, keys_asked, 1, True)
+    planned = calibration.matrix_jobs(loaded, problem, keys_asked, 1, True)
     keys = [key for job in planned for key in job.keys]
     assert {k.framework for k in keys} == {"torch", "jax"}
     by_role = {}

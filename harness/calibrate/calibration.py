@@ -34,6 +34,7 @@ from harness.calibrate.spread import Calibration, Segments, floor_segments, floo
 from harness.core.registry import ANCHORED_CHECKS, FLOAT32, FLOAT64, CheckVerdict, RunKey
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
+from harness.execute.plan import framework_jobs
 from harness.inputs.problem import Problem
 from harness.run.anchored import anchored_key
 from harness.run.runner import Outcome
@@ -65,6 +66,16 @@ def jobs(
     members run only where a check needs them (library_look)."""
     found = roles.member_jobs(loaded, problem, roles.member_seeds(problem, FLOAT32, scheme=scheme, part=part))
     return found + roles.twin_jobs(loaded, problem, keys, scheme, part) if twins else found
+
+
+def matrix_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[Job]:
+    """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
+    together (harness/execute/plan.py), and the jobs calibration needs (`jobs`)."""
+    calibrating = jobs(loaded, problem, keys, twins, roles.scheme_of(problem))
+    # a twin of the reference's own code reads its metrics at the twins' last step too
+    read = {c.reads.label for c in calibrating if c.reads is not None and c.role == roles.TWIN}
+    framework = [replace(c, first_metrics=True) if c.name in read else c for c in framework_jobs(loaded, problem, keys, repeats)]
+    return [*framework, *calibrating]
 
 
 class Judged(Protocol):

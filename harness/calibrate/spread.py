@@ -186,17 +186,11 @@ def _l2(a, b) -> float:
     return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
 
 
-def diverged(outcome: Outcome | None) -> bool:
-    """Whether a run stopped on a non-finite loss or parameters (harness/run/runner.py): its
-    steps before `failed_at_step` are finite."""
-    return outcome is not None and outcome.status == "failed" and outcome.failed_at_step is not None
-
-
 def measure(reference: Outcome | None, runs: list[Outcome | None], dtype: str) -> Spread | None:
     """The spread of `runs` (in plain unit order) around `reference`, over the steps every
     run kept finite where some diverged; None unless the reference ran and every run either
     ran or diverged after its first step."""
-    if reference is None or reference.status != "ok" or not runs or any(r is None or not (r.status == "ok" or diverged(r)) for r in runs):
+    if reference is None or reference.status != "ok" or not runs or any(r is None or not (r.status == "ok" or r.diverged) for r in runs):
         return None
     gone = {r.key.label: int(r.failed_at_step) for r in runs if r.status != "ok"}
     finite = min(gone.values(), default=len(reference.losses))

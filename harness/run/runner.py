@@ -66,6 +66,12 @@ class Outcome:
     # where it ran (harness/execute/jobs.py where): hostname, Ray node, thread cap, fingerprint
     worker: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def diverged(self) -> bool:
+        """Whether the run stopped on a non-finite loss or parameters (_diverged): its steps
+        before `failed_at_step` are finite."""
+        return self.status == "failed" and self.failed_at_step is not None
+
 
 def first_steps(whole: Outcome, key: RunKey, steps: int, metrics: bool = False) -> Outcome | None:
     """Math parity's reference over the first `steps` (`key`), read from the reference's

@@ -19,6 +19,8 @@ import dataclasses
 import math
 from fnmatch import fnmatchcase
 
+import numpy as np
+
 from harness.calibrate.spread import Calibration
 from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, CheckVerdict, RunKey, explains
 from harness.spec import catalogue
@@ -26,6 +28,7 @@ from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
 from harness.verdict.bound import times_tolerance
 from harness.verdict.checks import MATH, Check
+from harness.verdict.parity import initial_forward_check
 from harness.verdict.rules import check_all, pair_checks
 
 FLOAT32_ROUNDING = "rounding: float32 only"  # how _diagnosis begins where on_rounding_alone is true
@@ -269,12 +272,15 @@ def _forward(check: Check) -> str:
     return f"; its forward pass first differs at {what} {check.forward_layer} (the first batch)"
 
 
-def of_initial_forward(check: Check) -> str:
-    """A port's failing initial forward pass (parity.initial_forward_check), before any run."""
+def initial_forward(twin: RunKey, reference: RunKey, outputs: dict[str, dict[str, np.ndarray]]) -> Check:
+    """A port's initial forward pass before any run (parity.initial_forward_check), diagnosed
+    where it fails."""
+    check = initial_forward_check(twin, reference, outputs)
+    if check.verdict != CheckVerdict.FAIL:
+        return check
     how = f"outputs {check.max_rel_error:.3g} apart, {check.ratio:.3g}x float32's unit of rounding" if check.ratio is not None else check.reason
-    return (
-        f"implementation: flax's float64 forward pass differs from torch's before any training ({how}): different math, not rounding{_forward(check)}"
-    )
+    said = f"implementation: flax's float64 forward pass differs from torch's before any training ({how}): different math, not rounding"
+    return dataclasses.replace(check, diagnosis=said + _forward(check))
 
 
 def _over(check: Check) -> str:

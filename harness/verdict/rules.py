@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
-from harness.calibrate.spread import Calibration, Spread, diverged
+from harness.calibrate.spread import Calibration, Spread
 from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, CheckVerdict, RunKey
 from harness.run.runner import Outcome
 from harness.spec import catalogue
@@ -168,7 +168,7 @@ def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACL
         ref = outcomes.get(reference)
         if ref is None or ref.status != "ok":
             return []
-        return [(o, ref) for o in outcomes.values() if o.key.precision != FLOAT64 and o.key != reference and diverged(o)]
+        return [(o, ref) for o in outcomes.values() if o.key.precision != FLOAT64 and o.key != reference and o.diverged]
     ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == reference)  # the reference last: b
     return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
 
