@@ -27,10 +27,10 @@ def check_converter(
     dtypes; then that it moves every torch value to one place (jax_port._index_map: a tensor
     left out or placed twice, tied ones too, is named). A PortError of one line naming the
     first leaf or tensor that differs."""
-    jax = _jax("float32")
+    _jax("float32")  # flax in float32, as the float32 runs make it
     port.check_loaded(path, loaded_sha256, functions)
     net = port.flax_module(path)
-    own = port.call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), port.flax_example(in_shape, tokens), train=False)
+    own = port.flax_init(path, net, in_shape, tokens)
     own = {k: v for k, v in jax_port._plain(own).items() if k != "intermediates"}
     converter = port.function(path, "torch_to_flax")
     made = port.call(path, "torch_to_flax(state)", converter, port.with_tied({k: np.asarray(v) for k, v in tensors.items()}, tied))

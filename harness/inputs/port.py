@@ -376,7 +376,6 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
     Dropouts with a rate above 0 ("Dropout_0 (rate 0.1)"), which a port runs deterministic
     (adapters/jax_port.py)."""
     import flax.linen as nn
-    import jax
 
     found, dropping = set(), []
     fast = ((nn.BatchNorm, "batch_norm.variance=fast"), (nn.LayerNorm, "layer_norm.variance=fast"))
@@ -389,10 +388,21 @@ def flax_options(path: Path, in_shape: tuple[int, ...], tokens: bool = False) ->
             dropping.append(f"{'/'.join(context.module.path) or context.module.name} (rate {context.module.rate:g})")
         return next_fun(*args, **kwargs)
 
-    net = flax_module(path)
     with nn.intercept_methods(spy):
-        call(path, "flax_model().init", net.init, jax.random.PRNGKey(0), flax_example(in_shape, tokens), train=False)
+        flax_init(path, flax_module(path), in_shape, tokens)
     return tuple(sorted(found)), tuple(dict.fromkeys(dropping))
+
+
+def flax_init(path: Path, net, in_shape: tuple[int, ...], tokens: bool = False):
+    """flax_model().init's variables as shapes and dtypes, traced (jax.eval_shape; the eager init compiled each op,
+    3.0 s of a port's 6.2 s of facts); run eagerly where tracing fails (an init reading its values), its error the user's."""
+    import jax
+
+    key, x = jax.random.PRNGKey(0), flax_example(in_shape, tokens)
+    try:
+        return jax.eval_shape(lambda k, v: net.init(k, v, train=False), key, x)
+    except Exception:
+        return call(path, "flax_model().init", net.init, key, x, train=False)
 
 
 def flax_example(in_shape: tuple[int, ...], tokens: bool = False) -> np.ndarray:
@@ -456,16 +466,35 @@ class Facts:
 
 
 def facts(
-    path: Path, loaded_sha256: str | None, functions: dict[str, str] | None, seed: int, in_shape: tuple[int, ...], tokens: bool = False
+    path: Path,
+    loaded_sha256: str | None,
+    functions: dict[str, str] | None,
+    seed: int,
+    in_shape: tuple[int, ...],
+    tokens: bool = False,
+    wanted: tuple[str, int] | None = None,
 ) -> Facts:
     """The port's Facts, its bytes checked first: called apart from `harness run`'s driver
     (harness/matrix.py port_apart: in the process the local executor keeps for torch's
     calibration runs, else a fresh one), which then never imports the user's file (nor the
     flax and JAX it imports: JAX's gc callback swallowed a lease's Ctrl-C in the driver,
-    which then ran on until killed)."""
+    which then ran on until killed). torch's module first, its output width checked against
+    the data's (`wanted`: fits_data), so that data the module cannot take is said before flax
+    is imported."""
     check_loaded(path, loaded_sha256, functions)
-    flax, flax_dropout = flax_options(path, in_shape, tokens)
-    options = tuple(sorted(layer_options(path, seed) + flax))
-    dropout = tuple(f"torch: {d}" for d in torch_dropout(path, seed, in_shape, tokens)) + tuple(f"flax: {d}" for d in flax_dropout)
+    width = output_width(path, seed, in_shape, tokens)
+    if wanted is not None:
+        fits_data(path, width, *wanted)
+    torch_options, torch_dropped = layer_options(path, seed), torch_dropout(path, seed, in_shape, tokens)
     initial, tied_names = initial_state(path, seed)
-    return Facts(output_width(path, seed, in_shape, tokens), options, penalized(path, seed), initial, dropout, tied_names)
+    flax, flax_dropout = flax_options(path, in_shape, tokens)
+    dropout = tuple(f"torch: {d}" for d in torch_dropped) + tuple(f"flax: {d}" for d in flax_dropout)
+    return Facts(width, tuple(sorted(torch_options + flax)), penalized(path, seed), initial, dropout, tied_names)
+
+
+def fits_data(path: Path, width: int, what: str, wanted: int) -> None:
+    """A PortError where `width` outputs cannot take the data: `wanted` "targets" (mse), or "labels" up to `wanted`."""
+    if what == "targets" and width != wanted:
+        raise PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
+    if what == "labels" and (width < 2 or wanted >= width):
+        raise PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {wanted}")

@@ -257,16 +257,12 @@ def with_port(problem: Problem, path: Path, loaded_sha256: str | None, apart: Ca
     spec = problem.spec
     functions = spec.model.functions
     port.check_loaded(path, loaded_sha256, functions)
-    found = (apart or _here)(port.facts, path, loaded_sha256, functions, spec.init.seed, spec.model.in_shape, spec.model.tokens is not None)
-    width = found.width
     if spec.loss.kind == "mse":
-        wanted = problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1
-        if width != wanted:
-            raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's targets have {wanted}")
+        wanted = ("targets", problem.y_train.shape[1] if problem.y_train.ndim == 2 else 1)
     else:  # the validation split's labels index the outputs too
-        top = max(int(y.max(initial=0)) for y in (problem.y_train, problem.y_val) if y is not None)
-        if width < 2 or top >= width:
-            raise port.PortError(f"{path}: the torch module gives {width} outputs; the data's labels go up to {top}")
+        wanted = ("labels", max(int(y.max(initial=0)) for y in (problem.y_train, problem.y_val) if y is not None))
+    found = (apart or _here)(port.facts, path, loaded_sha256, functions, spec.init.seed, spec.model.in_shape, spec.model.tokens is not None, wanted)
+    width = found.width
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port_options": found.options})})
     penalized = found.penalized if spec.loss.l2 is not None else ()
     return replace(
