@@ -11,6 +11,7 @@ the key, before anything runs."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from harness import session
 from harness.core.errors import SpecError
+from harness.execute import fresh
 from harness.execute.fresh import exit_if_importing_main
 from harness.options import RunOptions
 from harness.result import Verdict, rendered
@@ -37,9 +39,13 @@ def loaded_spec(spec: Any, profile: str) -> spec_load.LoadedSpec:
 
 
 def run_loaded(loaded: spec_load.LoadedSpec, options: RunOptions, members: bool = False) -> Verdict:
-    """The matrix of one loaded spec under `options`, quietly: its Verdict."""
+    """The matrix of one loaded spec under `options`, quietly: its Verdict. Where it writes no
+    records (nothing is timed for one), its jobs run in a process per adapter, started at
+    once and held for the call (fresh.held_processes), unless processes are held already."""
     console = Console(file=io.StringIO(), width=100)
-    results, _, _, _ = session.run_matrix(options, console, [loaded])
+    held = options.results is None and not options.in_process and fresh.held() is None
+    with fresh.held_processes() if held else contextlib.nullcontext():
+        results, _, _, _ = session.run_matrix(options, console, [loaded])
     return Verdict(results, rendered(results, members))
 
 

@@ -84,7 +84,8 @@ def make_executor(options: RunOptions):
 
     held = fresh.held() if options.results is None else None
     gpu_types, places = (list(names) if names else None for names in (options.gpu_types, options.places))
-    return executors.make(executor_kind(options), options.jobs, options.threads, gpu_types, places, held)
+    adapters = tuple(options.running) if "cpu" in options.devices else ()
+    return executors.make(executor_kind(options), options.jobs, options.threads, gpu_types, places, held, adapters)
 
 
 def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[str] = (), layers: bool = True, records: bool = True) -> None:

@@ -62,7 +62,7 @@ def test_idx_reader_on_synthetic_files(tmp_path, compress):
         (b"\x12\x34\x08\x01" + struct.pack(">I", 3) + b"abc", "wrong magic"),
         (b"\x00\x00\x08\x02" + struct.pack(">I", 3), "truncated IDX header"),
         (b"\x00\x00\x08\x01" + struct.pack(">I", 10) + b"abc", "truncated or oversized"),
-        (gzip.compress(b"\x00\x00\x08\x01" + struct.pack(">I", 3) + b"abc")[:-6], "corrupt or truncated gzip"),
+        (gzip.compress(b"\x00\x00\x08\x01" + struct.pack(">I", 3) + b"abc", mtime=0)[:-6], "corrupt or truncated gzip"),
     ],
 )
 def test_idx_reader_rejects_bad_files(tmp_path, payload, message):

@@ -358,7 +358,7 @@ def test_checks_under_held_processes_give_the_same_checks_in_the_same_processes(
     """harness.held_processes (harness.testing's harness_processes in pytest): a second
     check_port of the README's example port runs in the processes the first started (a
     framework's run too, each framework in its own), and its checks are the first's, bitwise
-    (errors, ratios), as are those of a check in fresh processes."""
+    (errors, ratios), as are those of a check in fresh processes (one writing records)."""
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("flax", reason="flax is not installed")
     import importlib.util
@@ -371,7 +371,7 @@ def test_checks_under_held_processes_give_the_same_checks_in_the_same_processes(
     def checks(verdict):
         return sorted((c.name, c.a.label, c.b.label, c.verdict.value, c.ratio, c.max_rel_error) for r in verdict.results for c in r.checks)
 
-    fresh = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP)
+    fresh = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP, results=tmp_path)
     with harness.held_processes() as held:
         first = harness.check_port(example.torch_model, example.flax_model, example.torch_to_flax, **example.SETUP)
         started = {group: pool for (_, group), pool in held.pools.items()}

@@ -11,6 +11,7 @@ Threads: harness/execute/capacity.py.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
@@ -37,6 +38,23 @@ class Executor(Protocol):
 def _capped(threads: int | None, call: Callable[..., Any], *args: Any) -> Any:
     cap_threads(threads)
     return call(*args)
+
+
+# What a held process of each adapter imports as it starts, ahead of its first job (Local's
+# `adapters`): a cold start was most of a first port check (docs/measurements.md).
+WARM = {
+    "torch": ("torch", "torch._inductor.config", "adapters.torch_adapter"),  # torch.use_deterministic_algorithms imports inductor's config
+    "jax": ("jax", "flax.linen", "optax", "adapters.jax_adapter", "adapters.jax_port"),
+    "numpy": ("adapters.xp_adapter",),
+}
+
+
+def _warm(adapter: str) -> None:
+    for name in ("harness.run.runner", *WARM[adapter]):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not installed: the job that needs it says so
+            return
 
 
 def local_slots(jobs: int | None, threads: int | None) -> Slots:
@@ -84,15 +102,17 @@ class Local:
 
     places: list[str] = []
 
-    def __init__(self, slots: Slots, held: Reused | None = None):
+    def __init__(self, slots: Slots, held: Reused | None = None, adapters: tuple[str, ...] = ()):
         self.slots = slots
         self.pool = ThreadPoolExecutor(max_workers=slots.jobs, thread_name_prefix="job")
         self.kept = held or Reused()
         self.held = held is not None  # processes held across calls (fresh.held_processes): not this executor's to end
+        for adapter in adapters if self.held else ():  # each adapter's held process started now, all at once
+            held.start(_capped, slots.threads, _warm, adapter, group=("held", adapter))
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         group = None if job is None else job.kept_group
-        if group is None and self.held and job is not None:
+        if self.held and job is not None and job.held_group is not None:  # one process per adapter, whatever its jobs
             group = job.held_group
         if group is None:
             return self.pool.submit(in_fresh_process, _capped, self.slots.threads, call, *args)
@@ -111,15 +131,17 @@ def make(
     gpu_types: list[str] | None = None,
     places: list[str] | None = None,
     held: Reused | None = None,
+    adapters: tuple[str, ...] = (),
 ) -> Executor:
     """The executor `kind` names: in-process, local, ray or ray:ADDRESS; a local one runs its
-    jobs in the processes `held` across calls where given (fresh.held_processes)."""
+    jobs in the processes `held` across calls where given (fresh.held_processes), those of
+    `adapters` started at once."""
     if kind == INLINE:
         return Inline()
     if kind == LOCAL:
         if gpu_types or places:
             raise HarnessError("--gpu-types and --places need --executor ray: the local executor has one machine")
-        return Local(local_slots(jobs, threads), held)
+        return Local(local_slots(jobs, threads), held, tuple(a for a in adapters if a in WARM))
     if kind == RAY or kind.startswith(f"{RAY}:"):
         from harness.execute import ray_executor
 

@@ -174,6 +174,18 @@ class Reused:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
 
+    def start(self, call: Callable[..., Any], *args: Any, group: Any = None) -> None:
+        """Start the process of `group` now, if it is not yet, with call(*args) as its first
+        work (imports), not waited for: it overlaps the work before the group's first call. A
+        failure is the next call's (a process that died: ProcessDied)."""
+        if self.starter is None:
+            raise RuntimeError("Reused.start: for processes held across calls (by_thread False)")
+        with self.lock:
+            if (None, group) in self.pools:
+                return
+            pool = self.pools[None, group] = _pool()
+        self.starter.submit(_submit, pool, call, *args)
+
     def shutdown(self) -> None:
         with self.lock:
             pools, self.pools = list(self.pools.values()), {}
@@ -191,9 +203,9 @@ _HELD: list[Reused] = []
 def held_processes() -> Iterator[Reused]:
     """While it lasts, the harness's calls that write no records (harness.check_port,
     harness.run_spec without `results`) run their jobs in worker processes held from one call
-    to the next, one per framework, instead of a fresh process each: each imports torch, JAX
-    and the user's port once (a second check of the README's example port took seconds, not
-    half a minute: docs/measurements.md). A run again in a fresh process (the reproducibility
+    to the next, one per framework (each such call holds its own for its length otherwise):
+    each imports torch, JAX and the user's port once (a second check of the README's example
+    port took seconds, its first 12-16 s: docs/measurements.md). A run again in a fresh process (the reproducibility
     look) still starts one. Its processes end when it ends. Code changed while it lasts is
     not read again by them (a port file's own bytes are: each file's content is a module of
     its own), so hold them in one test session, not across edits."""
