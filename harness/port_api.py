@@ -101,12 +101,21 @@ def _section(argument: str, value: Any) -> dict[str, Any]:
 
 def _split(argument: str, pair: Any) -> tuple[np.ndarray, np.ndarray]:
     """One split (x, y) of arrays given as data: float32 features a row each (vectors, or
-    images channels x height x width), and integer labels or float32 targets, as many."""
+    images channels x height x width), and integer labels or float32 targets, as many; or
+    integer token ids (n, context), y each position's next token."""
     if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(a, np.ndarray) for a in pair)):
         raise SpecError(f"{argument}: a pair (x, y) of NumPy arrays, got {type(pair).__name__}")
     x, y = pair
-    arrays_mod.check_split(argument, x, y, SpecError)
+    if _tokens(x):
+        arrays_mod.check_tokens(argument, x, y, x.shape[1], max(int(x.max(initial=0)), int(y.max(initial=0))) + 1, SpecError)
+    else:
+        arrays_mod.check_split(argument, x, y, SpecError)
     return x, y
+
+
+def _tokens(x: np.ndarray) -> bool:
+    """Whether a split's x is a text's token ids: integers, (examples, context)."""
+    return x.dtype.kind in "iu" and x.ndim == 2
 
 
 def _arrays(data: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -131,9 +140,9 @@ def _model(data: Any, arrays: dict[str, np.ndarray] | None, input_shape: Any) ->
     """The model section's input: the arrays' row shape, else `input_shape`, else a 2-feature
     data kind's; named by the spec's key (input_width of a vector, input_shape of an image).
     None for a text data section, which gives the token ids itself (model.tokens)."""
-    if data.get("kind") == "text":  # the token ids: the data section gives the model its context and vocabulary
+    if data.get("kind") == "text" or (arrays is not None and _tokens(arrays["x_train"])):  # the data gives the context and vocabulary
         if input_shape is not None:
-            raise SpecError(f"input_shape: a text's input is its token ids, which the data section gives: give no input_shape, got {input_shape!r}")
+            raise SpecError(f"input_shape: a text's input is its token ids, which the data gives: give no input_shape, got {input_shape!r}")
         return {}
     if input_shape is None and arrays is not None:
         input_shape = arrays["x_train"].shape[1:]
@@ -149,7 +158,8 @@ def _model(data: Any, arrays: dict[str, np.ndarray] | None, input_shape: Any) ->
 @contextlib.contextmanager
 def _data_folder(arrays: dict[str, np.ndarray] | None, data_dir: Path | None) -> Iterator[tuple[Path | None, dict[str, Any] | None]]:
     """The arrays as an .npz file in a temporary folder (removed afterwards), and its data
-    section; or the caller's data folder and no section."""
+    section (token ids with their context and vocabulary, the largest id's range); or the
+    caller's data folder and no section."""
     if arrays is None:
         yield data_dir, None
         return
@@ -157,7 +167,11 @@ def _data_folder(arrays: dict[str, np.ndarray] | None, data_dir: Path | None) ->
         path = Path(folder) / "arrays.npz"
         np.savez(path, **arrays)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        yield Path(folder), {"kind": "arrays", "file": path.name, "sha256": digest}
+        section = {"kind": "arrays", "file": path.name, "sha256": digest}
+        if _tokens(arrays["x_train"]):
+            vocabulary = max(int(a.max(initial=0)) for a in arrays.values()) + 1
+            section["tokens"] = {"context": arrays["x_train"].shape[1], "vocabulary": vocabulary}
+        yield Path(folder), section
 
 
 def check_port(

@@ -137,7 +137,16 @@ def test_a_closure_runs_in_process_and_is_refused_for_workers_in_one_line():
         (dict(torch_to_flax=np.transpose), r"^torch_model, flax_model, torch_to_flax: defined in .* and .*: a port's three callables"),
         (dict(data=[1, 2]), r"^data: a spec's data section .* got list"),
         (dict(data={"train": (np.zeros((4, 784)), np.zeros(4, np.int64))}), r"^data.train: features are float32, got float64"),
-        (dict(data={"train": (np.zeros((4, 784), np.int64), np.zeros(4, np.int64))}), r"^data.train: integer features \(token ids\?\)"),
+        (
+            dict(data={"train": (np.zeros((4, 784), np.int64), np.zeros(4, np.int64))}),
+            r"^data.train: token ids are integers of \(examples, context 784\) for x and y alike: y is int64 of \(4,\)",
+        ),
+        (dict(data={"train": (np.zeros((4, 1, 8, 8), np.int64), np.zeros(4, np.int64))}), r"^data.train: integer features: features are float32"),
+        (dict(data={"train": (-np.ones((4, 8), np.int64), np.zeros((4, 8), np.int64))}), r"^data.train: x's token ids go from -1 to -1"),
+        (
+            dict(data={"train": (np.zeros((4, 8), np.int64), np.zeros((4, 8), np.int64))}, input_shape=(8,)),
+            r"^input_shape: a text's input is its token ids, which the data gives",
+        ),
         (dict(data={"train": (np.zeros((4, 784), np.float32), np.zeros(3, np.int64))}), r"^data.train: x has 4 rows, y 3"),
         (dict(data={"train": (np.zeros((4, 784), np.float32), -np.ones(4, np.int64))}), r"^data.train: labels are class indices"),
         (dict(data={"train": (np.full((4, 784), np.nan, np.float32), np.zeros(4, np.int64))}), r"^data.train: x holds NaN"),
@@ -247,6 +256,32 @@ def test_an_arrays_file_is_read_checked_and_never_unpickled(tmp_path):
         arrays_mod.load_arrays(section.model_copy(update={"sha256": "0" * 64}), tmp_path)
     with pytest.raises(DataError, match="data.file: .*missing"):
         arrays_mod.load_arrays(section.model_copy(update={"file": "none.npz"}), tmp_path)
+
+
+def test_an_arrays_file_of_token_ids_gives_the_model_its_context_and_vocabulary(tmp_path):
+    """Data kind arrays with `tokens` (check_port's token-id arrays): the model's input is the
+    ids, (examples, context) for x and y alike, each id below the vocabulary."""
+    from harness.spec.load import load_mapping
+
+    ids = np.arange(40, dtype=np.int64).reshape(5, 8) % 7
+    section = _npz(tmp_path, x_train=ids, y_train=np.roll(ids, -1, axis=1)).model_dump()
+    document = {
+        "name": "token_arrays", "title": "t", "article": "a", "model": {"python": "port.py"}, "init": {"seed": 0},
+        "loss": {"kind": "cross_entropy", "reduction": "mean"}, "optimizer": {"kind": "sgd", "lr": 0.1},
+        "training": {"epochs": 1, "batch_size": 5, "shuffle": False, "shuffle_seed": 0, "last_batch": "keep"},
+        "logging": {"loss_every": 1, "print_every": 10}, "timing": {"repeats": 1},
+        "data": {**section, "tokens": {"context": 8, "vocabulary": 7}},
+    }  # fmt: skip
+    (tmp_path / "port.py").write_text("")
+    spec = load_mapping(document, "full", folder=tmp_path).spec
+    assert (spec.model.tokens.context, spec.model.tokens.vocabulary) == (8, 7) and spec.model.in_shape == (8,)
+    split = arrays_mod.load_arrays(spec.data, tmp_path)
+    assert split.x_train.dtype == np.int64 and np.array_equal(split.x_train, ids) and split.example_shape == (8,)
+    with pytest.raises(DataError, match=r"x's token ids go from 0 to 6, outside 0 to 5 \(the vocabulary\)"):
+        arrays_mod.load_arrays(spec.data.model_copy(update={"tokens": spec.data.tokens.model_copy(update={"vocabulary": 6})}), tmp_path)
+    short = {**_npz(tmp_path, x_train=ids, y_train=ids[:, 1:]).model_dump(), "tokens": {"context": 8, "vocabulary": 7}}
+    with pytest.raises(DataError, match=r"for x and y alike: y is int64 of \(5, 7\)"):
+        arrays_mod.load_arrays(ArraysData(**short), tmp_path)
 
 
 @pytest.mark.slow
@@ -380,3 +415,34 @@ def test_checks_under_held_processes_give_the_same_checks_in_the_same_processes(
     assert {("held", "torch"), ("held", "jax")} <= set(started), sorted(started)
     assert fresh.passed and checks(first) == checks(second) == checks(fresh)
     assert not held.pools  # ended with it
+
+
+@pytest.mark.slow
+def test_token_id_arrays_give_the_checks_of_the_text_data_section_they_were_cut_from():
+    """A text port (examples/text_port) checked on token-id arrays, x and y of (examples,
+    context), the next token at each position: the text data section's own examples and
+    split (harness.inputs.data.load_text), so its checks are the section's, bitwise."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("flax", reason="flax is not installed")
+    import importlib.util
+
+    from harness.spec.load import load_spec
+
+    found = importlib.util.spec_from_file_location("text_port", ROOT / "examples" / "text_port" / "text_port.py")
+    port = importlib.util.module_from_spec(found)
+    found.loader.exec_module(port)
+    spec = load_spec(ROOT / "examples" / "text_port" / "text_port.yaml").spec
+    split = data_mod.load_text(spec.data, data_mod.SYSTEM_TEXTS)
+    training = {"epochs": 1, "batch_size": 32, "last_batch": "drop"}
+    common = dict(loss="cross_entropy", optimizer=spec.optimizer.model_dump(exclude_none=True), training=training)
+    arrays = {"train": (split.x_train, split.y_train), "validation": (split.x_val, split.y_val)}
+
+    def checks(verdict):
+        return sorted((c.name, c.a.label, c.b.label, c.verdict.value, c.ratio, c.max_rel_error) for r in verdict.results for c in r.checks)
+
+    with harness.held_processes():
+        from_arrays = harness.check_port(port.torch_model, port.flax_model, port.torch_to_flax, data=arrays, **common)
+        section = spec.data.model_dump(exclude_none=True)
+        from_section = harness.check_port(port.torch_model, port.flax_model, port.torch_to_flax, data=section, **common)
+    assert from_arrays.passed and not from_arrays.failures, from_arrays
+    assert checks(from_arrays) == checks(from_section) and len(checks(from_arrays)) > 20

@@ -110,7 +110,7 @@ def test_a_bad_text_spec_is_refused_in_one_line_naming_its_key(case):
 def test_a_model_of_token_ids_needs_text_data():
     doc = yaml.safe_load(Path("specs/moons_net.yaml").read_text())
     doc["model"] = {"tokens": {"context": 4, "vocabulary": 2}, "layers": [{"kind": "embedding", "width": 2}, {"width": 2}]}
-    with pytest.raises(SpecError, match="model.tokens: a model of token ids takes text data, not moons"):
+    with pytest.raises(SpecError, match="model.tokens: a model of token ids takes text data or token arrays, not moons"):
         validate_document(Path("x.yaml"), doc)
 
 

@@ -44,7 +44,12 @@ def load_arrays(section: ArraysData, data_dir: Path, max_bytes: int = ARRAYS_MAX
         )
     for part in ("train", "val"):
         if f"x_{part}" in arrays:
-            check_split(f"data.file: {path}: x_{part} and y_{part}", arrays[f"x_{part}"], arrays[f"y_{part}"])
+            where, x, y = f"data.file: {path}: x_{part} and y_{part}", arrays[f"x_{part}"], arrays[f"y_{part}"]
+            if section.tokens is None:
+                check_split(where, x, y)
+            else:
+                check_tokens(where, x, y, section.tokens.context, section.tokens.vocabulary)
+                arrays[f"x_{part}"] = x.astype(np.int64)
     x, y = arrays["x_train"], arrays["y_train"]
     if "x_val" in arrays and (
         arrays["x_val"].shape[1:] != x.shape[1:] or arrays["y_val"].shape[1:] != y.shape[1:] or arrays["y_val"].dtype.kind != y.dtype.kind
@@ -56,12 +61,22 @@ def load_arrays(section: ArraysData, data_dir: Path, max_bytes: int = ARRAYS_MAX
     return IdxSplit(x, y, arrays.get("x_val"), y_val, (UsedFile(name=section.file, path=str(path), sha256=got),), x.shape[1:])
 
 
+def check_tokens(where: str, x: np.ndarray, y: np.ndarray, context: int, vocabulary: int, error: type[Exception] = DataError) -> None:
+    """One split of token ids (data kind arrays with tokens): x and y integers of (n, context)
+    each, y each position's next token, every id from 0 to below `vocabulary`."""
+    for name, a in (("x", x), ("y", y)):
+        if a.dtype.kind not in "iu" or a.ndim != 2 or a.shape != (len(x), context) or len(a) == 0:
+            raise error(f"{where}: token ids are integers of (examples, context {context}) for x and y alike: {name} is {a.dtype} of {a.shape}")
+        if a.min(initial=0) < 0 or a.max(initial=0) >= vocabulary:
+            raise error(f"{where}: {name}'s token ids go from {a.min()} to {a.max()}, outside 0 to {vocabulary - 1} (the vocabulary)")
+
+
 def check_split(where: str, x: np.ndarray, y: np.ndarray, error: type[Exception] = DataError) -> None:
     """One split's features and labels (a user's arrays: data kind arrays, harness.check_port's
     `data`): float32 features of one vector or image a row, finite, as many rows as labels;
     labels integers from 0, one a row, or finite float32 targets. `error` naming `where`."""
     if x.dtype.kind in "iu":
-        raise error(f"{where}: integer features (token ids?): features are float32 vectors or images, not a text's token ids")
+        raise error(f"{where}: integer features: features are float32 vectors or images (token ids: data.tokens, x and y of (examples, context))")
     if x.dtype != np.float32:
         raise error(f"{where}: features are float32, got {x.dtype} (x.astype(numpy.float32))")
     if x.ndim not in (2, 4) or len(x) == 0:

@@ -126,20 +126,40 @@ class TextData(Strict):
         return None  # known once the file is read
 
 
+class ArrayTokens(Strict):
+    """A user's arrays of token ids: examples of `context` ids below `vocabulary`, each
+    position's target the next id, as kind text cuts a text."""
+
+    context: Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
+    vocabulary: PositiveInt
+
+
 class ArraysData(Strict):
     """A user's own arrays (harness.check_port's `data` given as NumPy arrays): a NumPy .npz
     file by bare name, looked up in the data folder and checked against its sha256, holding
     x_train and y_train and, both or neither, x_val and y_val: float32 features (vectors, or
     images as channels x height x width) and integer labels (cross entropy) or float32
-    targets (mse). Read without unpickling anything (harness.inputs.data.load_arrays)."""
+    targets (mse); with `tokens`, integer token ids and their next tokens, (n, context) each.
+    Read without unpickling anything (harness.inputs.data.load_arrays)."""
 
     kind: Literal["arrays"]
     file: FileName
     sha256: Sha256
+    tokens: ArrayTokens | None = None
 
     @property
     def n_examples(self) -> int | None:
         return None  # known once the file is read
+
+
+def token_ids(section: object) -> tuple[int, int] | None:
+    """The (context, vocabulary) of a data section of token ids (a text, or token arrays);
+    None for one of features."""
+    if isinstance(section, TextData):
+        return section.context, section.vocabulary
+    if isinstance(section, ArraysData) and section.tokens is not None:
+        return section.tokens.context, section.tokens.vocabulary
+    return None
 
 
 DataSection = Annotated[PeaksData | MoonsData | IdxData | ImagePatterns | TextData | ArraysData, Field(discriminator="kind")]

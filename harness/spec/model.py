@@ -18,7 +18,7 @@ from pydantic import Field, model_serializer, model_validator
 from harness.core.strict import Strict
 from harness.layers import LayerSection, Placed, place
 from harness.optimizers import Optimizer
-from harness.spec.data import MAX_CONTEXT, VOCABULARY, DataSection
+from harness.spec.data import MAX_CONTEXT, VOCABULARY, DataSection, token_ids
 from harness.spec.fields import (
     MAX_LAYERS,
     MAX_MEMBERS,
@@ -372,15 +372,20 @@ class Spec(Strict):
         if not isinstance(document, dict):
             return document
         data, model = document.get("data"), document.get("model")
-        if not (isinstance(data, dict) and data.get("kind") == "text" and isinstance(model, dict)):
+        if not (isinstance(data, dict) and isinstance(model, dict)) or "tokens" in model:
             return document
-        if "tokens" in model:
+        if data.get("kind") == "text":
+            context, vocabulary = data.get("context"), VOCABULARY.get(data.get("tokens"), VOCABULARY["bytes"])
+        elif data.get("kind") == "arrays" and isinstance(data.get("tokens"), dict):  # token arrays (harness.check_port)
+            context, vocabulary = data["tokens"].get("context"), data["tokens"].get("vocabulary")
+        else:
             return document
         # Where the data section is itself wrong (its own error says so), a stand-in keeps
         # the model's errors to the model's own.
-        context, vocabulary = data.get("context"), VOCABULARY.get(data.get("tokens"), VOCABULARY["bytes"])
         if not (isinstance(context, int) and 0 < context <= MAX_CONTEXT):
             context = 1
+        if not (isinstance(vocabulary, int) and vocabulary > 0):
+            vocabulary = 1
         return {**document, "model": {**model, "tokens": {"context": context, "vocabulary": vocabulary}}}
 
     @model_validator(mode="after")
@@ -432,18 +437,19 @@ class Spec(Strict):
             raise ValueError("init: a port's weights are its torch module's own (torch.manual_seed(init.seed)): give seed alone")
 
     def _text_consistent(self) -> None:
-        tokens, text = self.model.tokens, self.data.kind == "text"
-        if tokens is not None and not text:
-            raise ValueError(f"model.tokens: a model of token ids takes text data, not {self.data.kind}")
-        if text and tokens is None:
+        tokens, given = self.model.tokens, token_ids(self.data)
+        if tokens is not None and given is None:
+            raise ValueError(f"model.tokens: a model of token ids takes text data or token arrays, not {self.data.kind}")
+        if given is not None and tokens is None:
             raise ValueError("model: text data's input is its token ids: give no input_width or input_shape")
-        if not text:
+        if given is None:
             return
-        if (tokens.context, tokens.vocabulary) != (self.data.context, self.data.vocabulary):
-            raise ValueError(f"model.tokens: the text data gives context {self.data.context} and vocabulary {self.data.vocabulary}")
+        (context, vocabulary), what = given, "text data" if self.data.kind == "text" else "token arrays"
+        if (tokens.context, tokens.vocabulary) != given:
+            raise ValueError(f"model.tokens: the {what} gives context {context} and vocabulary {vocabulary}")
         # a port's outputs are known once its module runs (harness/inputs/problem.py with_port checks them)
-        if self.loss.kind != "cross_entropy" or (not self.model.is_port and self.model.n_outputs != self.data.vocabulary):
-            raise ValueError(f"loss.kind: a text's targets are its next tokens: use cross_entropy and {self.data.vocabulary} outputs")
+        if self.loss.kind != "cross_entropy" or (not self.model.is_port and self.model.n_outputs != vocabulary):
+            raise ValueError(f"loss.kind: a text's targets are its next tokens: use cross_entropy and {vocabulary} outputs")
         if self.loss.l2 is not None:
             raise ValueError("loss.l2: not yet taken on a text model (which of its weights a penalty sums is not settled)")
 
