@@ -85,12 +85,12 @@ def port_apart(name: str, executor: executors.Executor | None, what: str = "modu
 def check_port_start(loaded: LoadedSpec, problem: Problem, executor: executors.Executor | None = None) -> Check:
     """A port before any run (harness/run/port_start.py check_start): torch_to_flax's tree
     against flax's own init (a PortError where they differ), then flax's float64 initial
-    forward pass against torch's, diagnosed where it fails (diagnosis.initial_forward), where
+    forward pass against torch's, diagnosed where it fails (diagnosis.start_check), where
     port_apart runs a port's start."""
     from harness.run import port_start
 
     outputs = port_apart(loaded.name, executor, FORWARD)(port_start.check_start, problem, loaded.port_sha256)
-    return diagnosis.initial_forward(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
+    return diagnosis.start_check(port_start.FLAX_TWIN_KEY, PORT_REFERENCE_KEY, outputs)
 
 
 def run_cells(

@@ -152,7 +152,7 @@ class ArraysData(Strict):
         return None  # known once the file is read
 
 
-def token_ids(section: object) -> tuple[int, int] | None:
+def token_input(section: object) -> tuple[int, int] | None:
     """The (context, vocabulary) of a data section of token ids (a text, or token arrays);
     None for one of features."""
     if isinstance(section, TextData):

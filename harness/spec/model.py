@@ -18,7 +18,7 @@ from pydantic import Field, model_serializer, model_validator
 from harness.core.strict import Strict
 from harness.layers import LayerSection, Placed, place
 from harness.optimizers import Optimizer
-from harness.spec.data import MAX_CONTEXT, VOCABULARY, DataSection, token_ids
+from harness.spec.data import MAX_CONTEXT, VOCABULARY, DataSection, token_input
 from harness.spec.fields import (
     MAX_LAYERS,
     MAX_MEMBERS,
@@ -437,7 +437,7 @@ class Spec(Strict):
             raise ValueError("init: a port's weights are its torch module's own (torch.manual_seed(init.seed)): give seed alone")
 
     def _text_consistent(self) -> None:
-        tokens, given = self.model.tokens, token_ids(self.data)
+        tokens, given = self.model.tokens, token_input(self.data)
         if tokens is not None and given is None:
             raise ValueError(f"model.tokens: a model of token ids takes text data or token arrays, not {self.data.kind}")
         if given is not None and tokens is None:

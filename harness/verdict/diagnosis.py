@@ -272,7 +272,7 @@ def _forward(check: Check) -> str:
     return f"; its forward pass first differs at {what} {check.forward_layer} (the first batch)"
 
 
-def initial_forward(twin: RunKey, reference: RunKey, outputs: dict[str, dict[str, np.ndarray]]) -> Check:
+def start_check(twin: RunKey, reference: RunKey, outputs: dict[str, dict[str, np.ndarray]]) -> Check:
     """A port's initial forward pass before any run (parity.initial_forward_check), diagnosed
     where it fails."""
     check = initial_forward_check(twin, reference, outputs)
