@@ -162,7 +162,7 @@ def run_cells(
             planned, done, found = measured
             checks = judged(found.calibration)
     # the rest of the members, where a check needs them: not for one its library entries explain
-    needing = [c for c in checks if not diagnosis.library_known(problem.spec, c, scheme.reference)]
+    needing = [c for c in checks if not c.library_known]
     topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, needing, driver.run, console, scheme)
     if topped is not None:
         planned, done, found = topped

@@ -60,6 +60,9 @@ class Check:
     # A re-anchored math-parity check: the step of the segment where it first fails (or is
     # closest to failing), the twin started there from the oracle's state.
     segment: int | None = None
+    # A known check that non-strict library entries alone explain, as far as their members
+    # reach (diagnosis.library_known): the rest of the envelope's members are not run for it.
+    library_known: bool = False
 
     def involves(self, key: RunKey) -> bool:
         return key in (self.a, self.b)

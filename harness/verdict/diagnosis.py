@@ -430,10 +430,13 @@ def math_doubted(checks: list[Check]) -> list[Check]:
 
 
 def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> list[Check]:
-    """A diagnosis on every failing check (known ones keep theirs), with where it starts."""
+    """A diagnosis on every failing check (known ones keep theirs), with where it starts; each
+    known check that library entries alone explain says so (library_known)."""
     parity = _parity(checks)
     out = []
     for check in checks:
+        if library_known(spec, check, reference):
+            check = dataclasses.replace(check, library_known=True)
         if check.verdict in (CheckVerdict.FAIL, CheckVerdict.KNOWN):
             pair = [c for c in checks if {c.a, c.b} == {check.a, check.b}]
             if check.verdict == CheckVerdict.KNOWN:
