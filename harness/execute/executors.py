@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from harness.core.errors import HarnessError
 from harness.execute.capacity import INLINE, LOCAL, RAY, Slots, cap_threads, cores
-from harness.execute.fresh import Reused, in_fresh_process
+from harness.execute.fresh import Reused, held_group, in_fresh_process
 
 
 @runtime_checkable
@@ -108,7 +108,7 @@ class Local:
         self.kept = held or Reused()
         self.held = held is not None  # processes held across calls (fresh.held_processes): not this executor's to end
         for adapter in adapters if self.held else ():  # each adapter's held process started now, all at once
-            held.start(_capped, slots.threads, _warm, adapter, group=("held", adapter))
+            held.start(_capped, slots.threads, _warm, adapter, group=held_group(adapter))
 
     def submit(self, job, call: Callable[..., Any], *args: Any) -> Future:
         group = None if job is None else job.kept_group

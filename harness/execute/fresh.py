@@ -218,6 +218,12 @@ def held_processes() -> Iterator[Reused]:
         held.shutdown()
 
 
+def held_group(adapter: str) -> tuple[str, str]:
+    """The group of the process held for one adapter's jobs (Job.held_group), which
+    executors.Local starts ahead of them."""
+    return ("held", adapter)
+
+
 def held() -> Reused | None:
     """The processes held_processes holds now, or None."""
     return _HELD[-1] if _HELD else None

@@ -25,6 +25,7 @@ import numpy as np
 
 from harness.core.errors import HarnessError
 from harness.core.registry import CALIBRATION, FLOAT64, ORACLE, RunKey
+from harness.execute.fresh import held_group
 from harness.inputs import resources
 from harness.inputs.library import library_problem
 from harness.inputs.members import in_plain_order, reordered
@@ -176,7 +177,7 @@ class Job:
         several adapters."""
         if self.gpu or self.role == AGAIN or len({k.adapter for k in self.keys}) != 1:
             return None
-        return ("held", self.keys[0].adapter)
+        return held_group(self.keys[0].adapter)
 
     def problem(self, base: Problem) -> Problem:
         """This job's problem, made from the spec's."""
