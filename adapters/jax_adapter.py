@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import jax_layers, jax_port
+from adapters import jax_defects, jax_layers, jax_port
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import FLOAT64, TF32
@@ -399,11 +399,27 @@ def _stat_names(problem, variables) -> list[str]:
     return [k for k, a in _tensors(problem, marked).items() if np.isnan(a).any()]
 
 
-def _call_step(trainer: Trainer, params, opt_state, log, t: int):
+def _step_arguments(trainer: Trainer, params, opt_state, log, t: int) -> tuple[tuple, dict]:
     if trainer.problem.batch_order is None:
-        return trainer.train_step(params, opt_state, log, t, trainer.data)
+        return (params, opt_state, log, t, trainer.data), {}
     epoch, start, stop = trainer.problem.batch_slice(t)
-    return trainer.train_step(params, opt_state, log, t, trainer.data, epoch, start, size=stop - start)
+    return (params, opt_state, log, t, trainer.data, epoch, start), {"size": stop - start}
+
+
+def _call_step(trainer: Trainer, params, opt_state, log, t: int):
+    args, kwargs = _step_arguments(trainer, params, opt_state, log, t)
+    return trainer.train_step(*args, **kwargs)
+
+
+def defects(trainer: Trainer) -> list[dict[str, Any]]:
+    """The catalogued library defects a float32 run's step meets on its device, measured
+    (adapters/jax_defects.py): those catalogued are XLA:CPU's, so none off the CPU, nor for
+    the float64 twin."""
+    if trainer.dtype == FLOAT64 or trainer.device != "cpu":
+        return []
+    jax = _jax()
+    args, kwargs = _step_arguments(trainer, trainer.params, trainer.opt_state, jax.numpy.zeros_like(trainer.loss_log), 0)
+    return jax_defects.measured(trainer.train_step, args, kwargs, jax.devices(_platform(trainer.device))[0])
 
 
 def warm_up(trainer: Trainer, plan=()) -> None:

@@ -121,4 +121,14 @@ class ComputesScheduleRates(Protocol):
     def schedule_rates(self, opt: Any, steps: int) -> list[float]: ...
 
 
-CAPABILITIES = (LoadsState, BuildsAgain, KeepsTrainingState, RecordsLayerOutputs, MeasuresRates, ComputesScheduleRates)
+@runtime_checkable
+class MeasuresDefects(Protocol):
+    """Optional: the catalogued library defects (harness/library_defects.yaml) a float32
+    run's step meets on its device, each measured: {"defect": id, "op": where it is,
+    "error": its float32 value's distance from its float64 value, relative}, and the op's
+    own keys. The diagnosis names them on the run's failing checks."""
+
+    def defects(self, trainer: Any) -> list[dict[str, Any]]: ...
+
+
+CAPABILITIES = (LoadsState, BuildsAgain, KeepsTrainingState, RecordsLayerOutputs, MeasuresRates, ComputesScheduleRates, MeasuresDefects)

@@ -12,3 +12,4 @@ SPECS_DIR = PROJECT_ROOT / "specs"
 RUNS_DIR = Path("runs")
 REFERENCE_DIR = Path("results")
 KNOWN_DIFFERENCES_FILE = PROJECT_ROOT / "harness" / "known_differences.yaml"
+LIBRARY_DEFECTS_FILE = PROJECT_ROOT / "harness" / "library_defects.yaml"

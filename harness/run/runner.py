@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters.protocol import KeepsTrainingState, RecordsLayerOutputs
+from adapters.protocol import KeepsTrainingState, MeasuresDefects, RecordsLayerOutputs
 from harness.core import load, registry
 from harness.core.errors import Unsupported, described
 from harness.core.registry import FLOAT64, ORACLE, RunKey
@@ -258,6 +258,8 @@ class _Trial:
         self.warmup.append(time.perf_counter() - start)
 
         if repeat == 0:
+            if key.dtype != FLOAT64 and isinstance(adapter, MeasuresDefects) and (found := adapter.defects(trainer)):
+                outcome.describe["defects"] = found
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
             if key.dtype == FLOAT64 and problem.jitter_seed is None and isinstance(adapter, RecordsLayerOutputs):
                 outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)

@@ -15,9 +15,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import TypeAdapter, ValidationError
 
 from harness.core.errors import SpecError
-from harness.core.paths import KNOWN_DIFFERENCES_FILE
+from harness.core.paths import KNOWN_DIFFERENCES_FILE, LIBRARY_DEFECTS_FILE
 from harness.core.registry import FLOAT64
-from harness.spec.known import KnownDifference, LibraryDifference, LibraryFormula
+from harness.spec.known import KnownDifference, LibraryDefect, LibraryDifference, LibraryFormula
 from harness.spec.model import Spec
 from harness.spec.yamlsafe import Refused, load_yaml
 
@@ -29,13 +29,37 @@ def library_differences(path: Path = KNOWN_DIFFERENCES_FILE) -> tuple[LibraryDif
         doc = load_yaml(path.read_text())
         entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
     except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
-        raise SpecError(f"{path}: not a valid known-differences file: {exc}") from None
+        raise SpecError(f"{path}: not a valid known-differences file: {_one_line(exc)}") from None
+    _versions_checked(path, entries)
+    return tuple(entries)
+
+
+@functools.cache
+def library_defects(path: Path = LIBRARY_DEFECTS_FILE) -> dict[str, LibraryDefect]:
+    """The library defects by id (harness/library_defects.yaml), validated as the known
+    differences are."""
+    try:
+        entries = TypeAdapter(list[LibraryDefect]).validate_python(load_yaml(path.read_text()) or [])
+    except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
+        raise SpecError(f"{path}: not a valid library-defects file: {_one_line(exc)}") from None
+    _versions_checked(path, entries)
+    return {entry.id: entry for entry in entries}
+
+
+def _one_line(exc: Exception) -> str:
+    """A validation error as one line: each entry's index and key, and what is wrong."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return " ".join(str(exc).split())
+
+
+def _versions_checked(path: Path, entries: list) -> None:
+    """Each entry's `versions` a PEP 440 specifier set, or a one-line error naming it."""
     for entry in entries:
         try:
             SpecifierSet(entry.versions)
         except InvalidSpecifier:
             raise SpecError(f"{path}: {entry.id}: versions: not a version specifier: {entry.versions!r}") from None
-    return tuple(entries)
 
 
 def _installed(library: str) -> str | None:

@@ -112,3 +112,20 @@ class LibraryDifference(KnownDifference):
         options = {f"{layer.kind}.{key}={value}" for layer in spec.model.layers or () for key, value in layer.model_dump().items()}
         options |= set(spec.model.port_options)  # a port's, as its torch module shows them
         return any(selector in options for selector in self.layers)
+
+
+class LibraryDefect(Strict):
+    """A library computing wrong values (harness/library_defects.yaml): no bound explains
+    it, so a check it touches still fails, and its diagnosis names it, with the op the
+    adapter measured it on (adapters/protocol.py MeasuresDefects) and the mend."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+    framework: Name
+    library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+    versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set
+    devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
+    title: Annotated[str, Field(min_length=10, max_length=160)]  # what goes wrong, in one clause
+    upstream: Annotated[str, Field(pattern=r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$")]
+    reason: Annotated[str, Field(min_length=20)]
+    evidence: Annotated[str, Field(min_length=20)]
+    mend: Annotated[str, Field(min_length=10)]

@@ -26,6 +26,7 @@ from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, 
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
+from harness.verdict import defects
 from harness.verdict.bound import times_tolerance
 from harness.verdict.checks import MATH, Check
 from harness.verdict.parity import initial_forward_check
@@ -349,8 +350,10 @@ def beyond_reach(checks: list[Check]) -> list[Check]:
 
 
 def _past_members_reach(check: Check) -> bool:
-    """Marked beyond what its library entries explain, by members that ran (apply_known_differences)."""
-    return f"{BEYOND} " in (check.diagnosis or "") and NO_MEMBERS not in check.diagnosis
+    """Marked beyond what its library entries explain, by members that ran
+    (apply_known_differences), and not a measured library defect (no member explains one)."""
+    said = check.diagnosis or ""
+    return f"{BEYOND} " in said and NO_MEMBERS not in said and not said.startswith(defects.DEFECT)
 
 
 def library_known(spec: Spec, check: Check, reference: RunKey = ORACLE_KEY) -> bool:
@@ -453,7 +456,8 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
 
 def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     """Every check of a spec's matrix (rules.check_all), known differences applied, and a
-    diagnosis on every failing or known check."""
+    diagnosis on every failing or known check, led by a library defect a run measured
+    (harness/verdict/defects.py)."""
     measured = check_all(spec, outcomes, cal)
     known = apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference, lying_with(spec, outcomes, cal))
-    return diagnose(spec, known, cal.reference)
+    return defects.named(diagnose(spec, known, cal.reference), outcomes, FLOAT32_ROUNDING)
