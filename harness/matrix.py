@@ -19,7 +19,7 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE, ORACLE_KEY, PORT_REFERENCE_KEY, CheckVerdict, RunKey
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, CheckVerdict, RunKey
 from harness.execute import executors, hosts, jobs, plan, schedule
 from harness.execute.jobs import inputs_sha256
 from harness.hardware.floor import Floor, Rates, floor_of
@@ -155,12 +155,12 @@ def run_cells(
     if first is not None:
         planned, done, found = first
         checks = judged(found.calibration)
-    if scheme.reference.framework == ORACLE:  # a library entry's members on the first look's, where a check needs them
-        unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)
-        measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
-        if measured is not None:
-            planned, done, found = measured
-            checks = judged(found.calibration)
+    # a library entry's members on the first look's, where a check needs them
+    unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)
+    measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
+    if measured is not None:
+        planned, done, found = measured
+        checks = judged(found.calibration)
     # the rest of the members, where a check needs them: not for one its library entries explain
     needing = [c for c in checks if not c.library_known]
     topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, needing, driver.run, console, scheme)

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from harness import matrix
 from harness.calibrate import calibration, roles
-from harness.core.paths import SPECS_DIR
+from harness.core.paths import PROJECT_ROOT, SPECS_DIR
 from harness.core.registry import CALIBRATION_KEY, FLOAT64, ORACLE_KEY, CheckVerdict, RunKey
 from harness.execute import plan
-from harness.inputs.problem import truncated
+from harness.inputs.problem import build_problem, truncated
 from harness.spec.load import load_spec
 from harness.verdict import checks, diagnosis
 from tests.conftest import quick_problem
@@ -115,7 +115,11 @@ EXPLAINS = re.compile(r"([\d.e+-]+) of what (?:it explains|they explain)")  # a 
 
 
 def verdicts(name: str, epochs: int, frameworks: list[str]):
-    loaded, short_problem = short_quick(name, epochs)
+    if name.startswith("examples/"):  # a user's port as its folder has it (epochs: its own)
+        loaded = load_spec(PROJECT_ROOT / name)
+        short_problem = build_problem(loaded)
+    else:
+        loaded, short_problem = short_quick(name, epochs)
     out = io.StringIO()
     result = matrix.run_cells(loaded, short_problem, plan.matrix_keys(frameworks, ["cpu"]), None, Console(file=out, width=300), repeats=1)
     return result, out.getvalue()
@@ -131,6 +135,9 @@ def verdicts(name: str, epochs: int, frameworks: list[str]):
         # JAX's twin judged against optax's formula, NumPy's against the oracle: only the kind
         # of float64 member a standing check reads runs (roles.Kind), the oracle's own keeps its floor
         ("gpl_transformer", 1, ["jax", "numpy"], False, True, False),
+        # a port (torch's float64 run the reference): optax's bias corrections explain JAX's
+        # float32 checks that do not pass, on the library look's member
+        ("examples/mnist_port/mnist_port.yaml", 1, ["torch", "jax"], False, True, None),
     ],
 )
 def test_a_matrix_gives_the_verdicts_of_every_member(members_from_the_start, name, epochs, frameworks, topped, library_known, plain64):
