@@ -22,6 +22,7 @@ from harness.core.errors import RecordError, SpecError
 from harness.core.paths import SPECS_DIR
 from harness.records import store, write
 from harness.spec.load import parse_document, validate_document
+from harness.spec.model import FULL_PROFILE
 from harness.spec.yamlsafe import MAX_DEPTH
 from tests.conftest import ROOT
 from tests.helpers import interruptible, tiny_moons
@@ -146,11 +147,15 @@ def run_cli(results: Path, spec: str | Path = "moons_net", *profile: str) -> sub
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_an_interrupted_run_leaves_no_record(tmp_path, sig):
-    proc = run_cli(tmp_path)
+    """Interrupted mid-training: moons at its full size (20,000 steps), so the signal finds
+    it running (the quick profile's 600 steps could end, under the suite's load, before the
+    pipe handed its first line over: an exit 0 with its records, seen once in CI)."""
+    proc = run_cli(tmp_path, "moons_net", "--profile", FULL_PROFILE)
     deadline = time.monotonic() + 60
     line = ""
     while "step" not in line and time.monotonic() < deadline:  # interrupt it mid-training
         line = proc.stdout.readline()
+    assert proc.poll() is None, "the run ended before it was interrupted"
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     assert proc.returncode != 0
