@@ -102,7 +102,12 @@ def a_sample_outcome() -> Outcome:
 
 
 def interruptible() -> None:
-    """In a test's child process, before it starts: Ctrl-C's default action, whatever this
-    process had. A job started in the background (`.ci/run &`) inherits SIGINT ignored, and
-    Python then installs no KeyboardInterrupt handler: no Ctrl-C test would mean anything."""
+    """In a test's child process, before it starts: Ctrl-C's default action, and SIGINT
+    unblocked, whatever this process had. A job started in the background (`.ci/run &`)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler; a mask
+    is inherited across exec, and a test worker whose thread has SIGINT blocked (a library's
+    threads can leave it so) hands its child a Ctrl-C that stays pending: the run went on
+    to its end (exit 0) in CI, twice in one session. Without this no Ctrl-C test would mean
+    anything."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -148,8 +148,7 @@ def run_cli(results: Path, spec: str | Path = "moons_net", *profile: str) -> sub
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_an_interrupted_run_leaves_no_record(tmp_path, sig):
     """Interrupted mid-training: moons at its full size (20,000 steps), so the signal finds
-    it running (the quick profile's 600 steps could end, under the suite's load, before the
-    pipe handed its first line over: an exit 0 with its records, seen once in CI)."""
+    it running, whatever the suite's load (the child's SIGINT unblocked: helpers.interruptible)."""
     proc = run_cli(tmp_path, "moons_net", "--profile", FULL_PROFILE)
     deadline = time.monotonic() + 60
     line = ""
