@@ -183,7 +183,7 @@ def _rate(optax, opt):
 def schedule_rates(opt, steps: int) -> list[float]:
     """The learning rate of updates 0 .. steps - 1 as optax computes it inside the float64
     twin's update: the schedule jitted, at its int32 update count, under x64 (float32 values:
-    harness/known_differences.yaml, optax-schedule-float32). x64 is put back as it was."""
+    harness/known_differences.yaml, optax-schedule-float32), x64 on within jax's own context."""
     import optax
 
     jax = _jax()
@@ -192,13 +192,9 @@ def schedule_rates(opt, steps: int) -> list[float]:
     rate = _rate(optax, opt)
     if not callable(rate):
         return [float(rate)] * steps
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with jax.enable_x64(True):
         at = jax.jit(rate)
         return [float(at(jnp.int32(t))) for t in range(steps)]
-    finally:
-        jax.config.update("jax_enable_x64", before)
 
 
 def _masks_at(problem, data, t, size: int):
@@ -413,9 +409,8 @@ def _call_step(trainer: Trainer, params, opt_state, log, t: int):
 
 def defects(trainer: Trainer) -> list[dict[str, Any]]:
     """The catalogued library defects a float32 run's step meets on its device, measured
-    (adapters/jax_defects.py): those catalogued are XLA:CPU's, so none off the CPU, nor for
-    the float64 twin."""
-    if trainer.dtype == FLOAT64 or trainer.device != "cpu":
+    (adapters/jax_defects.py): those catalogued are XLA:CPU's, so none off the CPU."""
+    if trainer.device != "cpu":
         return []
     jax = _jax()
     args, kwargs = _step_arguments(trainer, trainer.params, trainer.opt_state, jax.numpy.zeros_like(trainer.loss_log), 0)

@@ -69,12 +69,8 @@ def measured(step, args: tuple, kwargs: dict, device) -> list[dict[str, Any]]:
     for eqn in suspects:
         operands = [rng.standard_normal(v.aval.shape) for v in eqn.invars]
         got = _alone(eqn, [o.astype(np.float32) for o in operands], device)
-        before = jax.config.jax_enable_x64
-        jax.config.update("jax_enable_x64", True)
-        try:
+        with jax.enable_x64(True):
             want = _alone(eqn, operands, device)
-        finally:
-            jax.config.update("jax_enable_x64", before)
         scale = float(np.abs(want).max()) or 1.0
         error = float(np.abs(got - want).max()) / scale if np.isfinite(got).all() else float("inf")
         if not error <= WRONG:

@@ -24,26 +24,30 @@ from harness.spec.yamlsafe import Refused, load_yaml
 
 @functools.cache
 def library_differences(path: Path = KNOWN_DIFFERENCES_FILE) -> tuple[LibraryDifference, ...]:
-    try:
-        # The spec's loader: no anchors or aliases, no duplicate keys, bounded depth.
-        doc = load_yaml(path.read_text())
-        entries = TypeAdapter(list[LibraryDifference]).validate_python(doc or [])
-    except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
-        raise SpecError(f"{path}: not a valid known-differences file: {_one_line(exc)}") from None
-    _versions_checked(path, entries)
-    return tuple(entries)
+    return tuple(_entries(path, LibraryDifference, "known-differences"))
 
 
 @functools.cache
 def library_defects(path: Path = LIBRARY_DEFECTS_FILE) -> dict[str, LibraryDefect]:
     """The library defects by id (harness/library_defects.yaml), validated as the known
     differences are."""
+    return {entry.id: entry for entry in _entries(path, LibraryDefect, "library-defects")}
+
+
+def _entries(path: Path, kind: type, what: str) -> list:
+    """A catalogue file's entries of `kind`, each `versions` a PEP 440 specifier set, read
+    with the spec's loader (no anchors or aliases, no duplicate keys, bounded depth); a
+    one-line SpecError naming the file and the key otherwise."""
     try:
-        entries = TypeAdapter(list[LibraryDefect]).validate_python(load_yaml(path.read_text()) or [])
+        entries = TypeAdapter(list[kind]).validate_python(load_yaml(path.read_text()) or [])
     except (OSError, Refused, yaml.YAMLError, ValueError, ValidationError) as exc:
-        raise SpecError(f"{path}: not a valid library-defects file: {_one_line(exc)}") from None
-    _versions_checked(path, entries)
-    return {entry.id: entry for entry in entries}
+        raise SpecError(f"{path}: not a valid {what} file: {_one_line(exc)}") from None
+    for entry in entries:
+        try:
+            SpecifierSet(entry.versions)
+        except InvalidSpecifier:
+            raise SpecError(f"{path}: {entry.id}: versions: not a version specifier: {entry.versions!r}") from None
+    return entries
 
 
 def _one_line(exc: Exception) -> str:
@@ -51,15 +55,6 @@ def _one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return " ".join(str(exc).split())
-
-
-def _versions_checked(path: Path, entries: list) -> None:
-    """Each entry's `versions` a PEP 440 specifier set, or a one-line error naming it."""
-    for entry in entries:
-        try:
-            SpecifierSet(entry.versions)
-        except InvalidSpecifier:
-            raise SpecError(f"{path}: {entry.id}: versions: not a version specifier: {entry.versions!r}") from None
 
 
 def _installed(library: str) -> str | None:

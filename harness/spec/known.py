@@ -12,6 +12,11 @@ from harness.core.strict import Strict
 from harness.optimizers import OPTIMIZER_KINDS
 from harness.spec.fields import Name
 
+# A library catalogue entry's keys (harness/known_differences.yaml, harness/library_defects.yaml)
+EntryId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+LibraryName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+Versions = Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
+
 
 class KnownDifference(Strict):
     """A failing float32 check that has been investigated and explained. Its verdict becomes
@@ -74,9 +79,9 @@ class LibraryDifference(KnownDifference):
     framework, the library and its version range, the optimizer and loss kinds, device and
     mode. It covers every spec that matches."""
 
-    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
-    library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
-    versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set, e.g. ">=0.1"
+    id: EntryId
+    library: LibraryName
+    versions: Versions
     optimizers: list[Literal[OPTIMIZER_KINDS]] = list(OPTIMIZER_KINDS)
     losses: list[Literal["mse", "cross_entropy"]] = ["mse", "cross_entropy"]
     # Layer options ("batch_norm.running_var=unbiased"): the entry covers a spec with a layer
@@ -119,10 +124,10 @@ class LibraryDefect(Strict):
     it, so a check it touches still fails, and its diagnosis names it, with the op the
     adapter measured it on (adapters/protocol.py MeasuresDefects) and the mend."""
 
-    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+    id: EntryId
     framework: Name
-    library: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
-    versions: Annotated[str, Field(min_length=1, max_length=64)]  # a PEP 440 specifier set
+    library: LibraryName
+    versions: Versions
     devices: list[Literal["cpu", "gpu"]] = ["cpu", "gpu"]
     title: Annotated[str, Field(min_length=10, max_length=160)]  # what goes wrong, in one clause
     upstream: Annotated[str, Field(pattern=r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$")]
