@@ -18,7 +18,7 @@ import numpy as np
 from adapters import jax_defects, jax_layers, jax_port
 from adapters.protocol import State
 from harness.core.errors import Unsupported
-from harness.core.registry import FLOAT64, TF32
+from harness.core.registry import BF16, FLOAT64, TF32
 from harness.reference import network
 
 NAME = "jax"
@@ -81,6 +81,7 @@ def describe(key) -> dict[str, Any]:
             "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
             "jax_enable_x64": bool(jax.config.jax_enable_x64),
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            **({"flax_dtype": "bfloat16"} if key.precision == BF16 else {}),
         },
         "threads": int(os.environ.get("HARNESS_THREADS") or os.cpu_count() or 0) or None,  # a cap: harness/execute/executors.py
         **({"fast_mode": FAST_MODE} if key.mode == "fast" else {}),
@@ -207,11 +208,16 @@ def _masks_at(problem, data, t, size: int):
     return found
 
 
-def _network(problem, dtype: str):
+def _compute(key) -> str | None:
+    """A run's computation dtype where it is not its parameters': a bf16 run's bfloat16."""
+    return "bfloat16" if key is not None and key.precision == BF16 else None
+
+
+def _network(problem, dtype: str, compute: str | None = None):
     """The network's module, called apply(variables, x, masks, train, mutable=...): the
     spec's layers (adapters/jax_layers.py) or a port's own flax module (adapters/jax_port.py),
-    made for a run in `dtype`."""
-    return jax_port.Network(problem, dtype) if problem.port is not None else jax_layers.module(problem.spec)
+    made for a run in `dtype` (its parameters'), computing in `compute` (None: the same)."""
+    return jax_port.Network(problem, dtype, compute) if problem.port is not None else jax_layers.module(problem.spec, compute)
 
 
 def _variables(problem, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
@@ -228,7 +234,7 @@ def _tensors(problem, tree: dict[str, Any]) -> dict[str, np.ndarray]:
     return jax_layers.tensors(problem.spec, tree)
 
 
-def _functions(problem, dtype: str):
+def _functions(problem, dtype: str, compute: str | None = None):
     """The pure forward, loss and jitted train step of a spec: a flax.linen network
     (adapters/jax_layers.py) and an optax optimizer, its variables carried as
     {"params": ..., "batch_stats": ...}."""
@@ -237,7 +243,7 @@ def _functions(problem, dtype: str):
     import optax
 
     spec = problem.spec
-    net = _network(problem, dtype)
+    net = _network(problem, dtype, compute)
     stats = "batch_stats" in _variables(problem, problem.initial_params, "float32") if problem.port is not None else jax_layers.has_stats(spec)
     l2 = network.l2_scale(spec.loss, len(problem.x_train))
     full_size = len(problem.x_train)
@@ -320,7 +326,7 @@ def _functions(problem, dtype: str):
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
-    return _built(problem, data, key, _functions(problem, key.dtype))
+    return _built(problem, data, key, _functions(problem, key.dtype, _compute(key)))
 
 
 def build_again(trainer: Trainer) -> Trainer:
@@ -468,8 +474,8 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     dev = jax.devices(_platform(trainer.device))[0]
     inputs = jax.device_put(_inputs(trainer, x), dev)
     if trainer.problem.port is not None:
-        return jax_port.Network(trainer.problem, trainer.dtype).intermediates(trainer.params, inputs)
-    net = jax_layers.module(trainer.problem.spec)
+        return jax_port.Network(trainer.problem, trainer.dtype, _compute(trainer.key)).intermediates(trainer.params, inputs)
+    net = jax_layers.module(trainer.problem.spec, _compute(trainer.key))
     masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
     _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])
     return {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}

@@ -94,21 +94,24 @@ def _attention_module(nn, jnp):
         causal: bool
         rope: Any
         bias: bool
+        dtype: Any = None  # the computation's (a bf16 run's bfloat16), None: the inputs'
 
         @nn.compact
         def __call__(self, x):
             b, t, width = x.shape
-            q, k, v = (nn.Dense(width, use_bias=self.bias, name=w)(x).reshape(b, t, self.heads, -1) for w in ("q", "k", "v"))
+            q, k, v = (nn.Dense(width, use_bias=self.bias, dtype=self.dtype, name=w)(x).reshape(b, t, self.heads, -1) for w in ("q", "k", "v"))
             if self.rope is not None:
                 q, k = rotary(jnp, q, self.rope), rotary(jnp, k, self.rope)
             o = attend(nn, jnp, q, k, v, self.causal)
-            return nn.Dense(width, use_bias=self.bias, name="out")(o.reshape(b, t, width))
+            return nn.Dense(width, use_bias=self.bias, dtype=self.dtype, name="out")(o.reshape(b, t, width))
 
     return SelfAttention
 
 
-def module(spec):
-    """The spec's network as a flax.linen Module: __call__(x, masks, train)."""
+def module(spec, dtype: str | None = None):
+    """The spec's network as a flax.linen Module: __call__(x, masks, train). `dtype` is every
+    module's computation dtype, as flax's own examples write mixed precision (a bf16 run's
+    "bfloat16", parameters kept float32); None: the parameters' (flax's default)."""
     import flax.linen as nn
     import jax.numpy as jnp
 
@@ -140,15 +143,15 @@ def module(spec):
         def layer(self, p, x, masks, train: bool):
             kind, s = p.module.KIND, p.section
             if kind == "embedding":
-                x = nn.Embed(s.vocabulary, s.width, name=p.name)(x)
+                x = nn.Embed(s.vocabulary, s.width, dtype=dtype, name=p.name)(x)
             elif kind == "positional":
-                x = x + nn.Embed(s.max_len, p.in_shape[1], name=p.name)(positions(jnp, x.shape[1]))
+                x = x + nn.Embed(s.max_len, p.in_shape[1], dtype=dtype, name=p.name)(positions(jnp, x.shape[1]))
             elif kind == "attention":
-                x = attention(s.heads, s.causal, s.rope, s.bias, name=p.name)(x)
+                x = attention(s.heads, s.causal, s.rope, s.bias, dtype, name=p.name)(x)
             elif kind == "dense":
-                x = nn.Dense(s.width, name=p.name)(x)
+                x = nn.Dense(s.width, dtype=dtype, name=p.name)(x)
             elif kind == "conv2d":
-                x = nn.Conv(s.filters, (s.kernel, s.kernel), strides=(s.stride, s.stride), padding=_padding(p), name=p.name)(x)
+                x = nn.Conv(s.filters, (s.kernel, s.kernel), strides=(s.stride, s.stride), padding=_padding(p), dtype=dtype, name=p.name)(x)
             elif kind == "max_pool":
                 x = nn.max_pool(x, (s.window, s.window), strides=(s.step, s.step), padding="VALID")
             elif kind == "avg_pool":
@@ -156,10 +159,10 @@ def module(spec):
             elif kind == "flatten":
                 x = x.transpose(0, 3, 1, 2).reshape((x.shape[0], -1)) if x.ndim == 4 else x
             elif kind == "batch_norm":
-                norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, name=p.name)
+                norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, dtype=dtype, name=p.name)
                 x = norm(x, use_running_average=not train)
             elif kind == "layer_norm":
-                x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, name=p.name)(x)
+                x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, dtype=dtype, name=p.name)(x)
             elif kind == "dropout":
                 if train:
                     mask = masks[p.name]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.errors import Unsupported
 from harness.inputs import port
 
 
@@ -22,11 +23,16 @@ class Network:
     """The user's flax module behind the adapter's call `apply(variables, x, masks, train,
     mutable=...)`: x flat as the data has it (an image made NHWC), masks ignored."""
 
-    def __init__(self, problem, dtype: str):
+    def __init__(self, problem, dtype: str, compute: str | None = None):
         self.problem = problem
         self.shape = problem.spec.model.in_shape
         self.dtype = dtype
-        self.net = port.flax_module(problem.port, dtype)
+        if compute is not None and not port._takes_dtype(port.function(problem.port, "flax_model")):
+            raise Unsupported(
+                f"{problem.port}: a {compute} run calls flax_model(dtype=jnp.{compute}); give flax_model a `dtype` keyword and pass it "
+                "on to every module that takes one (parameters stay float32, as flax's param_dtype keeps them)"
+            )
+        self.net = port.flax_module(problem.port, compute or dtype)
 
     def _x(self, x):
         if len(self.shape) == 3:

@@ -10,6 +10,7 @@ is one CUDA graph per batch size, replayed with no host synchronisation.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -25,7 +26,7 @@ from adapters.torch_optim import optimizer as _optimizer
 from adapters.torch_optim import rule as _rule
 from adapters.torch_optim import scheduler as _scheduler
 from harness.core.errors import Unsupported
-from harness.core.registry import TF32
+from harness.core.registry import BF16, TF32
 from harness.optimizers import adam
 from harness.reference import network
 
@@ -97,6 +98,7 @@ def describe(key) -> dict[str, Any]:
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            **({"autocast": "bfloat16"} if key.precision == BF16 else {}),
             **gpu,
         },
         "threads": torch.get_num_threads(),
@@ -117,6 +119,15 @@ class Trainer:
     mode: str = "eager"
     fast: Any = None  # torch_fast.Fast in mode "fast"
     scheduler: Any = None  # torch.optim.lr_scheduler's, where the spec has a schedule
+    bf16: bool = False  # forward passes and the loss under torch.autocast(dtype=torch.bfloat16)
+
+
+def _autocast(torch, trainer: Trainer):
+    """torch's own mixed precision for a bf16 run: autocast on the run's device in bfloat16
+    (its lists of ops computed in bf16 and kept in float32), parameters float32; else nothing."""
+    if not trainer.bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=_device(trainer.device).split(":")[0], dtype=torch.bfloat16)
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -157,6 +168,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         optimizer = _optimizer(torch, problem.spec, model)
         trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
         trainer.scheduler = _scheduler(torch, problem.spec, optimizer)
+        trainer.bf16 = key.precision == BF16
         return trainer
     spec = problem.spec
     if not spec.plain_training:
@@ -189,7 +201,8 @@ def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     masks = trainer.problem.step_masks(trainer.data, step)
     optimizer.zero_grad(set_to_none=True)
     spec = trainer.problem.spec
-    loss = _loss(torch, spec.loss, model, trainer.n_examples, model(x, masks), y)
+    with _autocast(torch, trainer):
+        loss = _loss(torch, spec.loss, model, trainer.n_examples, model(x, masks), y)
     loss.backward()
     if spec.optimizer.clip_global_norm is not None:
         _clip(torch, trainer.problem, list(model.parameters()), spec.optimizer.clip_global_norm)
@@ -398,7 +411,7 @@ def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     inputs = _inputs(torch, trainer, x)
     trainer.model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(torch, trainer):
             return trainer.model(inputs, {}).cpu().double().numpy()
     finally:
         trainer.model.train()
@@ -412,7 +425,7 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     dev = _device(trainer.device)
     to = {"device": dev, "dtype": trainer.dtype}
     masks = {name: torch.from_numpy(np.ascontiguousarray(m)).to(**to) for name, m in masks.items()}
-    with torch.no_grad():
+    with torch.no_grad(), _autocast(torch, trainer):
         return torch_layers.layer_outputs(model, _inputs(torch, trainer, x), masks)
 
 

@@ -57,15 +57,22 @@ def run_spec(
     devices: Sequence[str] | None = None,
     data_dir: str | Path | None = None,
     results: str | Path | None = None,
+    precisions: Sequence[str] | None = None,
 ) -> Verdict:
     """A spec's matrix, checks and verdicts, as `harness run` gives them: `spec` a path, a spec's
-    name (`specs/`) or a dict in the spec language; `frameworks` and `devices` as the command
-    line's --frameworks and --devices (default: every framework, the CPU); `data_dir` where
-    its data files are; `results` a folder for its records (none written without it).
+    name (`specs/`) or a dict in the spec language; `frameworks`, `devices` and `precisions` as
+    the command line's --frameworks, --devices and --precisions (default: every framework, the
+    CPU, float32); `data_dir` where its data files are; `results` a folder for its records
+    (none written without it).
     Called at a script's top level, outside `if __name__ == "__main__":`, it raises
     RuntimeError saying so (its worker processes import the script again)."""
     exit_if_importing_main()
     options = RunOptions(
-        profile=FULL_PROFILE if profile is None else profile, frameworks=frameworks, devices=devices, data_dir=data_dir, results=results
+        profile=FULL_PROFILE if profile is None else profile,
+        frameworks=frameworks,
+        devices=devices,
+        data_dir=data_dir,
+        results=results,
+        precisions=precisions,
     )
     return run_loaded(loaded_spec(spec, options.profile), options)

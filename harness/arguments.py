@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from harness.core.paths import REFERENCE_DIR, RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, REFERENCE_DEVICES
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
 from harness.execute.capacity import LOCAL, RAY
 from harness.inputs import resources
 from harness.spec import model as spec_mod
@@ -139,6 +139,11 @@ def limits(args: argparse.Namespace) -> resources.Limits:
 
 def gpu_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf32", action="store_true", help="also run each framework on the GPU with TF32 allowed (measured, not gated)")
+    p.add_argument(
+        "--precisions",
+        type=_csv(PRECISION_CHOICES, "precision"),
+        help="float32 (the strict runs, always run) and bf16: torch's autocast and flax's modules in bfloat16, a cell each (measured, not gated)",
+    )
     p.add_argument(
         "--references",
         choices=REFERENCE_DEVICES,

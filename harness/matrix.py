@@ -19,7 +19,7 @@ from harness.calibrate import calibration, roles
 from harness.calibrate.spread import Calibration
 from harness.core import provenance
 from harness.core.errors import HarnessError
-from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, CheckVerdict, RunKey
+from harness.core.registry import GPU_ORACLE_KEY, ORACLE_KEY, PORT_REFERENCE_KEY, CheckVerdict, RunKey, gates
 from harness.execute import executors, hosts, jobs, plan, schedule
 from harness.execute.jobs import inputs_sha256
 from harness.hardware.floor import Floor, Rates, floor_of
@@ -151,45 +151,49 @@ def run_cells(
 
     checks = judged(found.calibration)
     # the first look's members, of each kind a check needs on the zeroth look's spread (no member)
-    first = calibration.first_look(loaded, problem, keys, planned, done, chosen, checks, driver.run, console, scheme)
+    first = calibration.first_look(loaded, problem, keys, planned, done, chosen, steering(checks), driver.run, console, scheme)
     if first is not None:
         planned, done, found = first
         checks = judged(found.calibration)
     # a library entry's members on the first look's, where a check needs them
-    unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)
+    unmeasured = diagnosis.unmeasured_libraries(problem.spec, steering(checks), scheme.reference)
     measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
     if measured is not None:
         planned, done, found = measured
         checks = judged(found.calibration)
     # the rest of the members, where a check needs them: not for one its library entries explain
-    needing = [c for c in checks if not c.library_known]
+    needing = [c for c in steering(checks) if not c.library_known]
     topped = calibration.top_up(loaded, problem, keys, planned, done, chosen, needing, driver.run, console, scheme)
     if topped is not None:
         planned, done, found = topped
         checks = judged(found.calibration)
-    looked = calibration.math_second_look(loaded, problem, planned, done, chosen, diagnosis.math_doubted(checks), driver.run, console, scheme)
+    doubted = diagnosis.math_doubted(steering(checks))
+    looked = calibration.math_second_look(loaded, problem, planned, done, chosen, doubted, driver.run, console, scheme)
     if looked is not None:
         planned, done, found = looked
         checks = judged(found.calibration)
-    unmeasured = diagnosis.unmeasured_libraries(problem.spec, checks, scheme.reference)  # a library entry's members, run where a check needs them
+    # a library entry's members, run where a check needs them
+    unmeasured = diagnosis.unmeasured_libraries(problem.spec, steering(checks), scheme.reference)
     measured = calibration.library_look(loaded, problem, keys, planned, done, chosen, unmeasured, driver.run, console, scheme)
     if measured is not None:
         planned, done, found = measured
         checks = judged(found.calibration)
-    measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, diagnosis.beyond_reach(checks), driver.run, console, scheme)
+    beyond = diagnosis.beyond_reach(steering(checks))
+    measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, beyond, driver.run, console, scheme)
     if measured is not None:
         planned, done, found = measured
         checks = judged(found.calibration)
-    wider = calibration.second_look(loaded, problem, planned, done, found, outcomes, diagnosis.on_rounding_alone(checks), driver.run, console, scheme)
+    alone = diagnosis.on_rounding_alone(steering(checks))
+    wider = calibration.second_look(loaded, problem, planned, done, found, outcomes, alone, driver.run, console, scheme)
     if wider is not None:
         planned, done, found = wider
         checks = judged(found.calibration)
-        beyond = diagnosis.beyond_reach(checks)
+        beyond = diagnosis.beyond_reach(steering(checks))
         measured = calibration.library_top_up(loaded, problem, keys, planned, done, chosen, beyond, driver.run, console, scheme)
         if measured is not None:  # gathered again, the envelope's second look's members among them
             planned, done, found = measured
             checks = judged(found.calibration)
-    whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(checks), driver.run, console, scheme)
+    whole = calibration.library_whole(loaded, problem, found, diagnosis.beyond_entries(steering(checks)), driver.run, console, scheme)
     if whole is not None:
         found, checks = whole, judged(whole.calibration)
     checks = reproduced(loaded, problem, outcomes, checks, driver.run, console)
@@ -206,6 +210,12 @@ def recorded(result: SpecResult, run_id: str | None, floors: dict[RunKey, Floor]
     if results_dir is not None:
         result.paths = write_together(results_dir, made)
     return result
+
+
+def steering(checks: list[Check]) -> list[Check]:
+    """The checks that steer the looks (which members run): those that gate. A TF32 or bf16
+    run's checks are measured on the members the float32 checks ran, and run none of their own."""
+    return [c for c in checks if gates(c.a, c.b)]
 
 
 def reproduced(loaded: LoadedSpec, problem: Problem, outcomes: dict[RunKey, Outcome], checks: list[Check], run, console: Console) -> list[Check]:

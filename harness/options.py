@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.core.errors import SpecError
 from harness.core.paths import RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, MODES, REFERENCE_DEVICES
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FLOAT32, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
 from harness.execute.capacity import LOCAL
 from harness.inputs import resources
 from harness.spec.fields import MAX_REPEATS
@@ -78,6 +78,7 @@ class RunOptions:
     require_gpu: bool = False
     references: str = "cpu"
     tf32: bool = False
+    precisions: tuple[str, ...] = (FLOAT32,)  # float32 always runs; bf16 adds a cell per framework that has one
     modes: tuple[str, ...] = (EAGER,)
     no_floor: bool = False
     max_memory_gb: float = resources.DEFAULT_MAX_MEMORY_GB
@@ -90,6 +91,7 @@ class RunOptions:
         set_("frameworks", names("frameworks", self.frameworks, ADAPTERS))
         set_("devices", names("devices", self.devices, DEVICES) or ("cpu",))
         set_("modes", names("modes", self.modes, MODES) or (EAGER,))
+        set_("precisions", names("precisions", self.precisions, PRECISION_CHOICES) or (FLOAT32,))
         for option in ("specs_dir", "data_dir", "results", "work_dir"):
             set_(option, folder(option, getattr(self, option)))
         set_("specs", tuple(self.specs))

@@ -28,7 +28,7 @@ import numpy as np
 from harness import options
 from harness.api import run_loaded
 from harness.core.errors import SpecError
-from harness.core.registry import DEVICES
+from harness.core.registry import DEVICES, PRECISION_CHOICES
 from harness.execute.fresh import exit_if_importing_main
 from harness.inputs import arrays as arrays_mod
 from harness.inputs import port
@@ -188,6 +188,7 @@ def check_port(
     results: str | Path | None = None,
     input_shape: Sequence[int] | None = None,
     devices: Sequence[str] | None = None,
+    precisions: Sequence[str] | None = None,
     data_dir: str | Path | None = None,
     name: str | None = None,
     in_process: bool = False,
@@ -204,6 +205,8 @@ def check_port(
     `input_shape`: the model's input, (features,) or (channels, height, width); none for a
     text data section, which gives the token ids; the arrays'
     rows give it. `results`: a folder for the records (none written without it).
+    `precisions`: as `harness run --precisions` (float32 always; bf16 adds torch's autocast
+    run and flax_model(dtype=jnp.bfloat16)'s, measured, not gated).
     `train_anyway`: where flax's initial forward pass already differs from torch's, train the
     matrix all the same (by default that check fails at once and nothing trains). Bad
     arguments raise SpecError (a ValueError) naming the argument and key; nothing runs. So does
@@ -224,6 +227,7 @@ def check_port(
         raise SpecError(f"data: a spec's data section (a dict with its kind) or {{'train': (x, y), ...}} of NumPy arrays, got {type(data).__name__}")
     loss_section = {"kind": loss, "reduction": "mean"} if isinstance(loss, str) else _section("loss", loss)
     where = options.names("devices", devices, DEVICES)
+    asked = options.names("precisions", precisions, PRECISION_CHOICES)
     folder, out = options.folder("data_dir", data_dir), options.folder("results", results)
     spec_name = name or re.sub(r"[^a-z0-9_]+", "_", f"port_{names.get('torch_model', 'torch_model')}".lower())[:60]
     document = {
@@ -248,6 +252,7 @@ def check_port(
         chosen = options.RunOptions(
             frameworks=("torch", "jax"),
             devices=where,
+            precisions=asked,
             data_dir=used,
             results=out,
             no_floor=out is None,

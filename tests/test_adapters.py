@@ -82,11 +82,13 @@ TORCH_MODE = {
     "strict": {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False},
     "tf32": {"float32_matmul_precision": "high", "cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True},
     "float64": {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False},
+    "bf16": {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False, "autocast": "bfloat16"},
 }
 JAX_MODE = {
     "strict": {"jax_default_matmul_precision": "highest", "jax_enable_x64": False},
     "tf32": {"jax_default_matmul_precision": "tensorfloat32", "jax_enable_x64": False},
     "float64": {"jax_default_matmul_precision": "highest", "jax_enable_x64": True},
+    "bf16": {"jax_default_matmul_precision": "highest", "jax_enable_x64": False, "flax_dtype": "bfloat16"},
 }
 NUMPY_MODE = {"float32_matmul": "exact float32 (BLAS sgemm)"}  # NumPy has one math mode, whatever the key
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the workspace settings torch documents as deterministic
@@ -104,8 +106,8 @@ def assert_math_mode(framework: str, precision: str, math_mode: dict) -> None:
         from adapters.jax_adapter import DETERMINISTIC_FLAG
 
         assert set(math_mode) == {*JAX_MODE[precision], "XLA_FLAGS"}, math_mode
-        assert math_mode["jax_default_matmul_precision"] == JAX_MODE[precision]["jax_default_matmul_precision"], math_mode
-        assert math_mode["jax_enable_x64"] is JAX_MODE[precision]["jax_enable_x64"], math_mode
+        for name, value in JAX_MODE[precision].items():
+            assert type(math_mode[name]) is type(value) and math_mode[name] == value, (name, math_mode)
         assert DETERMINISTIC_FLAG in math_mode["XLA_FLAGS"].split(), math_mode
     else:
         assert framework == "numpy", framework

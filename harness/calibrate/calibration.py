@@ -30,8 +30,8 @@ from rich.console import Console
 
 from harness.calibrate import roles
 from harness.calibrate.roles import ORACLE_SCHEME, Scheme
-from harness.calibrate.spread import Calibration, Segments, floor_segments, floor_spread, measure, measure_segments, measure_segments_against
-from harness.core.registry import ANCHORED_CHECKS, FLOAT32, FLOAT64, CheckVerdict, RunKey
+from harness.calibrate.spread import Calibration, Segments, Spread, floor_segments, floor_spread, measure, measure_segments, measure_segments_against
+from harness.core.registry import ANCHORED_CHECKS, BF16, BF16_MEMBER_KEY, FLOAT32, FLOAT64, CheckVerdict, RunKey
 from harness.execute.hosts import is_copy
 from harness.execute.jobs import Job
 from harness.execute.plan import framework_jobs
@@ -71,7 +71,8 @@ def jobs(
 def matrix_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], repeats: int | None, twins: bool) -> list[Job]:
     """The spec's matrix as jobs (harness/execute/jobs.py): the chosen runs, their modes
     together (harness/execute/plan.py), and the jobs calibration needs (`jobs`)."""
-    calibrating = jobs(loaded, problem, keys, twins, roles.scheme_of(problem))
+    scheme = roles.scheme_of(problem)
+    calibrating = jobs(loaded, problem, keys, twins, scheme) + roles.bf16_jobs(loaded, problem, keys, scheme)
     # a twin of the reference's own code reads its metrics at the twins' last step too
     read = {c.reads.label for c in calibrating if c.reads is not None and c.role == roles.TWIN}
     framework = [replace(c, first_metrics=True) if c.name in read else c for c in framework_jobs(loaded, problem, keys, repeats)]
@@ -253,8 +254,16 @@ def gather(planned: list[Job], done: Done, runs: dict[RunKey, Outcome], scheme: 
         library32,
         scheme.reference,
         scheme.member,
+        bf16=_bf16(runs, outcomes(roles.BF16_MEMBER), scheme),
     )
     return Calibrated(calibration, float32, float64, twins)
+
+
+def _bf16(runs: dict[RunKey, Outcome], members: list[Outcome], scheme: Scheme) -> Spread | None:
+    """The bf16 envelope: torch's autocast run and its members around the reference; None
+    where none ran."""
+    own = runs.get(BF16_MEMBER_KEY)
+    return measure(runs.get(scheme.reference), [own, *members], BF16) if members and own is not None else None
 
 
 def _floor_segments(reference: Outcome | None, twins) -> Segments | None:

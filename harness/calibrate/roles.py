@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from adapters.protocol import ComputesScheduleRates
 from harness.core import registry
 from harness.core.registry import (
+    BF16,
+    BF16_MEMBER_KEY,
     CALIBRATION_KEY,
     FLOAT32,
     FLOAT64,
@@ -100,6 +102,7 @@ ALL, ZEROTH, FIRST, REST = "all", "zeroth", "first", "rest"  # which of the spec
 
 # The roles of calibration's jobs, in the order the tables name them.
 MEMBER = "calibration member"  # float32, whole run
+BF16_MEMBER = "bf16 member"  # torch's autocast run, whole run (bf16_jobs)
 REFERENCE = "math parity's reference"  # the reference over the twins' first steps
 MEMBER64 = "math parity's member"  # float64, first steps
 TWIN = "float64 twin"
@@ -132,6 +135,21 @@ def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, 
     for key, seed in seeds:
         label = f"{loaded.name} {key.label} (calibration: its sums in another order)"
         found.append(_job(MEMBER, key, label, member=seed, cost=problem.total_steps))
+    return found
+
+
+def bf16_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
+    """Where a bf16 run is asked for, the bf16 envelope's members: torch's autocast run
+    (BF16_MEMBER_KEY) with its sums in other orders, as many as the float32 envelope's
+    (long_run.members), whole runs. Their distance from the reference is how far bf16
+    rounding at autocast's boundaries carries the run; every bf16 run is judged on it."""
+    if not any(k.precision == BF16 for k in keys):
+        return []
+    found = []
+    for key, seed in member_seeds(problem, FLOAT32, scheme=scheme):
+        mk = replace(BF16_MEMBER_KEY, variant=key.variant)
+        label = f"{loaded.name} {mk.label} (calibration: bf16, its sums in another order)"
+        found.append(_job(BF16_MEMBER, mk, label, member=seed, cost=problem.total_steps))
     return found
 
 

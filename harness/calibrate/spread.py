@@ -251,6 +251,9 @@ class Calibration:
     # float64: run only where a float32 check of that framework fails beyond what its float32
     # members reach (harness/calibrate/calibration.py library_whole; diagnosis.lying_with)
     library_whole: dict[str, Outcome] = field(default_factory=dict)
+    # torch's autocast run and its members (its sums in other orders) against the reference:
+    # the envelope every bf16 run is judged on (harness/calibrate/roles.py bf16_jobs)
+    bf16: Spread | None = None
 
     @property
     def reference_name(self) -> str:

@@ -38,7 +38,16 @@ TF32 = "tf32"  # TF32 allowed on the GPU: measured, not gated
 # the name of the dtype, as FLOAT32 is.
 FLOAT64 = "float64"
 FLOAT32 = "float32"
-PRECISIONS = (STRICT, TF32, FLOAT64)
+# bf16: mixed precision, float32 parameters and bfloat16 computation where each library puts
+# it: torch's autocast (its own lists of ops in bf16 and kept in float32), flax's modules in
+# dtype=bfloat16 (what the module computes). Measured against the oracle, not gated yet.
+BF16 = "bf16"
+PRECISIONS = (STRICT, TF32, FLOAT64, BF16)
+# What `precisions` may name (harness run --precisions, run_spec): float32 is the strict
+# runs, always run (they and their float64 twins judge the math), bf16 a cell of its own.
+PRECISION_CHOICES = (FLOAT32, BF16)
+# The frameworks with a bf16 run: the array-module code has none yet.
+BF16_FRAMEWORKS = ("torch", "jax")
 # eager: the article-style code, one framework call per step; fast: each framework's
 # compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
 EAGER = "eager"
@@ -53,7 +62,7 @@ class RunKey:
     framework: str
     device: str
     variant: str = ""  # a calibration member: same code and inputs, sums in another order
-    precision: str = STRICT  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only); float64: the twin
+    precision: str = STRICT  # strict: full float32 matmuls; tf32: TF32 allowed (GPU only); float64: the twin; bf16: mixed
     mode: str = EAGER
 
     @classmethod
@@ -105,9 +114,19 @@ REFERENCE_DEVICES = ("cpu", "gpu")
 PORT_REFERENCE_KEY = RunKey("torch", "cpu", precision=FLOAT64)
 PORT_MEMBER_KEY = RunKey("torch", "cpu")
 PORT_FRAMEWORKS = ("torch", "jax")
+# The bf16 envelope's code: torch's autocast run on the CPU, whose members (its sums in
+# other orders) measure how far bf16 rounding at autocast's boundaries carries a run from the
+# reference (harness/calibrate/roles.py bf16_jobs); every bf16 run is judged on it.
+BF16_MEMBER_KEY = RunKey("torch", "cpu", precision=BF16)
 # Each scheme's float32 run whose members make the envelope, with the reference it measures
-# them from: that pair defines the envelope and is not judged by it.
-CALIBRATION_PAIRS = ({CALIBRATION_KEY, ORACLE_KEY}, {GPU_CALIBRATION_KEY, GPU_ORACLE_KEY}, {PORT_MEMBER_KEY, PORT_REFERENCE_KEY})
+# them from: that pair defines the envelope and is not judged by it (nor is the bf16 one).
+CALIBRATION_PAIRS = (
+    {CALIBRATION_KEY, ORACLE_KEY},
+    {GPU_CALIBRATION_KEY, GPU_ORACLE_KEY},
+    {PORT_MEMBER_KEY, PORT_REFERENCE_KEY},
+    {BF16_MEMBER_KEY, ORACLE_KEY},
+    {BF16_MEMBER_KEY, PORT_REFERENCE_KEY},
+)
 
 
 # The checks that judge where a run diverged against where rounding alone diverges: a float32
@@ -118,10 +137,13 @@ DIVERGENCE_CHECKS = ("divergence", "math_divergence")
 ANCHORED_CHECKS = "math_anchored_"
 
 
+MEASURED = (TF32, BF16)  # the precisions measured against the oracle, not gated
+
+
 def gates(a: RunKey, b: RunKey) -> bool:
     """Whether a failing check between runs a and b fails the run: every check but those of a
-    TF32 run, which measure a precision mode the float32 tolerances are not meant for."""
-    return TF32 not in (a.precision, b.precision)
+    TF32 or bf16 run, which measure a precision mode the float32 tolerances are not meant for."""
+    return not {a.precision, b.precision} & set(MEASURED)
 
 
 class CheckVerdict(StrEnum):

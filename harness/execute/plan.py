@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.core.registry import (
+    BF16,
+    BF16_FRAMEWORKS,
+    BF16_MEMBER_KEY,
     CALIBRATION_KEY,
     EAGER,
+    FLOAT32,
     GPU_CALIBRATION_KEY,
     GPU_ORACLE_KEY,
     ORACLE,
@@ -29,15 +33,24 @@ GPU_MIN_REPEATS = 2
 
 
 def matrix_keys(
-    frameworks: list[str], devices: list[str], tf32: bool = False, modes: tuple[str, ...] = (EAGER,), references: str = "cpu"
+    frameworks: list[str],
+    devices: list[str],
+    tf32: bool = False,
+    modes: tuple[str, ...] = (EAGER,),
+    references: str = "cpu",
+    precisions: tuple[str, ...] = (FLOAT32,),
 ) -> list[RunKey]:
     """The chosen jobs in each mode, each framework on the devices it runs on (and with
-    `tf32`, each framework again on the GPU with TF32 allowed), plus the calibration run
-    and the oracle, which the checks need, both eager, on the `references` device (numpy@cpu
-    and oracle@cpu, or cupy@gpu and oracle@gpu); the oracle runs last, as it is the slowest."""
+    `tf32`, each framework again on the GPU with TF32 allowed; with bf16 among `precisions`,
+    each framework that has a bf16 run again in it, eager), plus the calibration run and the
+    oracle, which the checks need, both eager, on the `references` device (numpy@cpu and
+    oracle@cpu, or cupy@gpu and oracle@gpu); the oracle runs last, as it is the slowest."""
     keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
         keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
+    if BF16 in precisions:  # with the bf16 envelope's own run, whose members calibrate them all
+        keys += [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d) and f in BF16_FRAMEWORKS]
+        keys += [] if BF16_MEMBER_KEY in keys else [BF16_MEMBER_KEY]
     member, oracle = (CALIBRATION_KEY, ORACLE_KEY) if references == "cpu" else (GPU_CALIBRATION_KEY, GPU_ORACLE_KEY)
     if member not in keys:
         keys.append(member)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.core.registry import RunKey
+from harness.core.registry import BF16, RunKey
 from harness.execute import workdir
 from harness.execute.capacity import RAY
 from harness.execute.executors import Inline
@@ -40,7 +40,7 @@ def _announce(console: Console, job: Job, steps: int, segments: int = 0) -> None
         if job.anchored:
             console.print(f"[bold]{label}[/bold] ({key.dtype}, {segments * steps} steps, {job.repeats} repeat(s): {segments} re-anchored segments)")
         else:
-            console.print(f"[bold]{label}[/bold] ({key.dtype}, {steps} steps, {job.repeats} repeat(s))")
+            console.print(f"[bold]{label}[/bold] ({BF16 if key.precision == BF16 else key.dtype}, {steps} steps, {job.repeats} repeat(s))")
     if len(job.labels) > 1:
         console.print(f"  their repeats take turns: {', '.join(k.label for k in job.keys)}", highlight=False)
 

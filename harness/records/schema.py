@@ -210,8 +210,9 @@ class Record(Frozen):
     device: Device
     dtype: Literal["float32", "float64"]
     # strict: full float32 products everywhere; tf32: TF32 allowed on the GPU (measured, not
-    # gated); float64: the float64 twin of a framework's run (math parity against the oracle)
-    precision_mode: Literal["strict", "tf32", "float64"] = "strict"
+    # gated); float64: the float64 twin of a framework's run (math parity against the oracle);
+    # bf16: float32 parameters, bfloat16 computation where its library puts it (measured, not gated)
+    precision_mode: Literal["strict", "tf32", "float64", "bf16"] = "strict"
     precision: dict[str, Any]
     # eager: the article-style code, one framework call per step; fast: the framework's
     # compiled mode (many steps per call, fused kernels, CUDA graphs)

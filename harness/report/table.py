@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import DIVERGENCE_CHECKS, CheckVerdict, explains, verdict_counts
+from harness.core.registry import BF16, DIVERGENCE_CHECKS, CheckVerdict, RunKey, explains, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
@@ -131,10 +131,15 @@ def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
     return table
 
 
+def _measured(record: Record, c) -> str:
+    """The precision a check is measured and not gated for: TF32 or bf16."""
+    return "bf16" if BF16 in (record.precision_mode, RunKey.from_label(c.against).precision) else "TF32"
+
+
 def failure_line(record: Record, c) -> str:
     """One line per failing or known check: FAIL (or KNOWN), the pair, the check, the measured
     error against its tolerance, and last the diagnosis."""
-    label = c.verdict.upper() if gating(record, c) else f"{c.verdict.upper()} (TF32: measured, not gated)"
+    label = c.verdict.upper() if gating(record, c) else f"{c.verdict.upper()} ({_measured(record, c)}: measured, not gated)"
     measured = ""
     if c.max_abs_error is not None:
         measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"

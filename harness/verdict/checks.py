@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.calibrate.spread import TINY, Spread, relative_curve_distance, tensors
-from harness.core.registry import CALIBRATION_PAIRS, FLOAT32, FLOAT64, CheckVerdict, RunKey
+from harness.core.registry import BF16, CALIBRATION_PAIRS, FLOAT32, FLOAT64, CheckVerdict, RunKey
 from harness.run.runner import Outcome
 from harness.spec.model import Close, Spec
 from harness.verdict.bound import Bound
@@ -34,7 +34,8 @@ from harness.verdict.bound import Bound
 # epsilon) times the size of the reference: no difference below a few roundings of the
 # value itself is a failure, even where every member happened to round alike.
 ROUNDING_ULPS = 4
-EPS = {FLOAT32: float(np.finfo(np.float32).eps), FLOAT64: float(np.finfo(np.float64).eps)}
+# bfloat16's: 8 significant bits (a bf16 envelope's rounding floor)
+EPS = {FLOAT32: float(np.finfo(np.float32).eps), FLOAT64: float(np.finfo(np.float64).eps), BF16: 2.0**-7}
 MATH = "math_"  # the prefix of the math-parity checks
 
 
@@ -268,7 +269,7 @@ def envelope_checks(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> l
             cal,
             rule.curve_floor,
             f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, "
-            f"e(t) = float32-vs-float64 distance, max of {cal.runs} runs (the plain run and "
+            f"e(t) = {cal.dtype}-vs-float64 distance, max of {cal.runs} runs (the plain run and "
             f"{cal.runs - 1} summing in other orders; final e = {cal.curve[-1]:.3g})",
         )
     ]

@@ -22,7 +22,7 @@ from fnmatch import fnmatchcase
 import numpy as np
 
 from harness.calibrate.spread import Calibration
-from harness.core.registry import FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, CheckVerdict, RunKey, explains
+from harness.core.registry import BF16, FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE_KEY, TF32, CheckVerdict, RunKey, explains
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
@@ -315,7 +315,18 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], referen
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
         return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
+    if any(k.precision == BF16 for k in sides):  # judged against float32's spread, and not gated
+        how = ", ".join(f"{k.framework}: {BF16_WHERE[k.framework]}" for k in sides if k.precision == BF16)
+        envelope = "bf16's envelope: torch.autocast's runs summing in other orders"
+        return f"rounding: bf16 ({how}), {ratio or check.reason} ({envelope}); the float64 twins agree with {ref}"
     return f"{FLOAT32_ROUNDING}, {ratio or check.reason}; the float64 twins agree with {ref}{modes}"  # a divergence has no ratio
+
+
+# Where each framework's bf16 run computes in bfloat16 (adapters/torch_adapter.py, jax_layers.py)
+BF16_WHERE = {
+    "torch": "torch.autocast's lists, the loss and norms kept in float32",
+    "jax": "flax's modules in dtype=bfloat16, the loss on their bfloat16 outputs",
+}
 
 
 def on_rounding_alone(checks: list[Check]) -> list[Check]:

@@ -21,7 +21,18 @@ from itertools import combinations
 from typing import Protocol
 
 from harness.calibrate.spread import Calibration, Spread
-from harness.core.registry import CALIBRATION_KEY, CALIBRATION_PAIRS, DIVERGENCE_CHECKS, FLOAT64, ORACLE_KEY, STRICT, CheckVerdict, RunKey
+from harness.core.registry import (
+    BF16,
+    BF16_MEMBER_KEY,
+    CALIBRATION_KEY,
+    CALIBRATION_PAIRS,
+    DIVERGENCE_CHECKS,
+    FLOAT64,
+    ORACLE_KEY,
+    STRICT,
+    CheckVerdict,
+    RunKey,
+)
 from harness.run.runner import Outcome
 from harness.spec import catalogue
 from harness.spec.model import Spec
@@ -30,6 +41,7 @@ from harness.verdict.checks import NO_CALIBRATION, Check, curve_check, envelope_
 from harness.verdict.parity import anchored_parity_check, math_parity_checks
 
 FLOAT32_PAIRS = "float32 pairs"
+NO_BF16 = f"no bf16 calibration: needs ok runs of {BF16_MEMBER_KEY.label} (and its members) and the reference"
 TWINS = "twins"
 DIVERGED = "diverged float32 runs"
 
@@ -51,7 +63,10 @@ class PairRule:
 
     def judge(self, spec: Spec, runs: tuple[Outcome, ...], cal: Calibration) -> list[Check]:
         a, b = runs
-        return self.measure(spec, a, b, cal.float32)
+        if BF16 not in (a.key.precision, b.key.precision):
+            return self.measure(spec, a, b, cal.float32)
+        found = self.measure(spec, a, b, cal.bf16)
+        return [dataclasses.replace(c, reason=NO_BF16) if c.reason == NO_CALIBRATION else c for c in found]
 
 
 @dataclass(frozen=True)
@@ -69,8 +84,12 @@ class TwinRule:
 
 def spec_horizon(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -> list[Check]:
     """The spec's own horizon rule, where it states one: the loss curves within rtol over
-    the first steps."""
-    return [] if spec.checks.loss_curve is None else [horizon_check(spec, a.key, b.key, a.losses, b.losses)]
+    the first steps. A float32 tolerance: a bf16 run is judged on the bf16 envelope alone."""
+    if spec.checks.loss_curve is None:
+        return []
+    if BF16 in (a.key.precision, b.key.precision):
+        return skipped(["loss_curve_horizon"], a.key, b.key, "the spec's rule", "the spec's rtol is float32's; bf16 is judged on its envelope")
+    return [horizon_check(spec, a.key, b.key, a.losses, b.losses)]
 
 
 def math_parity(spec: Spec, twin: Outcome, cal: Calibration) -> list[Check]:
@@ -124,7 +143,7 @@ def float32_divergence(spec: Spec, a: Outcome, b: Outcome, cal: Spread | None) -
     if finite and {a.key, b.key} not in CALIBRATION_PAIRS:  # numpy@cpu's own steps make the envelope
         prefix = dataclasses.replace(cal, curve=cal.curve[:finite], diverged={})
         tolerance = (
-            f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, e(t) = float32-vs-float64 distance, "
+            f"relative loss difference <= {rule.factor:g} * e(t) + {rule.curve_floor:g}, e(t) = {cal.dtype}-vs-float64 distance, "
             f"max of {cal.runs} runs, over the run's finite steps 0-{finite - 1}"
         )
         la, lb = a.losses[:finite], b.losses[:finite]
