@@ -170,7 +170,7 @@ def _respelled(spec, change) -> object:
 def _jax_layers_respelled(change) -> types.SimpleNamespace:
     """jax_layers whose module is built from the spec respelled by `change`: the port's
     flax code written with another value than the spec's."""
-    return types.SimpleNamespace(**{**vars(jax_layers), "module": lambda spec: jax_layers.module(_respelled(spec, change))})
+    return types.SimpleNamespace(**{**vars(jax_layers), "module": lambda spec, dtype=None: jax_layers.module(_respelled(spec, change), dtype)})
 
 
 # name -> (the jax_layers stand-in, the layer kinds whose presence makes it a math difference)

@@ -236,7 +236,7 @@ def test_a_jax_twins_segments_compile_once_and_train_as_a_trainer_built_for_each
         pytest.skip(jax_adapter.unavailable(key))
     made = []
     functions = jax_adapter._functions
-    monkeypatch.setattr(jax_adapter, "_functions", lambda p, dtype: made.append(p) or functions(p, dtype))
+    monkeypatch.setattr(jax_adapter, "_functions", lambda p, dtype, compute=None: made.append(p) or functions(p, dtype, compute))
     again = anchored.run_segments(problem, key, states)
     assert again.status == "ok" and len(made) == 1, (again.reason, len(made))
     without = types.SimpleNamespace(**{n: getattr(jax_adapter, n) for n in dir(jax_adapter) if not n.startswith("_") and n != "build_again"})
