@@ -26,7 +26,8 @@ class Failure:
     module (or layer) it names (None where it names none), the step where it starts (None
     where it has none), and its error over its tolerance. A run that failed (it raised, or
     its process died) is one too: check RUN_CHECK, diagnosis RUN_FAILED, its reason the
-    detail, judged against no run (reference None)."""
+    detail, judged against no run (reference None). `gated` is False for a check measured
+    and not gated (a TF32 or bf16 run's: registry.gates), which fails no verdict."""
 
     check: str
     run: str
@@ -36,6 +37,7 @@ class Failure:
     step: int | None
     ratio: float | None
     detail: str
+    gated: bool = True
 
 
 def _step(text: str, check) -> int | None:
@@ -49,10 +51,12 @@ class Verdict:
     """What a run of the matrix found, from Python: `passed` (no gating check failed and no
     run failed, other than by diverging no earlier than rounding alone does: table.failed),
     `failures` (each failing check and each failed run, `Failure`: never empty where not
-    passed), `records` (the schema records, as dicts) and `str(verdict)`, the verdict table
+    passed; a check measured and not gated, a bf16 or TF32 run's, is one with `gated`
+    False), `records` (the schema records, as dicts) and `str(verdict)`, the verdict table
     and the FAIL lines the command line prints."""
 
     def __init__(self, results: list, text: str):
+        from harness.report.rows import gating
         from harness.report.table import failed, failed_runs, problem_checks
 
         self.results = results
@@ -74,6 +78,7 @@ class Verdict:
                         step=_step(detail, c),
                         ratio=c.ratio,
                         detail=detail,
+                        gated=gating(record, c),
                     )
                 )
             for record in failed_runs(result):

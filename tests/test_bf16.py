@@ -65,5 +65,25 @@ def test_bf16_cells_are_judged_on_the_bf16_envelope_and_leave_the_float32_verdic
     judged = [c for c in cells["jax", "bf16"]["checks"] if c["verdict"] != "skipped"]
     assert judged and all(c["bound"]["dtype"] == "bf16" for c in judged if c["bound"]["factor"] is not None)
     assert all(c["against"] == "oracle@cpu" for c in cells["jax", "bf16"]["checks"])
+    assert all(f.gated == ("+bf16" not in f.run and "+bf16" not in (f.reference or "")) for f in mixed.failures)
     assert cells["torch", "bf16"]["precision"]["autocast"] == "bfloat16"
     assert cells["jax", "bf16"]["precision"]["flax_dtype"] == "bfloat16"
+
+
+def test_a_failing_bf16_check_is_a_failure_not_gated_and_the_verdict_passes():
+    """`Verdict.failures` lists a bf16 cell's failing check with `gated` False, and `passed`
+    stays True: it is measured, not gated."""
+    from types import SimpleNamespace
+
+    from harness.records.store import read_record
+    from harness.result import Verdict
+    from tests.conftest import ROOT
+
+    plain = read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
+    failing = plain.checks[0].model_copy(update={"verdict": "fail", "against": "oracle@cpu", "diagnosis": "rounding: bf16 (...)"})
+    mixed = plain.model_copy(update={"framework": "jax", "precision_mode": BF16, "status": "ok", "checks": [failing]})
+    verdict = Verdict([SimpleNamespace(records=[mixed], member_records=[])], "")
+    assert verdict.passed and [(f.run, f.gated) for f in verdict.failures] == [("jax@cpu+bf16", False)]
+    gated = mixed.model_copy(update={"precision_mode": "strict"})
+    strict = Verdict([SimpleNamespace(records=[gated], member_records=[])], "")
+    assert not strict.passed and [(f.run, f.gated) for f in strict.failures] == [("jax@cpu", True)]
