@@ -38,6 +38,9 @@ from harness.verdict.parity import FORWARD
 Made = tuple[Record, bytes | None]  # a record and its artifact's bytes, made to be written together
 
 
+TITLE_NAMES = 80  # the longest list of a port's dropouts a title names
+
+
 @dataclass
 class SpecResult:
     loaded: LoadedSpec
@@ -59,7 +62,11 @@ class SpecResult:
         if loaded.spec.sweep is not None and loaded.profile == loaded.spec.sweep.profile:
             return f"{loaded.name} n={len(self.problem.x_train)}"
         if self.problem.port_dropout:
-            return f"{loaded.name}, dropout off in both frameworks ({'; '.join(self.problem.port_dropout)})"
+            named = "; ".join(self.problem.port_dropout)
+            if len(named) > TITLE_NAMES:  # a hub model's many: counted, the records name each
+                torch = sum(d.startswith("torch:") for d in self.problem.port_dropout)
+                named = f"{torch} modules in torch, {len(self.problem.port_dropout) - torch} in flax; the records name each"
+            return f"{loaded.name}, dropout off in both frameworks ({named})"
         return loaded.name
 
 

@@ -107,6 +107,9 @@ def _members_row(records: list[Record]) -> list[str]:
     return [f"{len(records)} members", status, "-", "-", "-", "calibrate", "-", "-"]
 
 
+TITLE_WIDTH = 60
+
+
 def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
     table = Table(title="Verdicts", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for column in COLUMNS:
@@ -117,7 +120,9 @@ def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
             overflow="fold",
         )
     for result in results:
-        table.add_row(result.title, style="bold")  # the spec, above its runs
+        # the spec, above its runs; a long title (a port's dropouts) wrapped, so that the run
+        # column, which never wraps, stays as wide as its labels
+        table.add_row("\n".join(textwrap.wrap(result.title, TITLE_WIDTH)), style="bold")
         differ = differing(result.records)
         steps = max((n for n in map(_steps, result.records) if n is not None), default=None)
         for record in result.records:
