@@ -87,3 +87,17 @@ def test_a_failing_bf16_check_is_a_failure_not_gated_and_the_verdict_passes():
     gated = mixed.model_copy(update={"precision_mode": "strict"})
     strict = Verdict([SimpleNamespace(records=[gated], member_records=[])], "")
     assert not strict.passed and [(f.run, f.gated) for f in strict.failures] == [("jax@cpu", True)]
+
+
+def test_no_float32_library_entry_covers_a_bf16_check():
+    """optax's float32 bias corrections explain a float32 JAX run's check, never a bf16 one's:
+    the catalogue's bounds are float32's (gpl_transformer's bf16 checks read `known` by them
+    before this rule)."""
+    from harness.spec import catalogue
+    from harness.verdict.checks import Check
+    from harness.verdict.diagnosis import covers
+
+    (entry,) = [e for e in catalogue.library_differences() if e.id == "optax-adam-float32-bias-corrections"]
+    check = lambda key: Check("params_after_step_1", key, ORACLE_KEY, "fail", "short_horizon")  # noqa: E731
+    assert covers(entry, check(RunKey("jax", "cpu")))
+    assert not covers(entry, check(RunKey("jax", "cpu", precision=BF16)))

@@ -40,8 +40,11 @@ def covers(entry: KnownDifference, check: Check, reference: RunKey = ORACLE_KEY)
     (the float64 twins) is never covered: where a library's math differs, its twin is
     judged against the oracle computing the library's formula. A port's reference, torch's
     float64 run, computes torch's catalogued formulas: torch's entries also cover a check
-    of another library's float32 run against it."""
+    of another library's float32 run against it. A bf16 run's check is never covered: the
+    entries are float32's and float64's, bounded by members of those precisions."""
     if check.name.startswith(MATH) or not any(fnmatchcase(check.name, p) for p in entry.patterns):
+        return False
+    if BF16 in (check.a.precision, check.b.precision):
         return False
     sides = (check.a, check.b)
     if any(k.framework == entry.framework and k.device in entry.devices and k.mode in entry.modes and k.precision != FLOAT64 for k in sides):
