@@ -101,3 +101,37 @@ def test_no_float32_library_entry_covers_a_bf16_check():
     check = lambda key: Check("params_after_step_1", key, ORACLE_KEY, "fail", "short_horizon")  # noqa: E731
     assert covers(entry, check(RunKey("jax", "cpu")))
     assert not covers(entry, check(RunKey("jax", "cpu", precision=BF16)))
+
+
+def test_a_hub_style_port_runs_bf16_through_flax_models_dtype_judged_against_torchs_float64_run():
+    """A port whose flax_model takes `dtype` (tests/hub_port) gets a bf16 cell on each side:
+    torch's module under autocast, flax_model(dtype=jnp.bfloat16); each judged against the
+    port's reference on the bf16 envelope."""
+    from tests.conftest import ROOT
+
+    verdict = harness.run_spec(ROOT / "tests" / "hub_port" / "hub_port.yaml", frameworks=["torch", "jax"], precisions=["float32", "bf16"])
+    assert verdict.passed
+    cells = {(r["framework"], r["precision_mode"]): r for r in verdict.records}
+    assert cells["jax", "bf16"]["status"] == "ok" and cells["torch", "bf16"]["status"] == "ok"
+    judged = [c for c in cells["jax", "bf16"]["checks"] if c["verdict"] != "skipped"]
+    assert judged and {c["against"] for c in judged} == {"torch@cpu+float64"}
+    assert all(c["bound"]["dtype"] == "bf16" for c in judged if c["bound"]["factor"] is not None)
+
+
+def test_a_port_whose_flax_model_takes_no_dtype_is_refused_bf16_in_one_line(tmp_path):
+    from adapters import jax_port
+    from harness.core.errors import Unsupported
+    from tests.conftest import ROOT
+
+    loaded = load_spec(ROOT / "examples" / "mlp_port" / "mlp_port.yaml")
+    problem = build_problem(loaded, port_apart=None)
+    with pytest.raises(Unsupported, match=r"a bfloat16 run calls flax_model\(dtype=jnp.bfloat16\); give flax_model a `dtype` keyword") as caught:
+        jax_port.Network(problem, "float32", "bfloat16")
+    assert "\n" not in str(caught.value)
+    assert isinstance(jax_port.Network(problem, "float32").net, port_module_type())  # a float32 run's module is made as before
+
+
+def port_module_type():
+    import flax.linen as nn
+
+    return nn.Module
