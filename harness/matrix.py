@@ -38,7 +38,7 @@ from harness.verdict.parity import FORWARD
 Made = tuple[Record, bytes | None]  # a record and its artifact's bytes, made to be written together
 
 
-TITLE_NAMES = 80  # the longest list of a port's dropouts a title names
+TITLE_NAMES = 160  # the longest list of a port's dropouts a title names
 
 
 @dataclass

@@ -172,11 +172,18 @@ RULES: tuple[Rule, ...] = (
 
 def judged_pair(a: RunKey, b: RunKey, reference: RunKey = ORACLE_KEY) -> bool:
     """Whether two float32 runs are judged against each other (a float64 twin is judged by
-    math parity alone; a TF32 run against the reference only). The reference (the oracle,
-    or a port's torch float64 run) is judged against every float32 run."""
+    math parity alone; a TF32 run against the reference only; a bf16 run against the
+    reference and its own framework's float32 run). The reference (the oracle, or a port's
+    torch float64 run) is judged against every float32 run."""
     if any(k.precision == FLOAT64 and k != reference for k in (a, b)):
         return False
-    return (a.precision == STRICT and b.precision == STRICT) or reference in (a, b)
+    return (a.precision == STRICT and b.precision == STRICT) or reference in (a, b) or _own_float32(a, b)
+
+
+def _own_float32(a: RunKey, b: RunKey) -> bool:
+    """A bf16 run and its framework's strict float32 run on the same device, in the same mode."""
+    same = (a.framework, a.device, a.mode, a.variant) == (b.framework, b.device, b.mode, b.variant)
+    return same and {a.precision, b.precision} == {BF16, STRICT}
 
 
 def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACLE_KEY) -> list[tuple[Outcome, ...]]:
@@ -189,7 +196,8 @@ def groups(over: str, outcomes: dict[RunKey, Outcome], reference: RunKey = ORACL
             return []
         return [(o, ref) for o in outcomes.values() if o.key.precision != FLOAT64 and o.key != reference and o.diverged]
     ok = sorted((o for o in outcomes.values() if o.status == "ok"), key=lambda o: o.key == reference)  # the reference last: b
-    return [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
+    pairs = [(a, b) for a, b in combinations(ok, 2) if judged_pair(a.key, b.key, reference)]
+    return [(b, a) if b.key.precision == BF16 and a.key != reference else (a, b) for a, b in pairs]  # a bf16 run is judged: a
 
 
 def _stamped(rule: Rule, checks: Iterable[Check], cal: Calibration | None = None) -> list[Check]:
