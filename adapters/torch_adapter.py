@@ -127,7 +127,7 @@ def _autocast(torch, trainer: Trainer):
     (its lists of ops computed in bf16 and kept in float32), parameters float32; else nothing."""
     if not trainer.bf16:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=_device(trainer.device).split(":")[0], dtype=torch.bfloat16)
+    return torch.autocast(device_type=_device(trainer.device), dtype=torch.bfloat16)
 
 
 def put(problem, key) -> dict[str, Any]:

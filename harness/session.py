@@ -66,8 +66,9 @@ def prepare(options: RunOptions, names: list[str]) -> tuple[Path | None, list]:
             probe.require_gpu([GPU_CALIBRATION_KEY.framework])
         except HarnessError as exc:
             raise HarnessError(f"--references gpu: the oracle runs through CuPy: {exc}") from None
-    devices = list(options.devices)
-    keys = plan.matrix_keys(options.running, devices, options.tf32, options.modes, options.references, options.precisions)
+    keys = plan.matrix_keys(
+        options.running, list(options.devices), tf32=options.tf32, modes=options.modes, references=options.references, precisions=options.precisions
+    )
     return results_dir, keys
 
 

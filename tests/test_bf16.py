@@ -120,6 +120,8 @@ def test_a_hub_style_port_runs_bf16_through_flax_models_dtype_judged_against_tor
 
 
 def test_a_port_whose_flax_model_takes_no_dtype_is_refused_bf16_in_one_line(tmp_path):
+    import flax.linen as nn
+
     from adapters import jax_port
     from harness.core.errors import Unsupported
     from tests.conftest import ROOT
@@ -129,10 +131,4 @@ def test_a_port_whose_flax_model_takes_no_dtype_is_refused_bf16_in_one_line(tmp_
     with pytest.raises(Unsupported, match=r"a bfloat16 run calls flax_model\(dtype=jnp.bfloat16\); give flax_model a `dtype` keyword") as caught:
         jax_port.Network(problem, "float32", "bfloat16")
     assert "\n" not in str(caught.value)
-    assert isinstance(jax_port.Network(problem, "float32").net, port_module_type())  # a float32 run's module is made as before
-
-
-def port_module_type():
-    import flax.linen as nn
-
-    return nn.Module
+    assert isinstance(jax_port.Network(problem, "float32").net, nn.Module)  # a float32 run's module is made as before

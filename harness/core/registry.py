@@ -40,7 +40,8 @@ FLOAT64 = "float64"
 FLOAT32 = "float32"
 # bf16: mixed precision, float32 parameters and bfloat16 computation where each library puts
 # it: torch's autocast (its own lists of ops in bf16 and kept in float32), flax's modules in
-# dtype=bfloat16 (what the module computes). Measured against the oracle, not gated yet.
+# dtype=bfloat16 (what the module computes). Measured against the reference and its own
+# framework's float32 run on the bf16 envelope, not gated yet.
 BF16 = "bf16"
 PRECISIONS = (STRICT, TF32, FLOAT64, BF16)
 # What `precisions` may name (harness run --precisions, run_spec): float32 is the strict

@@ -50,7 +50,8 @@ def matrix_keys(
         keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
     if BF16 in precisions:  # with the bf16 envelope's own run, whose members calibrate them all
         keys += [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d) and f in BF16_FRAMEWORKS]
-        keys += [] if BF16_MEMBER_KEY in keys else [BF16_MEMBER_KEY]
+        if BF16_MEMBER_KEY not in keys:
+            keys.append(BF16_MEMBER_KEY)
     member, oracle = (CALIBRATION_KEY, ORACLE_KEY) if references == "cpu" else (GPU_CALIBRATION_KEY, GPU_ORACLE_KEY)
     if member not in keys:
         keys.append(member)

@@ -318,7 +318,7 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], referen
     modes = " (eager; the fast mode has no twin)" if any(k.mode != "eager" for k in sides) else ""
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
         return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
-    if any(k.precision == BF16 for k in sides):  # judged against float32's spread, and not gated
+    if any(k.precision == BF16 for k in sides):  # judged against bf16's envelope, and not gated
         how = ", ".join(f"{k.framework}: {BF16_WHERE[k.framework]}" for k in sides if k.precision == BF16)
         envelope = "bf16's envelope: torch.autocast's runs summing in other orders"
         return f"rounding: bf16 ({how}), {ratio or check.reason} ({envelope}); the float64 twins agree with {ref}"
