@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import jax_defects, jax_layers, jax_port
+from adapters import jax_defects, jax_layers, jax_port, jax_probes
 from adapters.protocol import State
 from harness.core.errors import Unsupported
 from harness.core.registry import BF16, FLOAT64, TF32
@@ -208,11 +208,6 @@ def _masks_at(problem, data, t, size: int):
     return found
 
 
-def _compute(key) -> str | None:
-    """A run's computation dtype where it is not its parameters': a bf16 run's bfloat16."""
-    return "bfloat16" if key is not None and key.precision == BF16 else None
-
-
 def _network(problem, dtype: str, compute: str | None = None):
     """The network's module, called apply(variables, x, masks, train, mutable=...): the
     spec's layers (adapters/jax_layers.py) or a port's own flax module (adapters/jax_port.py),
@@ -257,6 +252,7 @@ def _functions(problem, dtype: str, compute: str | None = None):
     def loss_fn(params, batch_stats, x, y, masks):
         variables = {"params": params, **({"batch_stats": batch_stats} if stats else {})}
         out, new_stats = forward(variables, x, masks, True)
+        out = jax_probes.loss_input(out, dtype, compute)
         if spec.loss.kind == "mse":
             per_example = (out - y) ** 2
         elif spec.loss.label_smoothing:
@@ -326,7 +322,7 @@ def _functions(problem, dtype: str, compute: str | None = None):
 
 
 def build(problem, data: dict[str, Any], key) -> Trainer:
-    return _built(problem, data, key, _functions(problem, key.dtype, _compute(key)))
+    return _built(problem, data, key, _functions(problem, key.dtype, jax_probes.compute_dtype(key)))
 
 
 def build_again(trainer: Trainer) -> Trainer:
@@ -474,11 +470,14 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     dev = jax.devices(_platform(trainer.device))[0]
     inputs = jax.device_put(_inputs(trainer, x), dev)
     if trainer.problem.port is not None:
-        return jax_port.Network(trainer.problem, trainer.dtype, _compute(trainer.key)).intermediates(trainer.params, inputs)
-    net = jax_layers.module(trainer.problem.spec, _compute(trainer.key))
+        return jax_port.Network(trainer.problem, trainer.dtype, jax_probes.compute_dtype(trainer.key)).intermediates(trainer.params, inputs)
+    net = jax_layers.module(trainer.problem.spec, jax_probes.compute_dtype(trainer.key))
     masks = {name: jax.device_put(m.astype(trainer.dtype), dev) for name, m in masks.items()}
     _, found = net.apply(trainer.params, inputs, masks, True, mutable=["batch_stats", "intermediates"])
     return {name.removeprefix("out_"): np.asarray(values[0], dtype=np.float64) for name, values in found["intermediates"].items()}
+
+
+computed_in = jax_probes.computed_in  # where a bf16 run computes in bfloat16 (RecordsComputedIn)
 
 
 def _inputs(trainer: Trainer, x: np.ndarray) -> np.ndarray:

@@ -109,9 +109,14 @@ def _attention_module(nn, jnp):
 
 
 def module(spec, dtype: str | None = None):
-    """The spec's network as a flax.linen Module: __call__(x, masks, train). `dtype` is every
-    module's computation dtype, as flax's own examples write mixed precision (a bf16 run's
-    "bfloat16", parameters kept float32); None: the parameters' (flax's default)."""
+    """The spec's network as a flax.linen Module: __call__(x, masks, train). `dtype` is the
+    computation dtype of the modules torch's autocast computes in it (a bf16 run's
+    "bfloat16", parameters kept float32; None: the parameters', flax's default), as a careful
+    port of an autocast run writes flax's mixed precision: dense, conv and attention's
+    products in `dtype`; the embedding tables looked up in float32 (autocast leaves
+    embedding alone); norms in their input's dtype (autocast on the CPU leaves layer_norm and
+    batch_norm alone); the sums of a residual and a dropout's mask promoted as torch promotes
+    them. The loss on float32 logits is jax_adapter's."""
     import flax.linen as nn
     import jax.numpy as jnp
 
@@ -142,10 +147,11 @@ def module(spec, dtype: str | None = None):
 
         def layer(self, p, x, masks, train: bool):
             kind, s = p.module.KIND, p.section
+            own = None if dtype is None else x.dtype  # a norm's: its input's, under mixed precision
             if kind == "embedding":
-                x = nn.Embed(s.vocabulary, s.width, dtype=dtype, name=p.name)(x)
+                x = nn.Embed(s.vocabulary, s.width, name=p.name)(x)
             elif kind == "positional":
-                x = x + nn.Embed(s.max_len, p.in_shape[1], dtype=dtype, name=p.name)(positions(jnp, x.shape[1]))
+                x = x + nn.Embed(s.max_len, p.in_shape[1], name=p.name)(positions(jnp, x.shape[1]))
             elif kind == "attention":
                 x = attention(s.heads, s.causal, s.rope, s.bias, dtype, name=p.name)(x)
             elif kind == "dense":
@@ -159,10 +165,10 @@ def module(spec, dtype: str | None = None):
             elif kind == "flatten":
                 x = x.transpose(0, 3, 1, 2).reshape((x.shape[0], -1)) if x.ndim == 4 else x
             elif kind == "batch_norm":
-                norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, dtype=dtype, name=p.name)
+                norm = nn.BatchNorm(momentum=1 - s.momentum, epsilon=s.eps, use_fast_variance=False, dtype=own, name=p.name)
                 x = norm(x, use_running_average=not train)
             elif kind == "layer_norm":
-                x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, dtype=dtype, name=p.name)(x)
+                x = nn.LayerNorm(epsilon=s.eps, use_fast_variance=False, dtype=own, name=p.name)(x)
             elif kind == "dropout":
                 if train:
                     mask = masks[p.name]

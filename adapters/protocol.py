@@ -105,6 +105,15 @@ class RecordsLayerOutputs(Protocol):
 
 
 @runtime_checkable
+class RecordsComputedIn(Protocol):
+    """Optional: the dtype each layer's output and the loss are computed in on step 0's
+    batch, by layer name and "loss", for a bf16 run's diagnosis to name what it computes in
+    bfloat16 where torch's autocast keeps float32 ({} where it cannot tell: a port)."""
+
+    def computed_in(self, trainer: Any) -> dict[str, str]: ...
+
+
+@runtime_checkable
 class MeasuresRates(Protocol):
     """Optional: the device's float32 product rate, memory bandwidth and (GPU) the cost of
     one kernel in a CUDA graph, for the floor (harness/hardware/rates.py). Keys: "matmul"

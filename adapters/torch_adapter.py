@@ -429,6 +429,20 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
         return torch_layers.layer_outputs(model, _inputs(torch, trainer, x), masks)
 
 
+def computed_in(trainer: Trainer) -> dict[str, str]:
+    """The dtype each layer's output and the loss come out in on step 0's batch under the
+    run's autocast (adapters/protocol.py RecordsComputedIn), on a copy of the model; {} for a port."""
+    if trainer.problem.port is not None:
+        return {}
+    torch = _torch()
+    model, found = copy.deepcopy(trainer.model), {}
+    x, y = trainer.problem.batch(trainer.data, 0)
+    model.train()
+    with torch.no_grad(), _autocast(torch, trainer):
+        loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x, trainer.problem.step_masks(trainer.data, 0), found), y)
+    return {name: str(value.dtype).removeprefix("torch.") for name, value in {**found, "loss": loss}.items()}
+
+
 def rates(device: str, precision: str) -> dict[str, float]:
     """torch's float32 product rate and copy bandwidth; on the GPU, also one kernel's cost
     inside a CUDA graph."""

@@ -132,3 +132,95 @@ def test_a_port_whose_flax_model_takes_no_dtype_is_refused_bf16_in_one_line(tmp_
         jax_port.Network(problem, "float32", "bfloat16")
     assert "\n" not in str(caught.value)
     assert isinstance(jax_port.Network(problem, "float32").net, nn.Module)  # a float32 run's module is made as before
+
+
+def test_jax_computes_in_bf16_what_torchs_autocast_computes_in_bf16(tmp_path):
+    """A careful port of an autocast run to flax: dense, attention and their products in
+    bfloat16; the embeddings, the residual sums, the norms of float32 inputs and the loss in
+    float32, layer by layer as torch's autocast on the CPU computes them (each run records
+    where: math_mode.computed_in)."""
+    import shutil
+
+    from adapters import jax_adapter, torch_adapter
+    from tests.conftest import ROOT
+    from tests.test_transformers import TEXT
+
+    if not TEXT.is_file():
+        pytest.skip(f"{TEXT} is not here (Debian's base-files ships it)")
+    shutil.copy(TEXT, tmp_path / "GPL-3")
+    problem = build_problem(load_spec(ROOT / "tests" / "text_spec.yaml"), tmp_path)
+    found = {}
+    for adapter in (torch_adapter, jax_adapter):
+        key = RunKey(adapter.__name__.removeprefix("adapters.").removesuffix("_adapter"), "cpu", precision=BF16)
+        found[key.framework] = adapter.computed_in(adapter.build(problem, adapter.put(problem, key), key))
+    assert found["jax"] == found["torch"]
+    assert found["jax"]["loss"] == "float32" and found["jax"]["attn1"] == "bfloat16" and found["jax"]["res1"] == "float32"
+
+
+def test_a_loss_taken_in_bf16_is_caught_and_named(tmp_path, monkeypatch):
+    """flax#677's slip: the loss on the bf16 logits, where torch's autocast takes it in
+    float32. On a small MNIST MLP (8 steps) the jax bf16 cell fails its loss curve, and the
+    diagnosis names the loss as computed in bfloat16 where torch keeps float32; nothing else fails."""
+    import yaml
+
+    from adapters import jax_probes
+    from harness.api import loaded_spec, run_loaded
+    from tests.conftest import ROOT
+
+    doc = yaml.safe_load((ROOT / "specs" / "mnist_mlp.yaml").read_text())
+    doc["data"]["source"], doc["data"]["sources"]["test-set"]["validation"] = "test-set", 8976  # 1,024 examples
+    doc["training"]["epochs"], doc["checks"]["params_after_steps"]["step"] = 1, 4
+    path = tmp_path / "small_mnist.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr(jax_probes, "loss_input", lambda out, dtype, compute: out)  # the bf16 logits as they are
+    options = RunOptions(frameworks=["torch", "jax"], precisions=["float32", "bf16"], in_process=True, no_floor=True)
+    verdict = run_loaded(loaded_spec(path, "full"), options)
+    assert verdict.passed  # measured, not gated
+    assert verdict.failures and {f.run for f in verdict.failures} == {"jax@cpu+bf16"}
+    for failure in verdict.failures:
+        assert not failure.gated
+        assert "rounding: bf16 where torch's autocast keeps float32 (jax computes loss in bfloat16)" in failure.detail
+
+
+def test_a_sum_taken_in_bf16_where_torch_promotes_it_is_named():
+    """The diagnosis compares where each bf16 run computes in bfloat16 with torch's autocast
+    run: a residual sum (or embedding) in bfloat16 where torch keeps float32 is named."""
+    from types import SimpleNamespace
+
+    from harness.verdict import bf16
+
+    def run(**computed):
+        return SimpleNamespace(describe={"math_mode": {"computed_in": computed}})
+
+    outcomes = {
+        BF16_MEMBER_KEY: run(embed1="float32", attn1="bfloat16", res1="float32", loss="float32"),
+        RunKey("jax", "cpu", precision=BF16): run(embed1="bfloat16", attn1="bfloat16", res1="bfloat16", loss="float32"),
+        RunKey("jax", "cpu"): run(embed1="float32"),
+    }
+    assert bf16.apart(outcomes) == {RunKey("jax", "cpu", precision=BF16): ["embed1", "res1"]}
+    outcomes[RunKey("jax", "cpu", precision=BF16)] = outcomes[BF16_MEMBER_KEY]
+    assert bf16.apart(outcomes) == {}
+
+
+def test_xla_cpu_sums_a_bf16_gradient_over_several_axes_in_bf16_where_torch_sums_in_float32():
+    """Evidence for the diagnosis's note on JAX's bf16 runs: the gradient of a bias added in
+    bfloat16 over several axes (a conv's over the batch and the pixels, a text's dense over
+    the batch and the positions) is summed in bfloat16 on XLA:CPU: 10,000 cotangents of 2
+    stall at 2,048. Over one axis (an MLP's batch) it is summed in float32 and rounded once
+    (19,968), as torch's autocast sums it over any. docs/measurements.md: cnn_norm_mnist's
+    conv bias under batch norm and gpl_transformer's output bias move beyond torch's bf16
+    envelope so."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    def summed(shape):
+        return lambda b: jnp.sum(((jnp.ones(shape, jnp.bfloat16) + b.astype(jnp.bfloat16)) ** 2).astype(jnp.float32))
+
+    assert float(jax.grad(summed((4, 50, 50)))(jnp.float32(0))) == 2048.0
+    assert float(jax.grad(summed((10_000,)))(jnp.float32(0))) == 19968.0
+    b = torch.zeros((), requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.ones(4, 50, 50, dtype=torch.bfloat16) + b.to(torch.bfloat16)
+    (out**2).float().sum().backward()
+    assert float(b.grad) == 19968.0

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from adapters.protocol import KeepsTrainingState, MeasuresDefects, RecordsLayerOutputs
+from adapters.protocol import KeepsTrainingState, MeasuresDefects, RecordsComputedIn, RecordsLayerOutputs
 from harness.core import load, registry
 from harness.core.errors import Unsupported, described
-from harness.core.registry import FLOAT64, ORACLE, RunKey
+from harness.core.registry import BF16, FLOAT64, ORACLE, RunKey
 from harness.inputs.problem import Params, Problem
 from harness.reference import network
 
@@ -263,6 +263,8 @@ class _Trial:
             outcome.initial_outputs = adapter.predict(trainer, problem.probe)
             if key.dtype == FLOAT64 and problem.jitter_seed is None and isinstance(adapter, RecordsLayerOutputs):
                 outcome.layer_outputs = first_batch_layers(adapter, trainer, problem)
+            if key.precision == BF16 and isinstance(adapter, RecordsComputedIn):  # where it computes in bf16, recorded
+                outcome.describe.setdefault("math_mode", {})["computed_in"] = adapter.computed_in(trainer)
         start, host = time.perf_counter(), load.sample()
         aside = 0.0  # the whole-set predictions at the twins' last step: not training (as the final metrics are not)
         for first, stop in self.plan:

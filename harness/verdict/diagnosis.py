@@ -26,7 +26,7 @@ from harness.core.registry import BF16, FLOAT32, FLOAT64, JOINED, ORACLE, ORACLE
 from harness.spec import catalogue
 from harness.spec.known import KnownDifference, LibraryDifference
 from harness.spec.model import Spec
-from harness.verdict import defects
+from harness.verdict import bf16, defects
 from harness.verdict.bound import times_tolerance
 from harness.verdict.checks import MATH, Check
 from harness.verdict.parity import initial_forward_check
@@ -296,7 +296,7 @@ def _over(check: Check) -> str:
     return times_tolerance(check.ratio, whose)
 
 
-def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], reference: RunKey = ORACLE_KEY) -> str:
+def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], reference: RunKey = ORACLE_KEY, placed: dict | None = None) -> str:
     ratio = _over(check)
     ref = "the oracle" if reference.framework == ORACLE else reference.label
     if check.name.startswith(MATH):
@@ -319,17 +319,13 @@ def _diagnosis(check: Check, parity: dict[tuple[str, str], list[Check]], referen
     if any(k.precision == TF32 for k in sides):  # judged against float32's spread, and not gated
         return f"rounding: TF32, products of 10-bit mantissas as --tf32 allows, {ratio} of float32; the float64 twins agree with {ref}{modes}"
     if any(k.precision == BF16 for k in sides):  # judged against bf16's envelope, and not gated
-        how = ", ".join(f"{k.framework}: {BF16_WHERE[k.framework]}" for k in sides if k.precision == BF16)
-        envelope = "bf16's envelope: torch.autocast's runs summing in other orders"
-        return f"rounding: bf16 ({how}), {ratio or check.reason} ({envelope}); the float64 twins agree with {ref}"
+        envelope = f"{ratio or check.reason} (bf16's envelope: torch.autocast's runs summing in other orders); the float64 twins agree with {ref}"
+        apart = [f"{k.framework} computes {', '.join(placed[k])} in bfloat16" for k in sides if k in (placed or {})]
+        if apart:  # a bf16-only bug: a loss, or a sum torch promotes, taken in bfloat16
+            return f"rounding: bf16 where torch's autocast keeps float32 ({'; '.join(apart)}), {envelope}"
+        how = ", ".join(f"{k.framework}: {bf16.WHERE[k.framework]}" for k in sides if k.precision == BF16)
+        return f"rounding: bf16 ({how}), {envelope}"
     return f"{FLOAT32_ROUNDING}, {ratio or check.reason}; the float64 twins agree with {ref}{modes}"  # a divergence has no ratio
-
-
-# Where each framework's bf16 run computes in bfloat16 (adapters/torch_adapter.py, jax_layers.py)
-BF16_WHERE = {
-    "torch": "torch.autocast's lists, the loss and norms kept in float32",
-    "jax": "flax's modules in dtype=bfloat16, the loss on their bfloat16 outputs",
-}
 
 
 def on_rounding_alone(checks: list[Check]) -> list[Check]:
@@ -448,9 +444,10 @@ def math_doubted(checks: list[Check]) -> list[Check]:
     ]
 
 
-def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) -> list[Check]:
+def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY, placed: dict | None = None) -> list[Check]:
     """A diagnosis on every failing check (known ones keep theirs), with where it starts; each
-    known check that library entries alone explain says so (library_known)."""
+    known check that library entries alone explain says so (library_known); a bf16 run's
+    names what it computes in bfloat16 where torch's autocast keeps float32 (`placed`, bf16.apart)."""
     parity = _parity(checks)
     out = []
     for check in checks:
@@ -461,9 +458,9 @@ def diagnose(spec: Spec, checks: list[Check], reference: RunKey = ORACLE_KEY) ->
             if check.verdict == CheckVerdict.KNOWN:
                 why = check.diagnosis
             elif (check.diagnosis or "").startswith(BEYOND):  # covered, and beyond what its entry explains
-                why = f"{_diagnosis(check, parity, reference)}; {check.diagnosis}"
+                why = f"{_diagnosis(check, parity, reference, placed)}; {check.diagnosis}"
             else:
-                why = _diagnosis(check, parity, reference)
+                why = _diagnosis(check, parity, reference, placed)
             where = _where(check, pair, "the oracle" if reference.framework == ORACLE else reference.label)
             check = dataclasses.replace(check, diagnosis=f"{why}; {where}" if where else why)
         out.append(check)
@@ -476,4 +473,4 @@ def verdicts(spec: Spec, outcomes: dict, cal: Calibration) -> list[Check]:
     (harness/verdict/defects.py)."""
     measured = check_all(spec, outcomes, cal)
     known = apply_known_differences(spec, measured, reach(spec, outcomes, cal), cal.reference, lying_with(spec, outcomes, cal))
-    return defects.named(diagnose(spec, known, cal.reference), outcomes, FLOAT32_ROUNDING)
+    return defects.named(diagnose(spec, known, cal.reference, bf16.apart(outcomes)), outcomes, FLOAT32_ROUNDING)
