@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters import timing, torch_fast, torch_layers, torch_port
+from adapters import timing, torch_bf16, torch_fast, torch_layers, torch_port
 from adapters.protocol import State
 from adapters.torch_optim import optimizer as _optimizer
 from adapters.torch_optim import rule as _rule
@@ -120,6 +120,7 @@ class Trainer:
     fast: Any = None  # torch_fast.Fast in mode "fast"
     scheduler: Any = None  # torch.optim.lr_scheduler's, where the spec has a schedule
     bf16: bool = False  # forward passes and the loss under torch.autocast(dtype=torch.bfloat16)
+    xla_sums: list | None = None  # a bf16 member's biases' cotangents, their gradients summed as XLA:CPU sums them (torch_bf16)
 
 
 def _autocast(torch, trainer: Trainer):
@@ -169,6 +170,8 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         trainer = Trainer(problem, device, torch_dtype, data, model, optimizer, len(problem.x_train), log)
         trainer.scheduler = _scheduler(torch, problem.spec, optimizer)
         trainer.bf16 = key.precision == BF16
+        if trainer.bf16 and problem.xla_bf16_sums:
+            trainer.xla_sums = torch_bf16.watch(torch, model)
         return trainer
     spec = problem.spec
     if not spec.plain_training:
@@ -204,6 +207,8 @@ def _train_step(trainer: Trainer, model, optimizer, step: int, scheduler=None):
     with _autocast(torch, trainer):
         loss = _loss(torch, spec.loss, model, trainer.n_examples, model(x, masks), y)
     loss.backward()
+    if trainer.xla_sums is not None:
+        torch_bf16.replace_bias_grads(torch, trainer.xla_sums)
     if spec.optimizer.clip_global_norm is not None:
         _clip(torch, trainer.problem, list(model.parameters()), spec.optimizer.clip_global_norm)
     restore = _as_library(trainer.problem, optimizer, step)

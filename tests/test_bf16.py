@@ -224,3 +224,40 @@ def test_xla_cpu_sums_a_bf16_gradient_over_several_axes_in_bf16_where_torch_sums
         out = torch.ones(4, 50, 50, dtype=torch.bfloat16) + b.to(torch.bfloat16)
     (out**2).float().sum().backward()
     assert float(b.grad) == 19968.0
+
+
+def test_a_member_rounding_where_jax_rounds_sums_its_biases_gradients_as_xla_cpu_does():
+    """The bf16 envelope's `~xla-orderN` members (with a JAX bf16 run on the CPU) take each
+    bias's gradient from XLA:CPU's own sum of their cotangents: a conv's over the batch and
+    pixels stalls in bfloat16 as JAX's does (2,048 of 20,000), where torch's own run sums
+    it in float32; a dense layer's over one axis is XLA's float32 sum, rounded once."""
+    import torch
+
+    from adapters import torch_bf16
+
+    conv, dense = torch.nn.Conv2d(1, 3, 1), torch.nn.Linear(2, 3)
+    model = torch.nn.ModuleList([conv, dense])
+    seen = torch_bf16.watch(torch, model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        images, rows = conv(torch.zeros(4, 1, 50, 50)), dense(torch.zeros(10_000, 2))
+    (images.float().sum() * 2 + rows.float().sum() * 2).backward()
+    assert conv.bias.grad.tolist() == [19968.0] * 3 and len(seen) == 2  # torch's own: float32 sums
+    torch_bf16.replace_bias_grads(torch, seen)
+    assert conv.bias.grad.tolist() == [2048.0] * 3 and conv.bias.grad.dtype == torch.float32
+    assert dense.bias.grad.tolist() == [19968.0] * 3 and not seen
+
+
+def test_a_float32_rows_failing_check_against_its_bf16_cell_is_that_cells():
+    """The table's float32 row reads no FAIL it does not have: its failing check against its
+    bf16 cell (measured, not gated) is counted on the bf16 cell's row, which carries it too."""
+    from harness.records.store import read_record
+    from harness.report.rows import theirs
+    from tests.conftest import ROOT
+
+    plain = read_record(next((ROOT / "baselines" / "cpu-quick").rglob("*.json")))
+    failing = plain.checks[0].model_copy(update={"verdict": "fail", "against": "jax@cpu+bf16"})
+    float32 = plain.model_copy(update={"framework": "jax", "precision_mode": "strict"})
+    assert theirs(float32, failing, set())
+    bf16 = float32.model_copy(update={"precision_mode": BF16})
+    assert not theirs(bf16, failing.model_copy(update={"against": "jax@cpu"}), set())
+    assert not theirs(float32, failing.model_copy(update={"against": "torch@cpu"}), set())

@@ -141,8 +141,10 @@ def member_jobs(loaded: LoadedSpec, problem: Problem, seeds: list[tuple[RunKey, 
 def bf16_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: Scheme) -> list[Job]:
     """Where a bf16 run is asked for, the bf16 envelope's members: torch's autocast run
     (BF16_MEMBER_KEY) with its sums in other orders, as many as the float32 envelope's
-    (long_run.members), whole runs. Their distance from the reference is how far bf16
-    rounding at autocast's boundaries carries the run; every bf16 run is judged on it."""
+    (long_run.members), whole runs; with a JAX bf16 run on the CPU, as many again rounding
+    where JAX rounds there too (`~xla-orderN`: each bias's gradient summed in bfloat16 by
+    XLA:CPU, adapters/torch_bf16.py). Their distance from the reference is how far bf16
+    rounding carries the run; every bf16 run is judged on it."""
     if not any(k.precision == BF16 for k in keys):
         return []
     found = []
@@ -150,6 +152,10 @@ def bf16_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
         mk = replace(BF16_MEMBER_KEY, variant=key.variant)
         label = f"{loaded.name} {mk.label} (calibration: bf16, its sums in another order)"
         found.append(_job(BF16_MEMBER, mk, label, member=seed, cost=problem.total_steps))
+        if RunKey("jax", "cpu", precision=BF16) in keys:  # ... and as many rounding where JAX rounds on the CPU
+            xk = replace(BF16_MEMBER_KEY, variant=f"xla-{key.variant}")
+            label = f"{loaded.name} {xk.label} (calibration: bf16, its sums in another order, biases' gradients summed as XLA:CPU sums them)"
+            found.append(_job(BF16_MEMBER, xk, label, member=seed, cost=problem.total_steps, xla_bf16_sums=True))
     return found
 
 

@@ -116,6 +116,7 @@ class Job:
     steps: int | None = None  # the problem's first steps only
     member: int | None = None  # a calibration member's seed (members.reordered)
     formula: Any = None  # a library's formula (harness/known_differences.yaml)
+    xla_bf16_sums: bool = False  # a bf16 member rounding where JAX rounds on the CPU (Problem.xla_bf16_sums)
     needs: tuple[str, ...] = ()  # the jobs whose outcomes it takes (the oracle's, for its states)
     # the whole run (a framework job's key) whose kept first steps this job's outcome is, where
     # that run is planned beside it and kept them (math parity's reference: runner.first_steps);
@@ -186,7 +187,7 @@ class Job:
             p = reordered(p, seed=self.member)
         if self.formula is not None:
             p = library_problem(p, self.formula)
-        return p
+        return replace(p, xla_bf16_sums=True) if self.xla_bf16_sums else p
 
 
 def cost(key: RunKey, steps: int, runs: int = 1) -> float:

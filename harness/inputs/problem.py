@@ -121,6 +121,9 @@ class Problem:
     # ... and its tied tensors (port.tied): each state_dict name that holds the tensor an
     # earlier name holds, with that name; initial_params holds each tied tensor once
     port_tied: tuple[tuple[str, str], ...] = ()
+    # A bf16 envelope member rounding where JAX rounds on the CPU (roles.bf16_jobs): each
+    # Linear and convolution bias's gradient summed by XLA:CPU in bfloat16 (adapters/torch_bf16.py)
+    xla_bf16_sums: bool = False
     # Where the oracle, its float32 calibration run and their members run: "cpu" (NumPy) or
     # "gpu" (CuPy; `harness run --references gpu`). A port has no oracle and ignores it.
     references: str = "cpu"

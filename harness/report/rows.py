@@ -8,7 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from harness.core.registry import FLOAT64, GPU_ORACLE_KEY, ORACLE, PORT_REFERENCE_KEY, STRICT, Cell, CheckVerdict, RunKey, gates, verdict_counts
+from harness.core.registry import (
+    FLOAT64,
+    GPU_ORACLE_KEY,
+    MEASURED,
+    ORACLE,
+    PORT_REFERENCE_KEY,
+    STRICT,
+    Cell,
+    CheckVerdict,
+    RunKey,
+    gates,
+    verdict_counts,
+)
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import Unavailable, current_spec, record_order, record_spec, run_key, run_label
 from harness.report.speed import SpeedRow
@@ -172,8 +184,13 @@ def differing(records: Sequence[Record]) -> set[str]:
 def theirs(record: Record, c: CheckRecord, differ: set[str]) -> bool:
     """Whether a failing or known comparison belongs to the other run's row (issue 55: a slip on
     flax's side read as torch's float64 row failing): the other run differs from a reference
-    and this one does not (a reference never does)."""
-    return c.verdict in PROBLEMS and c.against in differ and run_label(record) not in differ
+    and this one does not (a reference never does); or this run gates and the other is a
+    cell measured, not gated (a float32 run's check against its bf16 cell: that cell's, and
+    the float32 row reads no FAIL it does not have)."""
+    if c.verdict not in PROBLEMS:
+        return False
+    measured = run_key(record).precision not in MEASURED and RunKey.from_label(c.against).precision in MEASURED
+    return measured or (c.against in differ and run_label(record) not in differ)
 
 
 def _rank(label: str) -> int:

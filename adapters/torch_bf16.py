@@ -1,0 +1,58 @@
+"""A bf16 envelope member rounding where JAX rounds on the CPU (issue 86): torch's autocast run
+with each nn.Linear and nn.Conv2d bias's gradient summed as JAX's gradient of a bias added
+in bfloat16 takes it, by XLA:CPU itself. flax adds a bias in the module's dtype
+(`y + bias.astype(bfloat16)`), so the gradient is the transpose of that broadcast: a sum of
+the bfloat16 cotangents over every axis but the channel's, which XLA:CPU accumulates in
+bfloat16 over several axes (a conv's batch and pixels, a text's batch and positions) where
+torch sums in float32 (tests/test_bf16.py). The member hands its own cotangents, channels
+last as flax lays them out, to that same transpose, jitted, and takes its sum for the bias's
+gradient. The rest of its step is torch's autocast run's."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+def watch(torch, model) -> list:
+    """The (module, cotangent) pairs of the model's biased Linear and Conv2d layers, filled
+    by each backward pass (a hook on each layer's output)."""
+    seen: list = []
+
+    def keep(module, _inputs, output):
+        if output.requires_grad:
+            output.register_hook(lambda g: seen.append((module, g)))
+
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) and module.bias is not None:
+            module.register_forward_hook(keep)
+    return seen
+
+
+@functools.cache
+def _transpose(shape: tuple[int, ...]):
+    """JAX's gradient of a float32 bias added in bfloat16 to an array of `shape` (channels
+    last), as a function of that array's cotangent: XLA:CPU's own sum."""
+    import jax
+    import jax.numpy as jnp
+
+    def grad(cotangent):
+        _, back = jax.vjp(lambda b: jnp.zeros(shape, jnp.bfloat16) + b.astype(jnp.bfloat16), jnp.zeros(shape[-1], jnp.float32))
+        return back(cotangent)[0]
+
+    return jax.jit(grad)
+
+
+def replace_bias_grads(torch, seen: list) -> None:
+    """Each watched bias's gradient, summed from this step's cotangents as XLA:CPU sums them;
+    the list emptied for the next step."""
+    import jax.numpy as jnp
+
+    for module, g in seen:
+        values = g.detach().float().cpu().numpy()
+        if isinstance(module, torch.nn.Conv2d):
+            values = np.moveaxis(values, 1, -1)  # NCHW -> NHWC, flax's layout
+        summed = np.array(_transpose(values.shape)(jnp.asarray(values, jnp.bfloat16)), dtype=np.float32)  # a writable copy
+        module.bias.grad = torch.from_numpy(summed).to(module.bias.grad)
+    seen.clear()
