@@ -6,8 +6,11 @@ runs the slice [A, B) of them (torch and JAX on the CPU, with the oracle, its me
 the twins, in this process) and appends one JSON line per spec to OUT: its checks' counts,
 the failing checks with their diagnosis and the step they start at, the known entries, the
 worst passing ratio, seconds. Specs already in OUT are skipped, so a stopped run goes on.
+With `--precisions float32,bf16` each spec has its bf16 cells too (issue 86), and each row
+lists their failing checks apart (`bf16_failed`); `--slip loss-in-bf16` runs JAX's bf16 cell
+with its loss on the bfloat16 logits (flax#677's slip), to measure that it is caught.
 
-    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR]
+    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR] [--precisions LIST] [--slip loss-in-bf16]
 """
 
 from __future__ import annotations
@@ -88,11 +91,12 @@ def drawn(n: int, seed: int) -> list[dict]:
     return found
 
 
-def judged(doc: dict, data_dir: Path):
+def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)):
     spec, overrides = validate_document(Path("<recipe>"), doc)
     sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     loaded = LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
-    return run_cells(loaded, build_problem(loaded, data_dir), matrix_keys(["torch", "jax"], ["cpu"]), None, Console(file=io.StringIO(), width=300))
+    keys = matrix_keys(["torch", "jax"], ["cpu"], precisions=precisions)
+    return run_cells(loaded, build_problem(loaded, data_dir), keys, None, Console(file=io.StringIO(), width=300))
 
 
 def main(argv: list[str]) -> int:
@@ -103,7 +107,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("b", type=int)
     parser.add_argument("out", type=Path)
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mnist")
+    parser.add_argument("--precisions", default="float32")
+    parser.add_argument("--slip", choices=["loss-in-bf16"])
     args = parser.parse_args(argv)
+    if args.slip == "loss-in-bf16":
+        from adapters import jax_probes
+
+        jax_probes.loss_input = lambda out, dtype, compute: out  # the bf16 logits as they are
     docs = drawn(args.n, args.seed)
     done = {json.loads(line)["i"] for line in args.out.read_text().splitlines() if line} if args.out.exists() else set()
     for i in range(args.a, min(args.b, len(docs))):
@@ -112,10 +122,11 @@ def main(argv: list[str]) -> int:
         began = time.time()
         row = {"i": i, "seed": args.seed, "spec": docs[i]}
         try:
-            result = judged(docs[i], args.data_dir)
+            result = judged(docs[i], args.data_dir, tuple(args.precisions.split(",")))
             checks = result.checks
             row["counts"] = {v.value: sum(c.verdict == v for c in checks) for v in CheckVerdict}
             row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:400]) for c in checks if c.verdict == CheckVerdict.FAIL]
+            row["bf16_failed"] = [f for f in row["failed"] if "+bf16" in f[1] + f[2]]
             row["known"] = sorted({c.diagnosis.split("(")[1].split(",")[0] for c in checks if c.verdict == CheckVerdict.KNOWN and "(" in c.diagnosis})
             passing = [c for c in checks if c.verdict == CheckVerdict.PASS and c.ratio is not None]
             worst = max(passing, key=lambda c: c.ratio, default=None)
