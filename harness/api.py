@@ -58,12 +58,14 @@ def run_spec(
     data_dir: str | Path | None = None,
     results: str | Path | None = None,
     precisions: Sequence[str] | None = None,
+    seeds: int = 1,
 ) -> Verdict:
     """A spec's matrix, checks and verdicts, as `harness run` gives them: `spec` a path, a spec's
     name (`specs/`) or a dict in the spec language; `frameworks`, `devices` and `precisions` as
     the command line's --frameworks, --devices and --precisions (default: every framework, the
     CPU, float32); `data_dir` where its data files are; `results` a folder for its records
-    (none written without it).
+    (none written without it); `seeds` as --seeds (1: none; at least 5: each framework's
+    cells again at more seeds, judged by their distributions, docs/verdict.md).
     Called at a script's top level, outside `if __name__ == "__main__":`, it raises
     RuntimeError saying so (its worker processes import the script again)."""
     exit_if_importing_main()
@@ -74,5 +76,6 @@ def run_spec(
         data_dir=data_dir,
         results=results,
         precisions=precisions,
+        seeds=seeds,
     )
     return run_loaded(loaded_spec(spec, options.profile), options)

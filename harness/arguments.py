@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 from harness.core.paths import REFERENCE_DIR, RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FAST, LEAST_SEEDS, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
 from harness.execute.capacity import LOCAL, RAY
 from harness.inputs import resources
+from harness.options import MAX_SEEDS
 from harness.spec import model as spec_mod
 from harness.spec.fields import MAX_REPEATS, MAX_SWEEP_POINTS
 
@@ -244,6 +245,12 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--train-anyway",
         action="store_true",
         help="a port whose initial forward pass differs from torch's (math_initial_forward FAIL) trains all the same (by default nothing trains)",
+    )
+    run.add_argument(
+        "--seeds",
+        type=_count(MAX_SEEDS, "each seed runs every cell again"),
+        help=f"also run each framework's cells at N-1 more seeds (at least {LEAST_SEEDS}) and judge their final metrics' "
+        "distributions, seed by seed paired (the verdict over seeds, docs/verdict.md)",
     )
     speed_options(run, [EAGER])
     gpu_options(run)

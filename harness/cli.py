@@ -41,6 +41,9 @@ def _finish_run(args: argparse.Namespace, console: Console, results: list, resul
     across = table.cross_host_table(results)
     if across is not None:
         console.print(across)
+    seeded = table.seeds_table(results)
+    if seeded is not None:
+        console.print(seeded)
     workers = table.workers_line([record for r in results for record in r.records])
     if workers:
         console.print(workers, highlight=False)

@@ -54,6 +54,7 @@ class SpecResult:
     members64: list[Outcome] = field(default_factory=list)  # the oracle's reordered runs, first steps
     member_records: list[Record] = field(default_factory=list)  # the members', never written
     cross_host: list[cross_host.CrossHost] = field(default_factory=list)  # runs made at several places (harness/execute/hosts.py)
+    over_seeds: list = field(default_factory=list)  # the verdict over seeds' rows (harness/verdict/seeds.py OverSeeds)
 
     @property
     def title(self) -> str:
@@ -114,6 +115,7 @@ def run_cells(
     twins: bool = True,
     executor: executors.Executor | None = None,
     train_anyway: bool = False,
+    seeded: Callable | None = None,
 ) -> SpecResult:
     """Run every key on the spec with what calibrates its checks (calibration.matrix_jobs), check every
     pair, and write one record per run (keys and float64 twins; the members are part of the
@@ -122,11 +124,13 @@ def run_cells(
 
     With a `work_dir`, each finished job is kept there and a later call with the same
     inputs takes it instead of running it again: a long matrix can be split over several
-    calls (a time-limited GPU lease) or resumed after a crash."""
+    calls (a time-limited GPU lease) or resumed after a crash. `seeded`: the verdict over
+    seeds (harness/seeded.py over_seeds, all but its driver, matrix runs and console
+    given), run once the matrix is judged, its checks added to the matrix's."""
     if executor is None:  # one of its own, shut down (its kept processes ended) when done
         own = executors.Local(executors.local_slots(1, None)) if isolate else executors.Inline()
         try:
-            return run_cells(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own, train_anyway)
+            return run_cells(loaded, problem, keys, results_dir, console, repeats, run_id, isolate, work_dir, rates, twins, own, train_anyway, seeded)
         finally:
             own.shutdown()
     early: list[Check] = []  # a port's initial forward pass, failing, where it trains anyway
@@ -204,7 +208,12 @@ def run_cells(
     if whole is not None:
         found, checks = whole, judged(whole.calibration)
     checks = reproduced(loaded, problem, outcomes, checks, driver.run, console)
+    rows = []
+    if seeded is not None:  # the cells again at other seeds, judged by their distributions
+        more, rows = seeded(lambda again, built: schedule.Driver(again, built, executor, console, None).run, chosen, console)
+        checks = checks + more
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
+    result.over_seeds = rows
     result.cross_host = cross_host.rows(problem.spec, planned, done, found.calibration)
     floors = {key: floor_of(problem, key, rates) for key in keys}  # each run's step against its device's floor
     return recorded(result, run_id, floors, driver.source.inputs_sha256, results_dir)

@@ -14,11 +14,13 @@ from typing import Any
 
 from harness.core.errors import SpecError
 from harness.core.paths import RUNS_DIR, SPECS_DIR
-from harness.core.registry import ADAPTERS, DEVICES, EAGER, FLOAT32, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
+from harness.core.registry import ADAPTERS, DEVICES, EAGER, FLOAT32, LEAST_SEEDS, MODES, PRECISION_CHOICES, REFERENCE_DEVICES
 from harness.execute.capacity import LOCAL
 from harness.inputs import resources
 from harness.spec.fields import MAX_REPEATS
 from harness.spec.model import FULL_PROFILE
+
+MAX_SEEDS = 1000
 
 
 def names(option: str, value: Any, allowed: Sequence[str]) -> tuple[str, ...] | None:
@@ -79,6 +81,7 @@ class RunOptions:
     references: str = "cpu"
     tf32: bool = False
     precisions: tuple[str, ...] = (FLOAT32,)  # float32 always runs; bf16 adds a cell per framework that has one
+    seeds: int = 1  # more: the verdict over seeds (harness/verdict/seeds.py), at least LEAST_SEEDS
     modes: tuple[str, ...] = (EAGER,)
     no_floor: bool = False
     max_memory_gb: float = resources.DEFAULT_MAX_MEMORY_GB
@@ -101,6 +104,9 @@ class RunOptions:
         _count("jobs", self.jobs)
         _count("threads", self.threads)
         _count("max_steps", self.max_steps)
+        _count("seeds", self.seeds, MAX_SEEDS)
+        if 1 < self.seeds < LEAST_SEEDS:
+            raise SpecError(f"seeds: a verdict over seeds takes at least {LEAST_SEEDS} (MLPerf's), got {self.seeds}; 1 runs none")
         for flag in ("download", "in_process", "train_anyway", "require_gpu", "tf32", "no_floor"):
             if not isinstance(getattr(self, flag), bool):
                 raise SpecError(f"{flag}: True or False, got {type(getattr(self, flag)).__name__}")

@@ -189,6 +189,7 @@ def check_port(
     input_shape: Sequence[int] | None = None,
     devices: Sequence[str] | None = None,
     precisions: Sequence[str] | None = None,
+    seeds: int = 1,
     data_dir: str | Path | None = None,
     name: str | None = None,
     in_process: bool = False,
@@ -206,7 +207,9 @@ def check_port(
     text data section, which gives the token ids; the arrays'
     rows give it. `results`: a folder for the records (none written without it).
     `precisions`: as `harness run --precisions` (float32 always; bf16 adds torch's autocast
-    run and flax_model(dtype=jnp.bfloat16)'s, measured, not gated).
+    run and flax_model(dtype=jnp.bfloat16)'s, measured, not gated). `seeds`: as `--seeds`
+    (1: none; at least 5: both frameworks' runs at more init seeds and batch orders, judged
+    by their final metrics' distributions).
     `train_anyway`: where flax's initial forward pass already differs from torch's, train the
     matrix all the same (by default that check fails at once and nothing trains). Bad
     arguments raise SpecError (a ValueError) naming the argument and key; nothing runs. So does
@@ -253,6 +256,7 @@ def check_port(
             frameworks=("torch", "jax"),
             devices=where,
             precisions=asked,
+            seeds=seeds,
             data_dir=used,
             results=out,
             no_floor=out is None,

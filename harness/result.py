@@ -105,5 +105,8 @@ def rendered(results: list, members: bool = False) -> str:
     across = table.cross_host_table(results)
     if across is not None:
         console.print(across)
+    seeded = table.seeds_table(results)
+    if seeded is not None:
+        console.print(seeded)
     table.print_failures(console, results, rest="see .failures")
     return out.getvalue()

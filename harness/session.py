@@ -5,6 +5,8 @@ command line or prints a verdict."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -139,6 +141,22 @@ def measure_rates(options: RunOptions, keys: list, console: Console) -> dict:
     return rates
 
 
+def seeded_by(options: RunOptions, keys: list, executor, spec) -> Callable | None:
+    """The verdict over seeds of one spec (harness/seeded.py over_seeds), all but what the
+    matrix gives it; None without --seeds."""
+    from harness import matrix, seeded
+    from harness.inputs import problem as inputs
+
+    if options.seeds == 1:
+        return None
+
+    def built(again):
+        apart = matrix.port_apart(spec.name, executor)
+        return inputs.build_problem(again, options.data_dir, options.data_source, options.download, options.limits, apart)
+
+    return functools.partial(seeded.over_seeds, spec, seeded.seeded_keys(keys, options.running), options.seeds, built)
+
+
 def run_matrix(options: RunOptions, console: Console, loaded: list | None = None) -> tuple[list, Path | None, str, list[str]]:
     """`harness run`'s matrix: the specs the options name (or `loaded`, specs already
     loaded: the Python API's), their problems built, every run and check on the executor the
@@ -215,6 +233,7 @@ def run_matrix(options: RunOptions, console: Console, loaded: list | None = None
                 rates=rates,
                 executor=executor,
                 train_anyway=options.train_anyway,
+                seeded=seeded_by(options, keys, executor, spec),
             )
             for spec, problem in zip(loaded, problems)
         ]

@@ -138,6 +138,10 @@ DIVERGENCE_CHECKS = ("divergence", "math_divergence")
 ANCHORED_CHECKS = "math_anchored_"
 
 
+LEAST_SEEDS = 5  # a verdict over seeds' fewest (MLPerf's; harness/verdict/seeds.py)
+# A check over seeds' prefix (seeds_train_loss, ...): measured, not gated, until its rate of
+# false alarms and its power are measured on more workloads than peaks (docs/verdict.md)
+OVER_SEEDS = "seeds_"
 MEASURED = (TF32, BF16)  # the precisions measured against the oracle, not gated
 
 

@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import BF16, DIVERGENCE_CHECKS, CheckVerdict, RunKey, explains, verdict_counts
+from harness.core.registry import BF16, DIVERGENCE_CHECKS, OVER_SEEDS, CheckVerdict, RunKey, explains, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
@@ -137,7 +137,9 @@ def verdict_table(results: Sequence[Shown], members: bool = False) -> Table:
 
 
 def _measured(record: Record, c) -> str:
-    """The precision a check is measured and not gated for: TF32 or bf16."""
+    """What a check is measured and not gated for: over seeds, or its precision, TF32 or bf16."""
+    if c.name.startswith(OVER_SEEDS):
+        return "over seeds"
     return "bf16" if BF16 in (record.precision_mode, RunKey.from_label(c.against).precision) else "TF32"
 
 
@@ -365,6 +367,35 @@ def cross_host_table(results: Sequence) -> Table | None:
             row.verdict,
             row.diagnosis or "",
         )
+    return table
+
+
+def seeds_table(results: Sequence) -> Table | None:
+    """A row per measure of each pair judged over seeds (harness/verdict/seeds.py), under its
+    spec's name: each side's olympic mean, the seeds' paired differences' mean beside their
+    spread, the least mean difference the test can tell at these seeds (its tolerance), and
+    the verdict."""
+    shown = [r for r in results if getattr(r, "over_seeds", None)]
+    if not shown:
+        return None
+    title = "Over seeds (each seed's init and batch order alike on both sides; olympic means)"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for column in ("run vs", "measure", "seeds", "olympic", "diff.", "spread", "detectable", "verdict"):
+        table.add_column(column)
+    for result in shown:
+        table.add_row(result.loaded.name, *[""] * 7, style="bold")
+        for row in result.over_seeds:
+            check = next((c for c in result.checks if c.name == OVER_SEEDS + row.measure and c.a == row.run and c.b == row.reference), None)
+            table.add_row(
+                f"{row.run.label} vs {row.reference.label}",
+                row.measure,
+                f"{row.n}/{len(row.seeds)}",
+                f"{_fmt(row.olympic('run'), '.4g')} / {_fmt(row.olympic('reference'), '.4g')}",
+                _fmt(row.mean_difference, "+.2g"),
+                _fmt(row.spread, ".2g"),
+                "-" if check is None or not check.ratio else _fmt(check.max_abs_error / check.ratio, ".2g"),
+                "-" if check is None else SAID.get(check.verdict, check.verdict.value),
+            )
     return table
 
 

@@ -1,0 +1,126 @@
+"""The verdict over seeds (issue 86): each framework's cells again at more seeds, judged by
+their final metrics' distributions, seed by seed paired (harness/verdict/seeds.py,
+harness/seeded.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.core.errors import SpecError
+from harness.core.registry import BF16, OVER_SEEDS, CheckVerdict, RunKey
+from harness.options import RunOptions
+from harness.verdict import seeds
+from tests.conftest import ROOT
+
+TORCH, JAX = RunKey("torch", "cpu"), RunKey("jax", "cpu")
+
+
+def _rows(a, b, measure="train_loss"):
+    return [seeds.OverSeeds(measure, JAX, TORCH, tuple(range(len(a))), tuple(a), tuple(b))]
+
+
+def test_the_olympic_mean_drops_the_highest_and_the_lowest():
+    assert seeds.olympic_mean([1.0, 2.0, 3.0, 100.0, -50.0]) == 2.0
+    assert seeds.olympic_mean([4.0, 6.0]) == 5.0
+
+
+def test_paired_seeds_pass_where_only_chaos_differs_and_fail_where_the_mean_moves():
+    """The seeds' own spread (dead networks at 2.2, trained ones at 0.05) cancels in the
+    pairs: a shift of 0.01 on every seed fails; noise of 0.02 around the same values passes."""
+    rng = np.random.default_rng(0)
+    base = np.where(rng.random(20) < 0.3, 2.2, 0.05) + rng.normal(0, 0.01, 20)
+    honest = base + rng.normal(0, 0.02, 20)
+    passed = seeds.judged(_rows(honest, base))[0]
+    assert passed.verdict == CheckVerdict.PASS and passed.ratio < 1 and passed.name == "seeds_train_loss"
+    shifted = base + 0.01 + rng.normal(0, 0.005, 20)
+    failed = seeds.judged(_rows(shifted, base))[0]
+    assert failed.verdict == CheckVerdict.FAIL and failed.ratio > 1
+    assert failed.diagnosis.startswith("distribution: jax@cpu's train_loss olympic mean")
+    assert "over 20 seeds" in failed.diagnosis and "not the same one rounded otherwise" in failed.diagnosis
+
+
+def test_the_ratio_is_one_where_the_test_just_rejects():
+    """ratio > 1 exactly where the two-sided p is below the alpha each check is given (the
+    verdict's 0.05 shared among its checks)."""
+    from harness.verdict.seeds import p_value
+
+    rng = np.random.default_rng(1)
+    for shift in np.linspace(0.0, 0.02, 21):
+        b = rng.normal(0, 1, 8)
+        a = b + shift + rng.normal(0, 0.02, 8)
+        rows = _rows(a, b) + _rows(a, b, "val_loss")
+        for check, row in zip(seeds.judged(rows), rows):
+            assert (check.ratio > 1) == (p_value(row.t(), row.n - 1) < seeds.ALPHA / 2)
+
+
+def test_fewer_than_five_finished_seeds_are_skipped_saying_why():
+    a = [0.1, 0.2, np.nan, np.nan, 0.3, 0.4]
+    check = seeds.judged(_rows(a, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]))[0]
+    assert check.verdict == CheckVerdict.SKIPPED
+    assert check.reason.startswith("4 seeds finished on both sides") and "takes 5" in check.reason
+
+
+def test_each_cell_is_judged_against_the_first_of_its_precision():
+    bf16 = [RunKey("torch", "cpu", precision=BF16), RunKey("jax", "cpu", precision=BF16)]
+    assert seeds.pairs([TORCH, JAX, *bf16]) == [(JAX, TORCH), (bf16[1], bf16[0])]
+
+
+def test_seed_zero_is_the_specs_own_and_the_others_nest():
+    from harness.seeded import drawn, reseeded
+    from harness.spec.load import load_spec
+
+    loaded = load_spec(ROOT / "specs" / "mnist_mlp.yaml")
+    five, ten = drawn(loaded, 5), drawn(loaded, 10)
+    assert five[0] == (42, 42) and ten[:5] == five and len(set(ten)) == 10
+    again = reseeded(loaded, *five[3])
+    assert (again.spec.init.seed, again.spec.training.shuffle_seed) == five[3]
+    assert again.spec.model == loaded.spec.model and again.spec.optimizer == loaded.spec.optimizer
+
+
+@pytest.mark.parametrize("value", [2, 4, 0, -1, 1.5, True, 1001])
+def test_seeds_other_than_one_or_five_and_more_are_refused_in_one_line(value):
+    with pytest.raises(SpecError, match=r"^seeds: ") as raised:
+        RunOptions(seeds=value)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_command_line_takes_seeds():
+    from harness import arguments
+
+    parsed = RunOptions.from_args(arguments.parser("harness").parse_args(["run", "peaks_mlp", "--seeds", "7", "--no-records"]))
+    assert parsed.seeds == 7 and RunOptions().seeds == 1
+
+
+def _small_peaks(tmp_path, epochs: int = 150):
+    doc = yaml.safe_load((ROOT / "specs" / "peaks_mlp.yaml").read_text())
+    doc["data"]["points_per_axis"], doc["training"]["epochs"] = 30, epochs
+    doc["checks"]["params_after_steps"]["step"] = 5
+    path = tmp_path / "small_peaks.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+def test_honest_seeds_pass_and_a_learning_rate_twice_fails_on_its_distribution(tmp_path, monkeypatch):
+    """peaks (chaotic: torch's and JAX's runs of one seed part within 50 steps) at 8 seeds:
+    the honest pair passes its check over seeds (t = -0.90); JAX at twice the learning rate
+    fails it (1.98x what the test calls significant),
+    diagnosed `distribution`, measured and not gated, beside its step checks."""
+    from adapters import jax_adapter
+    from harness.api import loaded_spec, run_loaded
+
+    options = RunOptions(frameworks=["torch", "jax"], in_process=True, no_floor=True, results=None, seeds=8)
+    loaded = loaded_spec(_small_peaks(tmp_path), "full")
+    honest = run_loaded(loaded, options)
+    rows = honest.results[0].over_seeds
+    assert [(r.run, r.reference, r.measure, r.n) for r in rows] == [(JAX, TORCH, "train_loss", 8)]
+    assert not [f for f in honest.failures if f.check.startswith(OVER_SEEDS)]
+    assert "Over seeds" in str(honest)
+    adam = jax_adapter.OPTIMIZERS["adam"]
+    monkeypatch.setitem(jax_adapter.OPTIMIZERS, "adam", lambda optax, lr, o: adam(optax, lr * 2.0, o))
+    slipped = run_loaded(loaded, options)
+    found = [f for f in slipped.failures if f.check == "seeds_train_loss"]
+    assert len(found) == 1 and found[0].diagnosis == "distribution" and found[0].run == "jax@cpu" and not found[0].gated
+    assert "FAIL (over seeds: measured, not gated) small_peaks jax@cpu vs torch@cpu: seeds_train_loss" in str(slipped)
