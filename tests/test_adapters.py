@@ -375,3 +375,25 @@ def test_the_oracles_evaluation_takes_blocks_and_rounds_like_one_pass(spec_name,
         passes.clear()
         adapter.predict(other, x)
         assert passes == [len(x)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torchs_predictions_of_a_conv_net_in_chunks_are_the_whole_calls_bitwise(dtype, monkeypatch):
+    """torch_adapter.predict takes a convolutional network's examples PREDICT_CHUNK at a time
+    on the CPU (faster, docs/measurements.md): its outputs are the whole call's, bit for bit,
+    on the committed conv spec (the records stay as they were); no examples is one call."""
+    from harness.core.registry import FLOAT64, RunKey
+    from harness.inputs.problem import build_problem
+    from harness.spec.load import load_spec
+    from tests.conftest import ROOT
+
+    torch_adapter = adapter_or_skip("torch")
+    problem = build_problem(load_spec(ROOT / "specs" / "cnn_norm_mnist.yaml", "quick"))
+    key = RunKey("torch", "cpu", precision=FLOAT64) if dtype == "float64" else RunKey("torch", "cpu")
+    trainer = torch_adapter.build(problem, torch_adapter.put(problem, key), key)
+    x = problem.x_train[:700]
+    monkeypatch.setattr(torch_adapter, "PREDICT_CHUNK", 10**9)
+    whole, empty = torch_adapter.predict(trainer, x), torch_adapter.predict(trainer, x[:0])
+    monkeypatch.setattr(torch_adapter, "PREDICT_CHUNK", 256)  # 3 chunks, the last of 188
+    assert np.array_equal(torch_adapter.predict(trainer, x), whole)
+    assert torch_adapter.predict(trainer, x[:0]).shape == empty.shape == (0, whole.shape[1])
