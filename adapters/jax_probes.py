@@ -26,11 +26,14 @@ def loss_input(out, dtype: str, compute: str | None):
 
 def computed_in(trainer: Any) -> dict[str, str]:
     """The dtype each layer's output and the loss's input come out in on step 0's batch, on
-    the trainer's device (adapters/protocol.py RecordsComputedIn); {} for a port."""
+    the trainer's device (adapters/protocol.py RecordsComputedIn), and the lowest its trained
+    parameters are held in (`parameters`; a port's alone)."""
     import jax
 
+    dtypes = [leaf.dtype for leaf in jax.tree.leaves(trainer.params.get("params", {}))]
+    held = {"parameters": str(min(dtypes, key=lambda d: d.itemsize))} if dtypes else {}
     if trainer.problem.port is not None:
-        return {}
+        return held
     problem, compute = trainer.problem, compute_dtype(trainer.key)
     device = next(iter(jax.tree.leaves(trainer.params)[0].devices()))
     host = problem.host_arrays(trainer.dtype, np.int32)
@@ -39,4 +42,4 @@ def computed_in(trainer: Any) -> dict[str, str]:
     net = jax_layers.module(problem.spec, compute)
     out, found = net.apply(trainer.params, jax.device_put(x, device), masks, True, mutable=["batch_stats", "intermediates"])
     layers = {name.removeprefix("out_"): str(values[0].dtype) for name, values in found["intermediates"].items()}
-    return {**layers, "loss": str(loss_input(out, trainer.dtype, compute).dtype)}
+    return {**layers, "loss": str(loss_input(out, trainer.dtype, compute).dtype), **held}

@@ -448,16 +448,19 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
 
 def computed_in(trainer: Trainer) -> dict[str, str]:
     """The dtype each layer's output and the loss come out in on step 0's batch under the
-    run's autocast (adapters/protocol.py RecordsComputedIn), on a copy of the model; {} for a port."""
-    if trainer.problem.port is not None:
-        return {}
+    run's autocast (adapters/protocol.py RecordsComputedIn), on a copy of the model, and the
+    lowest its trained parameters are held in (`parameters`; a port's alone)."""
     torch = _torch()
+    dtypes = [p.dtype for p in trainer.model.parameters()]
+    held = {"parameters": str(min(dtypes, key=lambda d: d.itemsize)).removeprefix("torch.")} if dtypes else {}
+    if trainer.problem.port is not None:
+        return held
     model, found = copy.deepcopy(trainer.model), {}
     x, y = trainer.problem.batch(trainer.data, 0)
     model.train()
     with torch.no_grad(), _autocast(torch, trainer):
         loss = _loss(torch, trainer.problem.spec.loss, model, trainer.n_examples, model(x, trainer.problem.step_masks(trainer.data, 0), found), y)
-    return {name: str(value.dtype).removeprefix("torch.") for name, value in {**found, "loss": loss}.items()}
+    return {**{name: str(value.dtype).removeprefix("torch.") for name, value in {**found, "loss": loss}.items()}, **held}
 
 
 def rates(device: str, precision: str) -> dict[str, float]:

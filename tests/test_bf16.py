@@ -261,3 +261,43 @@ def test_a_float32_rows_failing_check_against_its_bf16_cell_is_that_cells():
     bf16 = float32.model_copy(update={"precision_mode": BF16})
     assert not theirs(bf16, failing.model_copy(update={"against": "jax@cpu"}), set())
     assert not theirs(float32, failing.model_copy(update={"against": "torch@cpu"}), set())
+
+
+def test_parameters_held_in_bf16_are_caught_and_named(tmp_path, monkeypatch):
+    """A flax module whose parameters are bfloat16 (flax's param_dtype) where torch's autocast
+    keeps them float32, and so its optimizer state too: on a small AdamW recipe (8 steps in
+    its warmup, updates far below bfloat16's resolution of a weight) the jax bf16 cell fails
+    its loss curve (8.9x) and final metrics, each naming the parameters; the honest run passes
+    every check (tested above and in the suite's bf16 specs)."""
+    import jax
+    import jax.numpy as jnp
+    import yaml
+
+    from adapters import jax_adapter
+    from harness.api import loaded_spec, run_loaded
+    from tests.conftest import ROOT
+
+    doc = yaml.safe_load((ROOT / "specs" / "mnist_adamw.yaml").read_text())
+    doc["data"]["source"], doc["data"]["sources"]["test-set"]["validation"] = "test-set", 8976  # 1,024 examples
+    doc["training"]["epochs"], doc["checks"]["params_after_steps"]["step"] = 1, 4
+    path = tmp_path / "small_adamw.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    build, variables = jax_adapter.build, jax_adapter._variables
+
+    def in_bf16(problem, data, key):  # the bf16 cell's parameters in bfloat16, the float32 cells' as they are
+        if key.precision != BF16:
+            return build(problem, data, key)
+        monkeypatch.setattr(jax_adapter, "_variables", lambda p, t, d: jax.tree.map(lambda a: a.astype(jnp.bfloat16), variables(p, t, d)))
+        try:
+            return build(problem, data, key)
+        finally:
+            monkeypatch.setattr(jax_adapter, "_variables", variables)
+
+    monkeypatch.setattr(jax_adapter, "build", in_bf16)
+    options = RunOptions(frameworks=["torch", "jax"], precisions=["float32", "bf16"], in_process=True, no_floor=True)
+    verdict = run_loaded(loaded_spec(path, "full"), options)
+    assert verdict.passed  # measured, not gated
+    assert "loss_curve_envelope" in {f.check for f in verdict.failures}
+    for failure in verdict.failures:
+        assert failure.run == "jax@cpu+bf16" and not failure.gated
+        assert "rounding: bf16 where torch's autocast keeps float32 (jax computes parameters in bfloat16)" in failure.detail

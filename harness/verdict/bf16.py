@@ -2,7 +2,8 @@
 layers and loss a run computes in bfloat16 where torch's autocast run (the bf16 envelope's
 own) keeps float32, read from what each run recorded (its math_mode's `computed_in`,
 adapters/protocol.py RecordsComputedIn). A failing bf16 check's diagnosis names them: a loss,
-or a sum that torch promotes to float32, taken in bfloat16 is a bf16-only bug."""
+or a sum that torch promotes to float32, taken in bfloat16, or parameters held in bfloat16
+(flax's param_dtype) where autocast keeps them float32, is a bf16-only bug."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def computed_in(outcome) -> dict[str, str]:
 
 
 def apart(outcomes: dict) -> dict[RunKey, list[str]]:
-    """Each bf16 run's layers (and "loss") computed in bfloat16 where torch's autocast run
-    keeps float32; runs with none are left out."""
+    """Each bf16 run's layers (and "loss", and "parameters") computed in bfloat16 where
+    torch's autocast run keeps float32; runs with none are left out."""
     kept = computed_in(outcomes.get(BF16_MEMBER_KEY))
     found = {}
     for key, outcome in outcomes.items():
