@@ -52,7 +52,7 @@ def test_the_ratio_is_one_where_the_test_just_rejects():
         a = b + shift + rng.normal(0, 0.02, 8)
         rows = _rows(a, b) + _rows(a, b, "val_loss")
         for check, row in zip(seeds.judged(rows), rows):
-            assert (check.ratio > 1) == (p_value(row.t(), row.n - 1) < seeds.ALPHA / 2)
+            assert (check.ratio > 1) == (p_value(row.t(), row.n - 1) < seeds.SEEDS_ALPHA / 2)
 
 
 def test_fewer_than_five_finished_seeds_are_skipped_saying_why():

@@ -64,7 +64,8 @@ def rates(args) -> None:
     sides = ((jax, JAX), (slipped, TORCH))
     every = [seeds.OverSeeds("train_loss", k, TORCH, tuple(common), tuple(side[i] for i in common), reference) for side, k in sides]
     for name, row in zip(("honest", "slip"), every):
-        print(f"all {row.n} seeds, {name}: mean difference {row.mean_difference:+.3g}, spread {row.spread:.3g}, ratio {row.ratio(seeds.ALPHA):.2f}")
+        ratio = row.ratio(seeds.SEEDS_ALPHA)
+        print(f"all {row.n} seeds, {name}: mean difference {row.mean_difference:+.3g}, spread {row.spread:.3g}, ratio {ratio:.2f}")
 
 
 def main(argv: list[str]) -> int:

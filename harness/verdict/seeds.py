@@ -6,15 +6,15 @@ difference of each seed's final measure, side against side, is what rounding and
 spread, and a difference of the math shifts its mean.
 
 Per measure (each final metric of the whole sets: the loss, the accuracy) and per pair (a
-framework's cell against the first framework's cell of its precision and mode):
-each side's olympic mean (MLPerf's: the highest and the lowest seed dropped), the mean of
-the paired differences beside their spread over the seeds, and Student's t-test on the
-paired differences. Each direction is tested one-sided at ALPHA / 2, and ALPHA is shared
-among the verdict's checks over seeds (Bonferroni): an honest matrix fails its verdict over
-seeds at most 1 time in 20, by construction; so its checks are measured and listed, and
-gate no verdict yet (registry.OVER_SEEDS, report.rows.gating). A check's ratio is its mean difference over the difference the
-test would just call significant (> 1 fails), as every other check's error over its
-tolerance is."""
+framework's cell against the first framework's cell of its precision and mode): each
+side's olympic mean (MLPerf's: the highest and the lowest seed dropped), the mean of the
+paired differences beside their spread over the seeds, and Student's t-test on the paired
+differences. Each direction is tested one-sided at half the level (registry.SEEDS_ALPHA,
+0.05), and the level is shared among the verdict's checks over seeds (Bonferroni): an
+honest matrix fails its verdict over seeds at most 1 time in 20, by construction; so its
+checks are measured and listed, and gate no verdict yet (registry.OVER_SEEDS,
+report.rows.gating). A check's ratio is its mean difference over the difference the test
+would just call significant (> 1 fails), as every other check's error over its tolerance is."""
 
 from __future__ import annotations
 
@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.registry import LEAST_SEEDS, OVER_SEEDS, CheckVerdict, RunKey
+from harness.core.registry import LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
 from harness.verdict.checks import Check
 
-ALPHA = 0.05  # the verdict's, shared among its checks over seeds
 DISTRIBUTION = "distribution"  # the diagnosis's first word, where the distributions differ
 
 
@@ -128,13 +127,13 @@ def measures(values: dict[RunKey, list[dict[str, float]]]) -> list[str]:
 
 
 def judged(rows: list[OverSeeds]) -> list[Check]:
-    """A check per row, ALPHA shared among them: FAIL where the paired differences' mean is
+    """A check per row, SEEDS_ALPHA shared among them: FAIL where the paired differences' mean is
     beyond what their spread over the seeds makes likely, saying by how much and why."""
-    alpha = ALPHA / max(len(rows), 1)
+    alpha = SEEDS_ALPHA / max(len(rows), 1)
     checks = []
     for row in rows:
         name = OVER_SEEDS + row.measure
-        test = f"Student's t at {alpha / 2:.3g} a side (the verdict's {ALPHA} shared among {len(rows)} check(s) over seeds)"
+        test = f"Student's t at {alpha / 2:.3g} a side (the verdict's {SEEDS_ALPHA} shared among {len(rows)} check(s) over seeds)"
         if row.n < LEAST_SEEDS:
             reason = f"{row.n} seeds finished on both sides (a run failed or diverged at the others); a verdict over seeds takes {LEAST_SEEDS}"
             checks.append(Check(name, row.run, row.reference, CheckVerdict.SKIPPED, f"over {len(row.seeds)} seeds, {test}", reason=reason))
