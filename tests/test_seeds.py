@@ -110,6 +110,8 @@ def test_honest_seeds_pass_and_a_learning_rate_twice_fails_on_its_distribution(t
     diagnosed `distribution`, measured and not gated, beside its step checks."""
     from adapters import jax_adapter
     from harness.api import loaded_spec, run_loaded
+    from harness.records.store import run_label
+    from harness.report.table import failure_line
 
     options = RunOptions(frameworks=["torch", "jax"], in_process=True, no_floor=True, results=None, seeds=8)
     loaded = loaded_spec(_small_peaks(tmp_path), "full")
@@ -123,4 +125,6 @@ def test_honest_seeds_pass_and_a_learning_rate_twice_fails_on_its_distribution(t
     slipped = run_loaded(loaded, options)
     found = [f for f in slipped.failures if f.check == "seeds_train_loss"]
     assert len(found) == 1 and found[0].diagnosis == "distribution" and found[0].run == "jax@cpu" and not found[0].gated
-    assert "FAIL (over seeds: measured, not gated) small_peaks jax@cpu vs torch@cpu: seeds_train_loss" in str(slipped)
+    record = next(r for r in slipped.results[0].records if run_label(r) == "jax@cpu")
+    check = next(c for c in record.checks if c.name == "seeds_train_loss")
+    assert failure_line(record, check).startswith("FAIL (over seeds: measured, not gated) peaks_mlp jax@cpu vs torch@cpu: seeds_train_loss")
