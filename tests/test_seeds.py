@@ -53,6 +53,7 @@ def test_the_ratio_is_one_where_the_test_just_rejects():
         rows = _rows(a, b) + _rows(a, b, "val_loss")
         for check, row in zip(seeds.judged(rows), rows):
             assert (check.ratio > 1) == (p_value(row.t(), row.n - 1) < seeds.SEEDS_ALPHA / 2)
+            assert check.ratio == pytest.approx(check.max_abs_error / check.bound.allowed)  # its record's tolerance as fields
 
 
 def test_fewer_than_five_finished_seeds_are_skipped_saying_why():

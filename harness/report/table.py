@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import BF16, DIVERGENCE_CHECKS, LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey, explains, verdict_counts
+from harness.core.registry import BF16, DIVERGENCE_CHECKS, OVER_SEEDS, CheckVerdict, RunKey, explains, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
@@ -384,7 +384,6 @@ def seeds_table(results: Sequence) -> Table | None:
         table.add_column(column)
     for result in shown:
         table.add_row(result.loaded.name, *[""] * 7, style="bold")
-        alpha = SEEDS_ALPHA / len(result.over_seeds)  # as judged: the verdict's shared among its checks over seeds
         for row in result.over_seeds:
             check = next((c for c in result.checks if c.name == OVER_SEEDS + row.measure and c.a == row.run and c.b == row.reference), None)
             table.add_row(
@@ -394,7 +393,7 @@ def seeds_table(results: Sequence) -> Table | None:
                 f"{_fmt(row.olympic('run'), '.4g')} / {_fmt(row.olympic('reference'), '.4g')}",
                 _fmt(row.mean_difference, "+.2g"),
                 _fmt(row.spread, ".2g"),
-                _fmt(row.detectable(alpha), ".2g") if row.n >= LEAST_SEEDS else "-",
+                "-" if check is None or check.bound is None else _fmt(check.bound.allowed, ".2g"),  # its tolerance, as judged
                 "-" if check is None else SAID.get(check.verdict, check.verdict.value),
             )
     return table

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.core.registry import LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
+from harness.verdict.bound import Bound
 from harness.verdict.checks import Check
 
 DISTRIBUTION = "distribution"  # the diagnosis's first word, where the distributions differ
@@ -138,7 +139,8 @@ def judged(rows: list[OverSeeds]) -> list[Check]:
             reason = f"{row.n} seeds finished on both sides (a run failed or diverged at the others); a verdict over seeds takes {LEAST_SEEDS}"
             checks.append(Check(name, row.run, row.reference, CheckVerdict.SKIPPED, f"over {len(row.seeds)} seeds, {test}", reason=reason))
             continue
-        tolerance = f"the paired differences' mean over {row.n} seeds within {row.detectable(alpha):.3g}: {test}"
+        allowed = row.detectable(alpha)
+        tolerance = f"the paired differences' mean over {row.n} seeds within {allowed:.3g}: {test}"
         ratio = row.ratio(alpha)
         figures = (
             f"{row.run.label}'s {row.measure} olympic mean {row.olympic('run'):.6g} against {row.reference.label}'s "
@@ -166,6 +168,7 @@ def judged(rows: list[OverSeeds]) -> list[Check]:
                 reason=figures,
                 ratio=ratio,
                 diagnosis=diagnosis,
+                bound=Bound("seeds", "max_abs", allowed=allowed, members=row.n),  # the mean's |difference| over it is the ratio
             )
         )
     return checks
@@ -177,8 +180,9 @@ def rows_of(keys: Sequence[RunKey], seeds: Sequence[int], values: dict[RunKey, l
     def column(key: RunKey, measure: str) -> tuple[float, ...]:
         return tuple(float(m.get(measure, math.nan)) if m else math.nan for m in values[key])
 
+    names = measures(values)
     return [
         OverSeeds(measure, run, reference, tuple(seeds), column(run, measure), column(reference, measure))
         for run, reference in pairs([k for k in keys if k in values])
-        for measure in measures(values)
+        for measure in names
     ]
