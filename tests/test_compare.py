@@ -77,6 +77,40 @@ def test_perturbed_records_are_caught(tmp_path, change, what):
     assert regressions and all(f.run == "torch@cpu" and what in f.what for f in regressions)
 
 
+@pytest.mark.parametrize("change, what", [(flip_first_passing, " vs "), (metric_moved, "final train_loss")])
+def test_a_bf16_cells_failing_check_or_moved_metric_warns_and_gates_nothing(tmp_path, change, what):
+    """Issue 86: the quick baselines hold bf16 cells (nox -s regress runs them), measured and
+    not gated in the gate as in the verdict: a failing check of one, or a final metric moved
+    beyond the float32 rule, is a WARNING (exit 0), where the same on a strict cell is a
+    regression (test_perturbed_records_are_caught)."""
+    new = copy_baseline(tmp_path)
+    paths = sorted((new / "mnist_mlp").glob("*_jax_cpu_*.json"))
+    path = next(p for p in paths if json.loads(p.read_text())["precision_mode"] == registry.BF16)
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    findings = compare.compare(new, str(BASELINE))
+    assert "regression" not in verdicts(findings)
+    warned = [f for f in findings if f.verdict == compare.MEASURED_ONLY]
+    assert warned and all(f.run == "jax@cpu+bf16" and what in f.what for f in warned)
+    assert any(line.startswith("WARNING mnist_mlp jax@cpu+bf16") and "measured, not gated" in line for line in compare.summary(findings))
+
+
+def test_records_made_without_bf16_cells_lack_none_and_one_stopped_is_a_regression(tmp_path):
+    """A float32-only run of the quick profile (nox -s cpu -- --profile quick, most specs)
+    asked for no bf16 cell: the baseline's are not missing. Where the new records hold a
+    spec's bf16 cells, one that is absent stopped running."""
+    new = copy_baseline(tmp_path)
+    for path in new.rglob("*.json"):
+        if json.loads(path.read_text())["precision_mode"] == registry.BF16 and "mnist_mlp" not in path.parts:
+            path.unlink()
+    assert "regression" not in verdicts(compare.compare(new, str(BASELINE)))
+    jax_bf16 = next(p for p in (new / "mnist_mlp").glob("*_jax_cpu_*.json") if json.loads(p.read_text())["precision_mode"] == registry.BF16)
+    jax_bf16.unlink()
+    missing = [f for f in compare.compare(new, str(BASELINE)) if f.verdict == "regression"]
+    assert [(f.spec, f.run, f.new) for f in missing] == [("mnist_mlp", "jax@cpu+bf16", "missing")]
+
+
 def test_time_within_the_recorded_noise_is_not_a_regression(tmp_path):
     new = copy_baseline(tmp_path)
     edit_one(new, "torch", lambda d: d["timings"].update(per_step_s=d["timings"]["per_step_s"] * 1.03))
@@ -397,7 +431,8 @@ def test_a_busy_process_beside_a_timed_run_shows_in_its_share():
 
 def test_every_spec_has_quick_baselines():
     """Issue 55: `regress` printed NO BASELINE for the transformer. Every spec of specs/ has
-    records in baselines/cpu-quick, each framework's float32 run and the oracle's among them."""
+    records in baselines/cpu-quick, each framework's float32 run and the oracle's among them,
+    and torch's and JAX's bf16 cells."""
     from harness.core.registry import current_name
     from harness.records.store import read_record
     from harness.spec.load import spec_paths
@@ -405,4 +440,6 @@ def test_every_spec_has_quick_baselines():
     for name in spec_paths():
         records = [read_record(p) for p in (ROOT / "baselines" / "cpu-quick" / name).glob("*.json")]
         assert {"torch", "jax", "numpy", "oracle"} <= {current_name(r.framework, r.device.kind) for r in records}, name  # NumPy's old name
+        bf16 = {r.framework for r in records if r.precision_mode == registry.BF16}
+        assert bf16 == {"torch", "jax"}, name  # issue 86: nox -s regress runs every spec's bf16 cells
         assert all(r.spec.profile == "quick" for r in records), name

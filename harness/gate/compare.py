@@ -24,18 +24,18 @@ import io
 import tarfile
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.core.errors import RecordError
 from harness.core.git import checked_revision, folder_at
 from harness.core.paths import REFERENCE_DIR
 from harness.core.provenance import fingerprint
-from harness.core.registry import Cell, CheckVerdict
+from harness.core.registry import MEASURED, Cell, CheckVerdict
 from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
-from harness.report.rows import ms
+from harness.report.rows import gating, ms
 from harness.verdict.bound import times_tolerance
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
@@ -54,6 +54,11 @@ NOT_COMPARED = "not compared"
 NO_BASELINE = f"{NOT_COMPARED}: no baseline"
 QUICK_BASELINE = Path("baselines/cpu-quick")  # the committed baseline of the quick profile (nox -s regress)
 NOT_JUDGED = "not judged"
+# A finding on a cell measured, not gated (a bf16 or TF32 run, or a check over seeds:
+# registry.MEASURED, rows.gating): said, as the verdict says its failing checks, and no
+# regression. Its final metrics are not held to the float32 rule either, which bf16 rounding
+# on another host's kernels can exceed.
+MEASURED_ONLY = f"{WARNING}: measured, not gated"
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,8 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
         old_verdict = "-" if old is None else old.verdict
         err = "" if check.ratio is None else f" ({times_tolerance(check.ratio)})"
         if check.verdict == CheckVerdict.FAIL:
-            findings.append(finding(f"{check.name} vs {check.against}", old_verdict, f"fail{err}; diagnosis: {check.diagnosis}", "regression"))
+            failed = f"fail{err}; diagnosis: {check.diagnosis}"
+            findings.append(finding(f"{check.name} vs {check.against}", old_verdict, failed, "regression" if gating(new, check) else MEASURED_ONLY))
         elif old is not None and old.verdict == CheckVerdict.FAIL:
             findings.append(finding(f"{check.name} vs {check.against}", "fail", check.verdict + err, "improved"))
 
@@ -236,7 +242,9 @@ def compare_pair(base: Record, new: Record, run: str | None = None) -> list[Find
         else:
             findings.append(finding("host fingerprint", "", "; ".join(differs), "changed: judged by the calibrated rule"))
         if not same:
-            findings.extend(_metric_findings(base, new, finding))
+            moved = _metric_findings(base, new, finding)
+            measured = new.precision_mode in MEASURED  # its envelope's, not float32's: the rule below is float32's
+            findings.extend(replace(f, verdict=MEASURED_ONLY) if measured and f.verdict == "regression" else f for f in moved)
     return [*findings, *_time_findings(base, new, differs, finding)]
 
 
@@ -252,11 +260,19 @@ def compare(new_dir: Path, baseline: str) -> list[Finding]:
             findings.append(Finding(new.spec.name, labels[new.record_id], new.spec.profile, "everything", "", "", NO_BASELINE))
             continue
         findings.extend(compare_pair(base, new, labels[new.record_id]))
-    run_matrices = {(r.spec.name, r.spec.profile) for r in new_records.values()}
+    run_matrices = {_matrix(r) for r in new_records.values()}
     for key, base in sorted(base_records.items()):
-        if key not in new_records and (base.spec.name, base.spec.profile) in run_matrices:  # a run that stopped running
+        if key not in new_records and _matrix(base) in run_matrices:  # a run that stopped running
             findings.append(Finding(base.spec.name, store.run_label(base), base.spec.profile, "the whole run", base.status, "missing", "regression"))
     return findings
+
+
+def _matrix(record: Record) -> tuple[str, str, str | None]:
+    """The run a record's cell belongs to, as far as a baseline's cell the new records lack
+    is a run that stopped running: its spec and profile, and for a cell measured, not gated
+    (bf16, TF32), its precision too: records made without `--precisions ...,bf16` asked for
+    no bf16 cell, and lack none."""
+    return record.spec.name, record.spec.profile, record.precision_mode if record.precision_mode in MEASURED else None
 
 
 def profiles(records: dict[Cell, Record]) -> str:
