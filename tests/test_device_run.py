@@ -20,17 +20,20 @@ import pytest
 from tests.conftest import ROOT
 from tests.helpers import tiny_moons
 
+# the contact's phases, in the GPU issue's order (what landed since last)
+PHASES = ["moons", "bench", "matrix", "references", "references-cpu", "port", "api", "smoke", "bf16", "seeds", "gpu-tests"]
 PHASE = re.compile(r'^\s*phase (\S+) "\$\{\w+:-(\d+)\}"', flags=re.M)
 
 
 def test_the_contacts_phases_come_in_the_gpu_issues_order_and_fit_one_call_with_time_for_the_archives():
     """Issue 51's priorities: moons_net first, then the bench's fast modes, the matrix, the
-    references, a port, the Python API and the smoke's CuPy rows; every phase's default budget, plus the 10 s
+    references, a port, the Python API and the smoke's CuPy rows, then what landed since (bf16
+    and the verdict over seeds on the GPU, issue 86); every phase's default budget, plus the 10 s
     each may take to die after its INT, inside the device's 600 s, with time for the archives."""
     phases = PHASE.findall((ROOT / "tools" / "device-run.sh").read_text())
-    assert [name for name, _ in phases] == ["moons", "bench", "matrix", "references", "references-cpu", "port", "api", "smoke", "gpu-tests"]
+    assert [name for name, _ in phases] == PHASES
     budgets = sum(int(seconds) for _, seconds in phases)
-    assert (budgets, budgets + 10 * len(phases)) == (490, 580), phases  # the figures docs/gpu-machine.md gives
+    assert (budgets, budgets + 10 * len(phases)) == (470, 580), phases  # the figures docs/gpu-machine.md gives
 
 
 def uninstalled(folder: Path) -> dict[str, str]:
@@ -94,6 +97,10 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
         "API_S": "240",  # the Python API's port example, the slip and the honest port, on the CPU
         "BENCH_S": "240",
         "BENCH_SPECS": str(spec),
+        "BF16_S": "240",  # torch's autocast and flax in bfloat16 (here on the CPU), their envelope's members
+        "BF16_SPECS": str(spec),
+        "SEEDS_S": "240",  # the verdict over seeds, 5 seeds
+        "SEEDS_SPECS": str(spec),
         "TESTS_S": "120",
         "TESTS": "tests/test_smoke.py",
     }
@@ -102,9 +109,9 @@ def test_the_contact_call_rehearsed_runs_every_phase_in_its_budget_and_leaves_wh
     assert done.returncode == 0, done.stdout + done.stderr
     assert "REHEARSAL" in done.stdout
     codes = dict(re.findall(r"^== (\S+): exit code (\d+) after", log, flags=re.M))
-    assert list(codes) == ["moons", "bench", "matrix", "references", "references-cpu", "port", "api", "smoke", "gpu-tests"], log
+    assert list(codes) == PHASES, log
     assert codes["smoke"] in ("130", "124") and codes["port"] in ("130", "124"), log
-    assert {codes[name] for name in ("moons", "matrix", "references", "references-cpu", "bench", "api")} == {"0"}, log
+    assert {codes[name] for name in ("moons", "matrix", "references", "references-cpu", "bench", "api", "bf16", "seeds")} == {"0"}, log
     assert "== api_port_slip on cpu: " in log and "expected: fails as implementation at norm; as expected" in log, log
     assert codes["gpu-tests"] == "5", log  # no test of test_smoke.py is marked gpu: none collected
 
