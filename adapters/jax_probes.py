@@ -27,11 +27,15 @@ def loss_input(out, dtype: str, compute: str | None):
 def computed_in(trainer: Any) -> dict[str, str]:
     """The dtype each layer's output and the loss's input come out in on step 0's batch, on
     the trainer's device (adapters/protocol.py RecordsComputedIn), and the lowest its trained
-    parameters are held in (`parameters`; a port's alone)."""
+    parameters and optimizer state are held in (`parameters`, `optimizer state`: optax's
+    moments, in a bf16 slip's mu_dtype; a port's alone)."""
     import jax
+    import jax.numpy as jnp
 
     dtypes = [leaf.dtype for leaf in jax.tree.leaves(trainer.params.get("params", {}))]
-    held = {"parameters": str(min(dtypes, key=lambda d: d.itemsize))} if dtypes else {}
+    state = [leaf.dtype for leaf in jax.tree.leaves(trainer.opt_state) if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.ndim > 0]
+    lowest = lambda found: str(min(found, key=lambda d: d.itemsize))  # noqa: E731
+    held = {"parameters": lowest(dtypes), "optimizer state": lowest(state or dtypes)} if dtypes else {}
     if trainer.problem.port is not None:
         return held
     problem, compute = trainer.problem, compute_dtype(trainer.key)

@@ -107,9 +107,9 @@ class RecordsLayerOutputs(Protocol):
 @runtime_checkable
 class RecordsComputedIn(Protocol):
     """Optional: the dtype each layer's output and the loss are computed in on step 0's
-    batch, by layer name and "loss", and the lowest its trained parameters are held in
-    ("parameters"), for a bf16 run's diagnosis to name what it computes in bfloat16 where
-    torch's autocast keeps float32 (a port: its parameters alone)."""
+    batch, by layer name and "loss", and the lowest its parameters and its optimizer's state
+    are held in ("parameters", "optimizer state"), for a bf16 run's diagnosis to name what it
+    computes in bfloat16 where torch's autocast keeps float32 (a port: those two alone)."""
 
     def computed_in(self, trainer: Any) -> dict[str, str]: ...
 

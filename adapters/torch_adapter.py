@@ -22,6 +22,7 @@ import numpy as np
 
 from adapters import timing, torch_bf16, torch_fast, torch_layers, torch_port
 from adapters.protocol import State
+from adapters.torch_optim import held_in
 from adapters.torch_optim import optimizer as _optimizer
 from adapters.torch_optim import rule as _rule
 from adapters.torch_optim import scheduler as _scheduler
@@ -120,7 +121,7 @@ class Trainer:
     fast: Any = None  # torch_fast.Fast in mode "fast"
     scheduler: Any = None  # torch.optim.lr_scheduler's, where the spec has a schedule
     bf16: bool = False  # forward passes and the loss under torch.autocast(dtype=torch.bfloat16)
-    xla_sums: list | None = None  # a bf16 member's biases' cotangents, their gradients summed as XLA:CPU sums them (torch_bf16)
+    xla_sums: list | None = None  # a bf16 member's biases' cotangents, their gradients summed as XLA:CPU sums them (torch_bf16.as_xla)
 
 
 def _autocast(torch, trainer: Trainer):
@@ -171,7 +172,7 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
         trainer.scheduler = _scheduler(torch, problem.spec, optimizer)
         trainer.bf16 = key.precision == BF16
         if trainer.bf16 and problem.xla_bf16_sums:
-            trainer.xla_sums = torch_bf16.watch(torch, model)
+            trainer.xla_sums = torch_bf16.as_xla(torch, model)
         return trainer
     spec = problem.spec
     if not spec.plain_training:
@@ -449,10 +450,9 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
 def computed_in(trainer: Trainer) -> dict[str, str]:
     """The dtype each layer's output and the loss come out in on step 0's batch under the
     run's autocast (adapters/protocol.py RecordsComputedIn), on a copy of the model, and the
-    lowest its trained parameters are held in (`parameters`; a port's alone)."""
+    lowest its parameters and optimizer state are held in (a port's alone: torch_optim.held_in)."""
     torch = _torch()
-    dtypes = [p.dtype for p in trainer.model.parameters()]
-    held = {"parameters": str(min(dtypes, key=lambda d: d.itemsize)).removeprefix("torch.")} if dtypes else {}
+    held = held_in(trainer.model, trainer.optimizer)
     if trainer.problem.port is not None:
         return held
     model, found = copy.deepcopy(trainer.model), {}

@@ -1,12 +1,18 @@
 """A bf16 envelope member rounding where JAX rounds on the CPU (issue 86): torch's autocast run
-with each nn.Linear and nn.Conv2d bias's gradient summed as JAX's gradient of a bias added
-in bfloat16 takes it, by XLA:CPU itself. flax adds a bias in the module's dtype
-(`y + bias.astype(bfloat16)`), so the gradient is the transpose of that broadcast: a sum of
-the bfloat16 cotangents over every axis but the channel's, which XLA:CPU accumulates in
-bfloat16 over several axes (a conv's batch and pixels, a text's batch and positions) where
-torch sums in float32 (tests/test_bf16.py). The member hands its own cotangents, channels
-last as flax lays them out, to that same transpose, jitted, and takes its sum for the bias's
-gradient. The rest of its step is torch's autocast run's."""
+with each biased nn.Linear and nn.Conv2d computed as flax computes it in bfloat16, by XLA:CPU.
+flax adds a bias in the module's dtype (`y + bias.astype(bfloat16)`) after its product, so:
+
+- the product is rounded to bfloat16 before the bias is added, and the sum rounded again,
+  where torch's autocast adds the bias inside its fused kernel and rounds once (a quarter of
+  a dense layer's outputs one bfloat16 unit apart, tests/test_bf16.py); the member adds it
+  after, in bfloat16;
+- the bias's gradient is the transpose of that broadcast: a sum of the bfloat16 cotangents
+  over every axis but the channel's, which XLA:CPU accumulates in bfloat16 over several axes
+  (a conv's batch and pixels, a text's batch and positions) where torch sums in float32. The
+  member hands its own cotangents, channels last as flax lays them out, to that same
+  transpose, jitted, and takes its sum for the bias's gradient.
+
+The rest of its step is torch's autocast run's."""
 
 from __future__ import annotations
 
@@ -15,9 +21,10 @@ import functools
 import numpy as np
 
 
-def watch(torch, model) -> list:
-    """The (module, cotangent) pairs of the model's biased Linear and Conv2d layers, filled
-    by each backward pass (a hook on each layer's output)."""
+def as_xla(torch, model) -> list:
+    """The model's biased Linear and Conv2d layers made to add their bias after rounding their
+    product (`_bias_after`), and the (module, cotangent) pairs of their outputs, filled by
+    each backward pass (a hook on each layer's output)."""
     seen: list = []
 
     def keep(module, _inputs, output):
@@ -26,8 +33,22 @@ def watch(torch, model) -> list:
 
     for module in model.modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) and module.bias is not None:
+            module.forward = _bias_after(torch, module)
             module.register_forward_hook(keep)
     return seen
+
+
+def _bias_after(torch, module):
+    """The layer's forward as flax's in bfloat16: its product without the bias (under autocast,
+    rounded to bfloat16), then the bias in the product's dtype added (rounded again)."""
+    F = torch.nn.functional
+    conv = isinstance(module, torch.nn.Conv2d)
+
+    def forward(x):
+        y = module._conv_forward(x, module.weight, None) if conv else F.linear(x, module.weight)
+        return y + module.bias.to(y.dtype).view(-1, 1, 1) if conv else y + module.bias.to(y.dtype)
+
+    return forward
 
 
 @functools.cache

@@ -72,3 +72,16 @@ def scheduler(torch, spec, optimizer):
     if schedule.kind == "step":
         return torch.optim.lr_scheduler.StepLR(optimizer, step_size=schedule.every, gamma=schedule.gamma)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
+
+
+def held_in(model, optimizer) -> dict[str, str]:
+    """The lowest dtype the model's parameters and the optimizer's state are held in (a bf16
+    run's record, adapters/protocol.py RecordsComputedIn): the state's floating tensors, or,
+    before its first step, its parameters' (torch.optim creates each moment in its
+    parameter's dtype, zeros_like or a clone of the gradient)."""
+    params = [p.dtype for p in model.parameters()]
+    if not params:
+        return {}
+    state = [v.dtype for s in optimizer.state.values() for v in s.values() if getattr(v, "is_floating_point", lambda: False)() and v.dim() > 0]
+    lowest = lambda dtypes: str(min(dtypes, key=lambda d: d.itemsize)).removeprefix("torch.")  # noqa: E731
+    return {"parameters": lowest(params), "optimizer state": lowest(state or params)}

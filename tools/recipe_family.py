@@ -8,9 +8,10 @@ the failing checks with their diagnosis and the step they start at, the known en
 worst passing ratio, seconds. Specs already in OUT are skipped, so a stopped run goes on.
 With `--precisions float32,bf16` each spec has its bf16 cells too (issue 86), and each row
 lists their failing checks apart (`bf16_failed`); `--slip loss-in-bf16` runs JAX's bf16 cell
-with its loss on the bfloat16 logits (flax#677's slip), to measure that it is caught.
+with its loss on the bfloat16 logits (flax#677's slip), `--slip moment-in-bf16` with AdamW's
+first moment accumulated in bfloat16 (optax's mu_dtype), to measure that each is caught.
 
-    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR] [--precisions LIST] [--slip loss-in-bf16]
+    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR] [--precisions LIST] [--slip loss-in-bf16|moment-in-bf16]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
-from harness.core.registry import CheckVerdict  # noqa: E402
+from harness.core.registry import BF16, CheckVerdict  # noqa: E402
 from harness.execute.plan import matrix_keys  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
 from harness.matrix import run_cells  # noqa: E402
@@ -99,6 +100,28 @@ def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)
     return run_cells(loaded, build_problem(loaded, data_dir), keys, None, Console(file=io.StringIO(), width=300))
 
 
+def _moment_in_bf16() -> None:
+    """The JAX bf16 cell's AdamW with its first moment accumulated in bfloat16 (optax's
+    mu_dtype), the float32 cells' as they are (tests/test_bf16.py makes the same slip)."""
+    import jax.numpy as jnp
+
+    from adapters import jax_adapter
+
+    build, rule = jax_adapter.build, jax_adapter.OPTIMIZERS["adamw"]
+
+    def slipped(optax, lr, o):
+        return optax.adamw(lr, b1=o.beta1, b2=o.beta2, eps=o.eps, weight_decay=o.weight_decay, mu_dtype=jnp.bfloat16)
+
+    def in_bf16(problem, data, key):
+        jax_adapter.OPTIMIZERS["adamw"] = slipped if key.precision == BF16 else rule
+        try:
+            return build(problem, data, key)
+        finally:
+            jax_adapter.OPTIMIZERS["adamw"] = rule
+
+    jax_adapter.build = in_bf16
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", type=int)
@@ -108,12 +131,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mnist")
     parser.add_argument("--precisions", default="float32")
-    parser.add_argument("--slip", choices=["loss-in-bf16"])
+    parser.add_argument("--slip", choices=["loss-in-bf16", "moment-in-bf16"])
     args = parser.parse_args(argv)
     if args.slip == "loss-in-bf16":
         from adapters import jax_probes
 
         jax_probes.loss_input = lambda out, dtype, compute: out  # the bf16 logits as they are
+    if args.slip == "moment-in-bf16":
+        _moment_in_bf16()
     docs = drawn(args.n, args.seed)
     done = {json.loads(line)["i"] for line in args.out.read_text().splitlines() if line} if args.out.exists() else set()
     for i in range(args.a, min(args.b, len(docs))):
