@@ -100,9 +100,10 @@ def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)
     return run_cells(loaded, build_problem(loaded, data_dir), keys, None, Console(file=io.StringIO(), width=300))
 
 
-def _moment_in_bf16() -> None:
+def moment_in_bf16():
     """The JAX bf16 cell's AdamW with its first moment accumulated in bfloat16 (optax's
-    mu_dtype), the float32 cells' as they are (tests/test_bf16.py makes the same slip)."""
+    mu_dtype), the float32 cells' as they are (tests/test_bf16.py makes the same slip); the
+    function that undoes it returned."""
     import jax.numpy as jnp
 
     from adapters import jax_adapter
@@ -120,6 +121,7 @@ def _moment_in_bf16() -> None:
             jax_adapter.OPTIMIZERS["adamw"] = rule
 
     jax_adapter.build = in_bf16
+    return lambda: setattr(jax_adapter, "build", build)
 
 
 def main(argv: list[str]) -> int:
@@ -138,7 +140,7 @@ def main(argv: list[str]) -> int:
 
         jax_probes.loss_input = lambda out, dtype, compute: out  # the bf16 logits as they are
     if args.slip == "moment-in-bf16":
-        _moment_in_bf16()
+        moment_in_bf16()
     docs = drawn(args.n, args.seed)
     done = {json.loads(line)["i"] for line in args.out.read_text().splitlines() if line} if args.out.exists() else set()
     for i in range(args.a, min(args.b, len(docs))):
