@@ -342,6 +342,7 @@ def test_a_framework_without_a_bf16_cell_is_said_so():
     from harness.core.registry import BF16, FLOAT32
     from harness.execute import plan
 
+    assert not [k for k in plan.matrix_keys(["numpy"], ["cpu"], precisions=(FLOAT32, BF16)) if k.precision == BF16]  # nor torch's envelope
     out = io.StringIO()
     session.also_runs(["torch", "numpy"], plan.matrix_keys(["torch", "numpy"], ["cpu"], precisions=(FLOAT32, BF16)), Console(file=out, width=400))
     assert "numpy: no bf16 cell (only torch and jax have one); its float32 cells run as asked" in out.getvalue()

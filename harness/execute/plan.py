@@ -48,8 +48,9 @@ def matrix_keys(
     keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
         keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
-    if BF16 in precisions:  # with the bf16 envelope's own run, whose members calibrate them all
-        keys += [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d) and f in BF16_FRAMEWORKS]
+    bf16 = [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d) and f in BF16_FRAMEWORKS] if BF16 in precisions else []
+    if bf16:  # with the bf16 envelope's own run, whose members calibrate them all (none where no cell is bf16's)
+        keys += bf16
         if BF16_MEMBER_KEY not in keys:
             keys.append(BF16_MEMBER_KEY)
     member, oracle = (CALIBRATION_KEY, ORACLE_KEY) if references == "cpu" else (GPU_CALIBRATION_KEY, GPU_ORACLE_KEY)
