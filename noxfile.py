@@ -110,10 +110,11 @@ BF16_PRECISIONS = ["--precisions", "float32,bf16"]
 def _by_precision(posargs: list[str]) -> list[list[str]]:
     """The main job's commands: every spec in float32 and BF16_SPECS' bf16 cells beside
     theirs, or, where the arguments name specs or precisions, those arguments alone."""
-    named = {Path(a).stem for a in posargs if not a.startswith("-")} & {p.stem for p in (ROOT / "specs").glob("*.yaml")}
+    specs = sorted(p.stem for p in (ROOT / "specs").glob("*.yaml"))
+    named = any(not a.startswith("-") and Path(a).stem in specs for a in posargs)
     if named or any(a.endswith(".yaml") or a.startswith("--precisions") for a in posargs):
         return [posargs]
-    others = sorted(p.stem for p in (ROOT / "specs").glob("*.yaml") if p.stem not in BF16_SPECS)
+    others = [s for s in specs if s not in BF16_SPECS]
     return [[*others, *posargs], [*BF16_SPECS, *BF16_PRECISIONS, *posargs]]
 
 

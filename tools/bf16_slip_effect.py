@@ -13,7 +13,6 @@ past bf16's own spread, and the verdict should catch it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ import recipe_family  # noqa: E402
 from harness.core.registry import BF16, RunKey  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
 from harness.run.runner import run  # noqa: E402
-from harness.spec.load import LoadedSpec, validate_document  # noqa: E402
 from harness.verdict.checks import envelope  # noqa: E402
 
 JAX, JAX_BF16 = RunKey("jax", "cpu"), RunKey("jax", "cpu", precision=BF16)
@@ -43,15 +41,13 @@ def main(argv: list[str]) -> int:
     for i, doc in enumerate(recipe_family.drawn(args.n, args.seed)):
         result = recipe_family.judged(doc, args.data_dir, ("float32", "bf16"))
         honest, float32 = result.outcomes[JAX_BF16].losses, result.outcomes[JAX].losses
-        spec, overrides = validate_document(Path("<recipe>"), doc)
-        sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-        loaded = LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
+        loaded = recipe_family.loaded_recipe(doc)
         undo = recipe_family.moment_in_bf16()
         try:
             slipped = run(build_problem(loaded, args.data_dir), JAX_BF16).losses
         finally:
             undo()
-        tolerance = envelope(spec, result.calibration.bf16)  # the loss curve check's, per step
+        tolerance = envelope(loaded.spec, result.calibration.bf16)  # the loss curve check's, per step
         n = min(len(honest), len(slipped), len(tolerance))
         ratio = np.abs(slipped[:n] - honest[:n]) / np.abs(float32[:n]) / tolerance[:n]
         check = next(c for c in result.checks if (c.a, c.b, c.name) == (JAX_BF16, JAX, "loss_curve_envelope"))

@@ -92,10 +92,15 @@ def drawn(n: int, seed: int) -> list[dict]:
     return found
 
 
-def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)):
+def loaded_recipe(doc: dict) -> LoadedSpec:
+    """A drawn recipe as a loaded spec, its full profile."""
     spec, overrides = validate_document(Path("<recipe>"), doc)
     sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    loaded = LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
+    return LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
+
+
+def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)):
+    loaded = loaded_recipe(doc)
     keys = matrix_keys(["torch", "jax"], ["cpu"], precisions=precisions)
     return run_cells(loaded, build_problem(loaded, data_dir), keys, None, Console(file=io.StringIO(), width=300))
 
