@@ -210,7 +210,8 @@ def run_cells(
     checks = reproduced(loaded, problem, outcomes, checks, driver.run, console)
     rows = []
     if seeded is not None:  # the cells again at other seeds, judged by their distributions
-        more, rows = seeded(lambda again, built: schedule.Driver(again, built, executor, console, None).run, chosen, console)
+        ran = {**chosen, **{m.key: m for m in found.members if m is not None}}  # a yardstick member among them
+        more, rows = seeded(lambda again, built: schedule.Driver(again, built, executor, console, None).run, ran, console, problem)
         checks = checks + more
     result = SpecResult(loaded, problem, outcomes, found.members, checks, [], calibration=found.calibration, members64=found.members64)
     result.over_seeds = rows

@@ -1,9 +1,11 @@
 """The verdict over seeds' rates (issue 86): runs peaks (or another committed spec) at seeds
-SEED, SEED+1, ... (init and batch order both set to the seed), torch and JAX in float32 and
-torch again at FACTOR times the learning rate, one JSON line per run in OUT (a stopped run
-goes on); then cuts the seeds every cell finished into disjoint sets of 5, 10 and 20 and
-says how many sets the verdict over seeds' rule (harness/verdict/seeds.py) fails, honest
-(JAX against torch) and with the slip (torch at FACTOR against torch).
+SEED, SEED+1, ... (init and batch order both set to the seed), torch and JAX in float32,
+JAX again at FACTOR times the learning rate, and the yardstick of the JAX pair's horizon
+(harness/seeded.py yardsticks: the calibration member computing JAX's catalogued
+behaviour), one JSON line per run in OUT (a stopped run goes on); then cuts the seeds every
+cell finished into disjoint sets of 5, 10 and 20 and says how many sets each check over
+seeds (harness/verdict/seeds.py: the final training loss, and where the loss curves part)
+fails, honest (JAX against torch) and with the slip (JAX at FACTOR against torch).
 
     python tools/seed_rates.py SPEC N SEED OUT.jsonl [--factor 1.05] [--epochs 500] [--points 50]
 """
@@ -18,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import numpy as np  # noqa: E402
+
+from harness import seeded  # noqa: E402
 from harness.core.registry import CheckVerdict, RunKey  # noqa: E402
 from harness.inputs.problem import build_problem  # noqa: E402
 from harness.run.runner import run  # noqa: E402
@@ -25,47 +30,73 @@ from harness.spec import load as spec_load  # noqa: E402
 from harness.verdict import seeds  # noqa: E402
 
 TORCH, JAX = RunKey("torch", "cpu"), RunKey("jax", "cpu")
+YARDSTICK = RunKey("numpy", "cpu", "as-jax-order1")
+CELLS = (("torch", 1.0), ("jax", 1.0), ("jax", "factor"), ("yardstick", 1.0))
+
+
+def _loaded(args, seed: int, factor: float = 1.0):
+    extra = {"init": {"seed": seed}, "training": {"shuffle_seed": seed, "epochs": args.epochs}, "data": {"points_per_axis": args.points}}
+    path = ROOT / "specs" / f"{args.spec}.yaml"
+    if factor != 1.0:
+        extra["optimizer"] = {"lr": spec_load.load_spec(path).spec.optimizer.lr * factor}
+    return spec_load.load_spec(path, extra=extra)
 
 
 def measured(args) -> None:
-    path = ROOT / "specs" / f"{args.spec}.yaml"
     done = {(r["seed"], r["fw"], r["factor"]) for r in map(json.loads, args.out.read_text().splitlines())} if args.out.exists() else set()
-    base = spec_load.load_spec(path).spec.optimizer.lr
     with args.out.open("a") as out:
         for seed in range(args.seed, args.seed + args.n):
-            for framework, factor in (("torch", 1.0), ("jax", 1.0), ("torch", args.factor)):
+            for framework, factor in CELLS:
+                factor = args.factor if factor == "factor" else factor
                 if (seed, framework, factor) in done:
                     continue
-                extra = {"init": {"seed": seed}, "training": {"shuffle_seed": seed, "epochs": args.epochs}, "data": {"points_per_axis": args.points}}
-                if factor != 1.0:
-                    extra["optimizer"] = {"lr": base * factor}
+                loaded = _loaded(args, seed, factor)
+                problem = build_problem(loaded)
                 began = time.time()
-                outcome = run(build_problem(spec_load.load_spec(path, extra=extra)), RunKey(framework, "cpu"))
+                if framework == "yardstick":
+                    job = seeded.yardsticks(loaded, problem, [TORCH, JAX])[JAX]
+                    outcome = run(job.problem(problem), job.keys[0])
+                else:
+                    outcome = run(problem, RunKey(framework, "cpu"))
                 row = {"seed": seed, "fw": framework, "factor": factor, "status": outcome.status, "metrics": outcome.metrics}
+                row["losses"] = None if outcome.losses is None else [float(v) for v in outcome.losses]
                 row["s"] = time.time() - began
                 out.write(json.dumps(row) + "\n")
                 out.flush()
 
 
 def rates(args) -> None:
-    by: dict[tuple[str, float], dict[int, float]] = {}
+    by: dict[tuple[str, float], dict[int, dict]] = {}
     for r in map(json.loads, args.out.read_text().splitlines()):
-        by.setdefault((r["fw"], r["factor"]), {})[r["seed"]] = r["metrics"].get("train_loss", float("nan"))
-    torch, jax, slipped = by[("torch", 1.0)], by[("jax", 1.0)], by[("torch", args.factor)]
-    common = sorted(set(torch) & set(jax) & set(slipped))
+        by.setdefault((r["fw"], r["factor"]), {})[r["seed"]] = r
+    torch, jax, slipped, stick = by[("torch", 1.0)], by[("jax", 1.0)], by[("jax", args.factor)], by[("yardstick", 1.0)]
+    common = sorted(set(torch) & set(jax) & set(slipped) & set(stick))
     print(f"{len(common)} seeds, {common[0]} to {common[-1]}")
+    rtol = seeds.horizon_rtol(JAX)
+
+    def curve(r):
+        return None if r["status"] != "ok" or r["losses"] is None else np.asarray(r["losses"])
+
+    def rows(side, chosen):
+        def loss(runs):
+            return tuple(runs[i]["metrics"].get("train_loss", np.nan) for i in chosen)
+
+        final = seeds.OverSeeds("train_loss", JAX, TORCH, tuple(chosen), loss(side), loss(torch), YARDSTICK, loss(stick))
+        ours = tuple(seeds.horizon(curve(side[i]), curve(torch[i]), rtol) for i in chosen)
+        theirs = tuple(seeds.horizon(curve(stick[i]), curve(torch[i]), rtol) for i in chosen)
+        return [final, seeds.Horizons(JAX, TORCH, YARDSTICK, tuple(chosen), ours, theirs, rtol)]
+
     for size in (5, 10, 20):
         sets = [common[i : i + size] for i in range(0, len(common) - size + 1, size)]
-        for name, side, key in (("honest, jax against torch", jax, JAX), (f"torch at {args.factor}x the rate", slipped, TORCH)):
-            rows = [seeds.OverSeeds("train_loss", key, TORCH, tuple(s), tuple(side[i] for i in s), tuple(torch[i] for i in s)) for s in sets]
-            fails = sum(seeds.judged([row])[0].verdict == CheckVerdict.FAIL for row in rows)
-            print(f"{size} seeds, {name}: {fails} of {len(sets)} disjoint sets fail")
-    reference = tuple(torch[i] for i in common)
-    sides = ((jax, JAX), (slipped, TORCH))
-    every = [seeds.OverSeeds("train_loss", k, TORCH, tuple(common), tuple(side[i] for i in common), reference) for side, k in sides]
-    for name, row in zip(("honest", "slip"), every):
-        ratio = row.ratio(seeds.SEEDS_ALPHA)
-        print(f"all {row.n} seeds, {name}: mean difference {row.mean_difference:+.3g}, spread {row.spread:.3g}, ratio {ratio:.2f}")
+        if not sets:
+            continue
+        for name, side in (("honest, jax against torch", jax), (f"jax at {args.factor}x the rate", slipped)):
+            judged = [seeds.judged(rows(side, s)) for s in sets]
+            counts = ", ".join(f"{c.name} {sum(j[k].verdict == CheckVerdict.FAIL for j in judged)}" for k, c in enumerate(judged[0]))
+            print(f"{size} seeds, {name}: of {len(sets)} disjoint sets, failing: {counts}")
+    for name, side in (("honest", jax), ("slip", slipped)):
+        for check in seeds.judged(rows(side, common)):
+            print(f"all {len(common)} seeds, {name}: {check.name} {check.verdict.value} at {check.ratio:.2f}: {check.reason}")
 
 
 def main(argv: list[str]) -> int:

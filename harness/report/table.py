@@ -149,7 +149,7 @@ def failure_line(record: Record, c) -> str:
     label = c.verdict.upper() if gating(record, c) else f"{c.verdict.upper()} ({_measured(record, c)}: measured, not gated)"
     measured = ""
     if c.max_abs_error is not None:
-        measured = f" max abs {c.max_abs_error:.3g}, max rel {c.max_rel_error:.3g}"
+        measured = f" max abs {c.max_abs_error:.3g}" + ("" if c.max_rel_error is None else f", max rel {c.max_rel_error:.3g}")
     if c.ratio is not None:
         measured += f", {times_tolerance(c.ratio)}"
     tolerance = f" [{c.tolerance}]" if c.verdict == CheckVerdict.FAIL else ""
@@ -382,6 +382,12 @@ def seeds_table(results: Sequence) -> Table | None:
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for column in ("run vs", "measure", "seeds", "olympic", "diff.", "spread", "detectable", "verdict"):
         table.add_column(column)
+    sticks = sorted({f"{row.reference.label} and {row.yardstick.label}" for r in shown for row in r.over_seeds if hasattr(row, "yardstick")})
+    if sticks:
+        table.caption = (
+            "horizon: the step at which each seed's loss curves part, the pair's / where rounding parts them "
+            f"({'; '.join(sticks)}); diff. and spread in log(1 + step)"
+        )
     for result in shown:
         table.add_row(result.loaded.name, *[""] * 7, style="bold")
         for row in result.over_seeds:

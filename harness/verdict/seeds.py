@@ -24,11 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.registry import LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
+from harness.calibrate.spread import relative_curve_distance
+from harness.core.registry import BF16, FLOAT32, LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
 from harness.verdict.bound import Bound
-from harness.verdict.checks import Check
+from harness.verdict.checks import EPS, ROUNDING_ULPS, Check
 
 DISTRIBUTION = "distribution"  # the diagnosis's first word, where the distributions differ
+ANOTHER = "the runs compute another training (its math, its inputs, a hyper-parameter), not the same one rounded otherwise"
+HORIZON = "horizon"  # the measure of Horizons: seeds_horizon
+HORIZON_MARGIN = math.log(2.0)  # a pair may part up to twice as early as rounding parts runs (in log(1 + step))
 
 
 def olympic_mean(values: Sequence[float]) -> float:
@@ -51,26 +55,15 @@ def p_value(t: float, df: int) -> float:
     return float(2.0 * stats.t.sf(abs(t), df))
 
 
-@dataclass(frozen=True)
-class OverSeeds:
-    """One measure of one pair over the seeds: each side's values (seed by seed, NaN where
-    its run failed or diverged), and the paired test's figures over the seeds both finished."""
-
-    measure: str
-    run: RunKey
-    reference: RunKey
-    seeds: tuple[int, ...]
-    values: tuple[float, ...]
-    reference_values: tuple[float, ...]
+class Paired:
+    """Seed by seed, a measure of a pair (`values`) beside its reference's
+    (`reference_values`), NaN where a run is missing: the seeds both have, and the paired
+    differences' (`differences`) mean and spread."""
 
     @property
     def both(self) -> np.ndarray:
         a, b = np.asarray(self.values), np.asarray(self.reference_values)
         return np.isfinite(a) & np.isfinite(b)
-
-    @property
-    def differences(self) -> np.ndarray:
-        return (np.asarray(self.values) - np.asarray(self.reference_values))[self.both]
 
     @property
     def n(self) -> int:
@@ -89,6 +82,48 @@ class OverSeeds:
         values = np.asarray(self.values if which == "run" else self.reference_values)[self.both]
         return olympic_mean(values) if len(values) else math.nan
 
+
+@dataclass(frozen=True)
+class OverSeeds(Paired):
+    """One measure of one pair over the seeds: each side's values (seed by seed, NaN where
+    its run failed or diverged), and the paired test's figures over the seeds both finished.
+    With a yardstick (the same training rounded otherwise, seeded.yardsticks), its values
+    too: how far rounding alone moves the measure from the reference's at these seeds, the
+    least difference the check may call another training (reach)."""
+
+    measure: str
+    run: RunKey
+    reference: RunKey
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+    reference_values: tuple[float, ...]
+    yardstick: RunKey | None = None
+    yardstick_values: tuple[float, ...] = ()
+
+    @property
+    def floor(self) -> float:
+        """ROUNDING_ULPS units of float32's rounding of the measure (the reference's olympic
+        mean): the precision a final metric is summed in, whatever the run's (a bf16 run's
+        loss too), below which no difference is another training however consistent over
+        the seeds (moons_net's quick profile: JAX's final loss 0.2 ulp below torch's on
+        each of 5 seeds, t = -4.2)."""
+        reference = self.olympic("reference")
+        return ROUNDING_ULPS * EPS[FLOAT32] * abs(reference) if math.isfinite(reference) else 0.0
+
+    @property
+    def reach(self) -> float:
+        """The yardstick's largest distance from the reference over the seeds both finished
+        (0 without a yardstick): a mean difference within it is rounding's, however
+        consistent over the seeds."""
+        if self.yardstick is None:
+            return 0.0
+        gap = np.abs(np.asarray(self.yardstick_values) - np.asarray(self.reference_values))
+        return float(np.max(gap[np.isfinite(gap)], initial=0.0))
+
+    @property
+    def differences(self) -> np.ndarray:
+        return (np.asarray(self.values) - np.asarray(self.reference_values))[self.both]
+
     def t(self) -> float:
         if self.spread == 0.0:  # every seed the same on both sides (or the same offset)
             return 0.0 if self.mean_difference == 0.0 else math.copysign(math.inf, self.mean_difference)
@@ -102,6 +137,99 @@ class OverSeeds:
         """The paired differences' mean that the test at `alpha` just calls significant: the
         least difference these seeds can tell from their spread (the check's tolerance)."""
         return critical_t(self.n - 1, alpha / 2.0) * self.spread / math.sqrt(self.n)
+
+    def judged(self, alpha: float, count: int) -> Check:
+        return _judged_metric(self, alpha, count)
+
+
+def horizon(a: np.ndarray | None, b: np.ndarray | None, rtol: float) -> float:
+    """The first step at which two loss curves part by more than `rtol` (relative; a
+    non-finite loss parts them), their length where they never do; NaN without both."""
+    if a is None or b is None:
+        return math.nan
+    steps = min(len(a), len(b))
+    rel = relative_curve_distance(np.asarray(a[:steps], np.float64), np.asarray(b[:steps], np.float64))
+    outside = np.flatnonzero(~(rel <= rtol))
+    return float(outside[0]) if outside.size else float(steps)
+
+
+def horizon_rtol(key: RunKey) -> float:
+    """Where a pair's loss curves count as parted: the geometric middle between the
+    precision's unit of rounding and 1 (float32 3.5e-4, bf16 0.088), far from both what
+    rounding starts runs apart by and where chaos leaves them."""
+    return math.sqrt(EPS[BF16 if key.precision == BF16 else key.dtype])
+
+
+@dataclass(frozen=True)
+class Horizons(Paired):
+    """Where step-by-step parity ends, seed by seed: the step at which a pair's loss curves
+    part (horizon, horizon_rtol), beside the step at which the pair's reference parts from
+    the yardstick, the same training rounded otherwise (a calibration member: the
+    reference's code with its sums in another order) at the same seed. Two honest runs of a
+    chaotic training start a rounding apart and part where chaos has grown that to rtol, at a
+    step that varies with the seed; a different training (its math, a hyper-parameter)
+    starts them apart by its difference and parts them at once. Chaos grows a difference
+    geometrically, so a run's horizon falls with the log of its first difference: the
+    measure is each seed's log(1 + horizon) against the yardstick's, and a pair fails where
+    it parts more than twice as early as rounding parts runs (HORIZON_MARGIN: a first
+    difference hundreds of roundings wide on peaks), beyond what the seeds' spread leaves
+    (Student's t on the paired logs, one-sided). Two libraries rounding otherwise (a few
+    ulps here and there) part a few steps earlier or later; past the margin, no number of
+    seeds makes that a failure."""
+
+    run: RunKey
+    reference: RunKey
+    yardstick: RunKey
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]  # the pair's horizon, seed by seed (NaN where a run is missing)
+    reference_values: tuple[float, ...]  # the yardstick pair's
+    rtol: float
+    measure: str = HORIZON
+
+    @property
+    def differences(self) -> np.ndarray:
+        """Each seed's log(1 + horizon) less the yardstick's: below 0 where the pair parts earlier."""
+        return (np.log1p(np.asarray(self.values)) - np.log1p(np.asarray(self.reference_values)))[self.both]
+
+    def allowance(self, alpha: float) -> float:
+        """How much earlier (in log(1 + horizon)) the pair may part: the margin, and what the
+        seeds' spread leaves the test at `alpha` (one-sided)."""
+        return HORIZON_MARGIN + critical_t(self.n - 1, alpha / 2.0) * self.spread / math.sqrt(self.n)
+
+    def judged(self, alpha: float, count: int) -> Check:
+        name = OVER_SEEDS + self.measure
+        test = _test(alpha, count, "one-sided, a pair parting earlier")
+        few = _too_few(name, self, test)
+        if few is not None:
+            return few
+        allowed = self.allowance(alpha)
+        earlier = 0.0 - self.mean_difference  # log(1 + step): how much earlier the pair parts
+        ratio = max(earlier, 0.0) / allowed + 0.0
+        factor = math.exp(earlier)
+        tolerance = (
+            f"each seed's loss curves parted (relative difference over {self.rtol:.2g}) no more than twice as early as "
+            f"{self.reference.label} and {self.yardstick.label} (its sums in another order), in log(1 + step) over "
+            f"{self.n} seeds within {allowed:.3g}: {test}"
+        )
+        figures = (
+            f"{self.run.label} and {self.reference.label} part at step {self.olympic('run'):.3g} (olympic mean over "
+            f"{self.n} seeds), {self.reference.label} and {self.yardstick.label} at {self.olympic('reference'):.3g}: "
+            f"(1 + step) {factor:.3g}x smaller, their logs' spread {self.spread:.3g}"
+        )
+        why = f"rounding parts runs of this training later, seed by seed ({ratio:.2f}x what the margin and the seeds' spread allow)"
+        verdict, diagnosis = _said(ratio, f"{figures}; {why}: {ANOTHER}, from its first steps")
+        return Check(
+            name,
+            self.run,
+            self.reference,
+            verdict,
+            tolerance,
+            max_abs_error=max(earlier, 0.0),
+            reason=figures,
+            ratio=ratio,
+            diagnosis=diagnosis,
+            bound=Bound("seeds", "horizon", allowed=allowed, members=self.n),
+        )
 
 
 def pairs(keys: Sequence[RunKey]) -> list[tuple[RunKey, RunKey]]:
@@ -127,62 +255,86 @@ def measures(values: dict[RunKey, list[dict[str, float]]]) -> list[str]:
     return sorted(names or ())
 
 
-def judged(rows: list[OverSeeds]) -> list[Check]:
-    """A check per row, SEEDS_ALPHA shared among them: FAIL where the paired differences' mean is
-    beyond what their spread over the seeds makes likely, saying by how much and why."""
+def judged(rows: list) -> list[Check]:
+    """A check per row (OverSeeds, Horizons), SEEDS_ALPHA shared among them: FAIL where the
+    paired differences' mean is beyond what their spread over the seeds makes likely, or
+    where a pair parts earlier than rounding parts runs, saying by how much and why."""
     alpha = SEEDS_ALPHA / max(len(rows), 1)
-    checks = []
-    for row in rows:
-        name = OVER_SEEDS + row.measure
-        test = f"Student's t at {alpha / 2:.3g} a side (the verdict's {SEEDS_ALPHA} shared among {len(rows)} check(s) over seeds)"
-        if row.n < LEAST_SEEDS:
-            reason = f"{row.n} seeds finished on both sides (a run failed or diverged at the others); a verdict over seeds takes {LEAST_SEEDS}"
-            checks.append(Check(name, row.run, row.reference, CheckVerdict.SKIPPED, f"over {len(row.seeds)} seeds, {test}", reason=reason))
-            continue
-        allowed = row.detectable(alpha)
-        tolerance = f"the paired differences' mean over {row.n} seeds within {allowed:.3g}: {test}"
-        ratio = row.ratio(alpha)
-        figures = (
-            f"{row.run.label}'s {row.measure} olympic mean {row.olympic('run'):.6g} against {row.reference.label}'s "
-            f"{row.olympic('reference'):.6g} over {row.n} seeds: the paired differences' mean {row.mean_difference:+.3g}, "
-            f"their spread {row.spread:.3g} (t = {row.t():.2f}, p = {p_value(row.t(), row.n - 1):.2g})"
-        )
-        verdict = CheckVerdict.FAIL if ratio > 1.0 else CheckVerdict.PASS
-        diagnosis = None
-        if verdict == CheckVerdict.FAIL:
-            diagnosis = (
-                f"{DISTRIBUTION}: {figures}; beyond what the seeds' rounding and chaos spread to, at {ratio:.2f}x the "
-                f"difference the test just calls significant: the runs compute another training (its math, its "
-                f"inputs, a hyper-parameter), not the same one rounded otherwise"
-            )
-        reference = abs(row.olympic("reference"))
-        checks.append(
-            Check(
-                name,
-                row.run,
-                row.reference,
-                verdict,
-                tolerance,
-                max_abs_error=abs(row.mean_difference),
-                max_rel_error=abs(row.mean_difference) / reference if reference > 0 else None,
-                reason=figures,
-                ratio=ratio,
-                diagnosis=diagnosis,
-                bound=Bound("seeds", "max_abs", allowed=allowed, members=row.n),  # the mean's |difference| over it is the ratio
-            )
-        )
-    return checks
+    return [row.judged(alpha, len(rows)) for row in rows]
 
 
-def rows_of(keys: Sequence[RunKey], seeds: Sequence[int], values: dict[RunKey, list[dict[str, float]]]) -> list[OverSeeds]:
-    """Each pair's rows, a measure each, from each cell's final metrics seed by seed."""
+def _test(alpha: float, count: int, sides: str = "a side") -> str:
+    return f"Student's t at {alpha / 2:.3g} {sides} (the verdict's {SEEDS_ALPHA} shared among {count} check(s) over seeds)"
+
+
+def _said(ratio: float, text: str) -> tuple[CheckVerdict, str | None]:
+    """FAIL and its diagnosis beyond the tolerance (ratio > 1), PASS and none within it."""
+    return (CheckVerdict.FAIL, f"{DISTRIBUTION}: {text}") if ratio > 1.0 else (CheckVerdict.PASS, None)
+
+
+def _too_few(name: str, row, test: str) -> Check | None:
+    if row.n >= LEAST_SEEDS:
+        return None
+    reason = f"{row.n} seeds finished on every side (a run failed or diverged at the others); a verdict over seeds takes {LEAST_SEEDS}"
+    return Check(name, row.run, row.reference, CheckVerdict.SKIPPED, f"over {len(row.seeds)} seeds, {test}", reason=reason)
+
+
+def _judged_metric(row: OverSeeds, alpha: float, count: int) -> Check:
+    name = OVER_SEEDS + row.measure
+    test = _test(alpha, count)
+    few = _too_few(name, row, test)
+    if few is not None:
+        return few
+    detectable, reach, floor = row.detectable(alpha), row.reach, row.floor
+    allowed = max(detectable, reach, floor)
+    tolerance = f"the paired differences' mean over {row.n} seeds within {allowed:.3g}: {test}"
+    tolerance += f", and beyond {floor:.3g} ({ROUNDING_ULPS} float32 ulps of the measure)"
+    if row.yardstick is not None:
+        tolerance += (
+            f", and beyond rounding's reach {reach:.3g} ({row.reference.label} against {row.yardstick.label}, "
+            f"the same training rounded otherwise, at its farthest seed)"
+        )
+    ratio = abs(row.mean_difference) / allowed if allowed > 0 else (0.0 if row.mean_difference == 0 else math.inf)
+    figures = (
+        f"{row.run.label}'s {row.measure} olympic mean {row.olympic('run'):.6g} against {row.reference.label}'s "
+        f"{row.olympic('reference'):.6g} over {row.n} seeds: the paired differences' mean {row.mean_difference:+.3g}, "
+        f"their spread {row.spread:.3g} (t = {row.t():.2f}, p = {p_value(row.t(), row.n - 1):.2g})"
+    )
+    reaches = " and rounding reaches" if row.yardstick is not None else ""
+    why = f"beyond what the seeds' rounding and chaos spread to, at {ratio:.2f}x the difference the test just calls significant{reaches}"
+    verdict, diagnosis = _said(ratio, f"{figures}; {why}: {ANOTHER}")
+    reference = abs(row.olympic("reference"))
+    return Check(
+        name,
+        row.run,
+        row.reference,
+        verdict,
+        tolerance,
+        max_abs_error=abs(row.mean_difference),
+        max_rel_error=abs(row.mean_difference) / reference if reference > 0 else None,
+        reason=figures,
+        ratio=ratio,
+        diagnosis=diagnosis,
+        bound=Bound("seeds", "max_abs", allowed=allowed, members=row.n),  # the mean's |difference| over it is the ratio
+    )
+
+
+
+def rows_of(
+    keys: Sequence[RunKey], seeds: Sequence[int], values: dict[RunKey, list[dict[str, float]]], sticks: dict[RunKey, RunKey] | None = None
+) -> list[OverSeeds]:
+    """Each pair's rows, a measure each, from each cell's final metrics seed by seed (and
+    its yardstick's, `sticks` by the pair's run, where `values` has them)."""
 
     def column(key: RunKey, measure: str) -> tuple[float, ...]:
         return tuple(float(m.get(measure, math.nan)) if m else math.nan for m in values[key])
 
-    names = measures(values)
-    return [
-        OverSeeds(measure, run, reference, tuple(seeds), column(run, measure), column(reference, measure))
-        for run, reference in pairs([k for k in keys if k in values])
-        for measure in names
-    ]
+    sticks = {run: stick for run, stick in (sticks or {}).items() if stick in values}
+    names = measures({k: v for k, v in values.items() if k in keys})
+    rows = []
+    for run, reference in pairs([k for k in keys if k in values]):
+        for measure in names:
+            stick = sticks.get(run)
+            yard = {} if stick is None else {"yardstick": stick, "yardstick_values": column(stick, measure)}
+            rows.append(OverSeeds(measure, run, reference, tuple(seeds), column(run, measure), column(reference, measure), **yard))
+    return rows
