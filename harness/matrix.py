@@ -32,6 +32,7 @@ from harness.run import progress
 from harness.run.runner import Outcome, run
 from harness.spec.load import LoadedSpec
 from harness.verdict import cross_host, diagnosis
+from harness.verdict import seeds as over
 from harness.verdict.checks import Check
 from harness.verdict.parity import FORWARD
 
@@ -267,8 +268,9 @@ def records_of(
     (`floors`, the chosen runs'); and the members', for the terminal's table: they calibrate
     the checks and are not written."""
     loaded, problem, cal, where = result.loaded, result.problem, result.calibration, provenance.collect()
+    seeded = over.by_key(result.over_seeds)  # each run's final metrics seed by seed, where it ran over seeds
     made = [
-        build_record(loaded, problem, outcome, result.checks, cal, run_id, where, floors.get(key), inputs_sha256)
+        build_record(loaded, problem, outcome, result.checks, cal, run_id, where, floors.get(key), inputs_sha256, seeded.get(key))
         for key, outcome in result.outcomes.items()
     ]
     members = [build_record(loaded, problem, m, [], cal, run_id, where, None, inputs_sha256)[0] for m in [*result.members, *result.members64]]

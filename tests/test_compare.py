@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.core import registry
@@ -296,6 +297,37 @@ def test_an_allowance_larger_than_the_value_judges_nothing(tmp_path):
     findings = [f for f in compare.compare(new, str(BASELINE)) if f.run == "torch@cpu" and f.what.startswith("final ")]
     assert findings and all(f.verdict.startswith("not judged: chaotic beyond the float32 horizon") for f in findings)
     assert any(line.startswith("NOT JUDGED") for line in compare.summary(findings))
+
+
+@pytest.mark.parametrize("shift, verdict", [(0.0, compare.SAME_OVER_SEEDS), (0.05, compare.MEASURED_ONLY)])
+def test_chaotic_metrics_run_over_seeds_are_judged_by_their_distributions(tmp_path, shift, verdict):
+    """Where the float32 rule can judge nothing (chaotic across hosts) and both records ran
+    over the same seeds (`--seeds N`, Record.over_seeds), each seed's new value is paired
+    with the baseline's: the same distribution is said ok, with its figures; a shifted one a
+    warning, measured and not gated as the verdict's checks over seeds are. Records without
+    seeds say "not judged", as before (test_an_allowance_larger_than_the_value_judges_nothing)."""
+    base, new = tmp_path / "base", copy_baseline(tmp_path)
+    shutil.copytree(BASELINE, base)
+    rng = np.random.default_rng(4)
+    losses = np.where(rng.random(8) < 0.3, 2.2, 0.1) + rng.normal(0, 0.05, 8)  # peaks-like: some networks dead
+
+    def seeded(values, other_host=False):
+        def change(doc):
+            doc["calibration"]["float32_final_curve"] = 0.5
+            if other_host:
+                doc["host"]["cpu_model"] = "Some Other CPU"
+            metrics = {name: [float(v) * value / losses[0] for v in values] for name, value in doc["metrics"]["values"].items()}
+            doc["over_seeds"] = {"seeds": list(range(100, 108)), "metrics": metrics}
+
+        return change
+
+    edit_one(base, "torch", seeded(losses))
+    edit_one(new, "torch", seeded(losses + rng.normal(0, 0.01, 8) + shift, other_host=True))
+    findings = [f for f in compare.compare(new, str(base)) if f.run == "torch@cpu" and f.what.startswith("final ")]
+    assert findings and {f.verdict for f in findings} == {verdict}
+    assert all("over 8 seeds: the paired differences' mean" in f.new for f in findings)
+    said = compare.summary(findings)
+    assert any(line.startswith("OVER SEEDS" if shift == 0 else "WARNING") for line in said)
 
 
 def test_records_of_another_profile_say_what_each_side_holds(tmp_path):

@@ -21,6 +21,7 @@ either set). The verdicts are the harness's own:
 from __future__ import annotations
 
 import io
+import math
 import tarfile
 import tempfile
 from collections import Counter
@@ -31,11 +32,12 @@ from harness.core.errors import RecordError
 from harness.core.git import checked_revision, folder_at
 from harness.core.paths import REFERENCE_DIR
 from harness.core.provenance import fingerprint
-from harness.core.registry import MEASURED, Cell, CheckVerdict
+from harness.core.registry import LEAST_SEEDS, MEASURED, Cell, CheckVerdict
 from harness.gate.consistency import record_problems
 from harness.records import store
 from harness.records.schema import Record
 from harness.report.rows import gating, ms
+from harness.verdict import seeds
 from harness.verdict.bound import times_tolerance
 
 # A time-per-step regression must exceed the spread of both sides' repeats, per step, plus
@@ -59,6 +61,8 @@ NOT_JUDGED = "not judged"
 # regression. Its final metrics are not held to the float32 rule either, which bf16 rounding
 # on another host's kernels can exceed.
 MEASURED_ONLY = f"{WARNING}: measured, not gated"
+# A chaotic final metric both records ran over seeds, and whose distributions agree (_over_seeds)
+SAME_OVER_SEEDS = "ok: the same distribution over seeds"
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
     factor = max(c.factor for c in cals)
     spread = max(c.float32_final_curve for c in cals)
     floor = max(c.metric_floor for c in cals)
-    findings = []
+    findings, chaotic = [], []
     for name, old in base.metrics.values.items():
         value = new.metrics.values.get(name)
         if value is None:
@@ -153,10 +157,45 @@ def _metric_findings(base: Record, new: Record, finding) -> list[Finding]:
             verdict = "regression"
         elif allowed >= abs(old):  # an allowance as large as the value itself can catch nothing
             verdict = f"{NOT_JUDGED}: chaotic beyond the float32 horizon (allowed {allowed:.3g} on a value of {abs(old):.3g})"
+            chaotic.append(len(findings))
         else:
             verdict = "ok"
         findings.append(finding(f"final {name}", f"{old:.7g}", f"{value:.7g} (allowed {allowed:.3g})", verdict))
+    return _over_seeds(base, new, findings, chaotic)
+
+
+def _over_seeds(base: Record, new: Record, findings: list[Finding], chaotic: list[int]) -> list[Finding]:
+    """The chaotic metrics (findings at `chaotic`, not judged by the float32 rule) judged by
+    their distributions where both records ran over the same seeds (`harness run --seeds N`):
+    each seed's new value against the baseline's, paired, as the verdict over seeds judges two
+    frameworks (harness/verdict/seeds.py OverSeeds, its 0.05 shared among them). Measured,
+    not gated, as the verdict's checks over seeds are: a difference is a warning."""
+    if base.over_seeds is None or new.over_seeds is None:
+        return findings
+    common = [s for s in new.over_seeds.seeds if s in base.over_seeds.seeds]
+    rows = {}
+    for at in chaotic:
+        name = findings[at].what.removeprefix("final ")
+        if len(common) >= LEAST_SEEDS and name in base.over_seeds.metrics and name in new.over_seeds.metrics:
+            now, old = _at_seeds(new, name, common), _at_seeds(base, name, common)
+            rows[at] = seeds.OverSeeds(name, store.run_key(new), store.run_key(base), tuple(common), now, old)
+    for at, row in rows.items():
+        check = row.judged(seeds.SEEDS_ALPHA / len(rows), len(rows))
+        if check.verdict == CheckVerdict.SKIPPED:
+            continue
+        said = f"over {row.n} seeds: the paired differences' mean {row.mean_difference:+.3g}, their spread {row.spread:.3g}"
+        said += f", detectable {check.bound.allowed:.3g}"
+        if check.verdict == CheckVerdict.FAIL:
+            findings[at] = replace(findings[at], new=f"{findings[at].new}; {said}; {check.diagnosis}", verdict=MEASURED_ONLY)
+        else:
+            findings[at] = replace(findings[at], new=f"{findings[at].new}; {said}", verdict=SAME_OVER_SEEDS)
     return findings
+
+
+def _at_seeds(record: Record, name: str, common: list[int]) -> tuple[float, ...]:
+    """A record's final `name` at each of `common` seeds (NaN where its run had none)."""
+    values = record.over_seeds.metrics[name]
+    return tuple(math.nan if v is None else v for v in (values[record.over_seeds.seeds.index(s)] for s in common))
 
 
 def loaded_host(base: Record, new: Record) -> str | None:
@@ -309,6 +348,8 @@ def summary(findings: list[Finding]) -> list[str]:
         elif f.what == "host fingerprint" and f.new not in said:
             said.add(f.new)
             lines.append(f"another host fingerprint than the baseline's ({f.new}): bits judged by the calibrated rule, times not compared")
+        elif f.verdict == SAME_OVER_SEEDS:
+            lines.append(f"OVER SEEDS {f.spec} {f.run} ({f.profile}): {f.what}: {f.baseline} -> {f.new}: the same distribution")
         elif f.verdict == NO_BASELINE:
             lines.append(f"NO BASELINE {f.spec} {f.run} ({f.profile}): not compared, the baseline has no such run")
         elif f.verdict.startswith(NOT_JUDGED):

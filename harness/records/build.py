@@ -97,11 +97,13 @@ def build_record(
     provenance: Provenance,
     step_floor: Floor | None = None,
     inputs_sha256: str | None = None,
+    over_seeds: tuple[list[int], dict[str, list[float | None]]] | None = None,
 ) -> tuple[schema.Record, bytes | None]:
     """The record of one run, from the spec, the problem, its outcome and the checks (those
     that involve the run are kept), the calibration that set their tolerances, and where it
     ran (asked once per run: core.provenance.collect), and the floor of its step on its
-    device, where that was measured."""
+    device, where that was measured; its final metrics at each seed (`over_seeds`: the seeds'
+    initial-weights seeds and each metric's values), where it ran over seeds."""
     key, spec = outcome.key, loaded.spec
     metrics = None  # and none where the run computed none (math parity's members: harness/execute/jobs.py)
     if outcome.losses is not None and outcome.status == "ok" and "train_loss" in outcome.metrics:
@@ -162,6 +164,7 @@ def build_record(
         variant=key.variant,
         host=provenance.host,
         worker=schema.Worker(**outcome.worker) if outcome.worker else None,
+        over_seeds=None if over_seeds is None else schema.OverSeedsRecord(seeds=over_seeds[0], metrics=over_seeds[1]),
         libraries=provenance.libraries,
         git=provenance.git,
         seeds=schema.Seeds(

@@ -196,6 +196,17 @@ class Worker(Frozen):
     fingerprint: dict[str, Any]
 
 
+class OverSeedsRecord(Frozen):
+    """A run's final metrics at each seed of a verdict over seeds (`harness run --seeds N`,
+    harness/seeded.py): each seed's initial-weights seed, the first the spec's own, and per
+    metric its value there (None where the run failed or diverged). `harness compare` judges
+    two records' seeds by their distributions where their bits differ beyond the float32
+    rule (harness/gate/compare.py)."""
+
+    seeds: list[int]
+    metrics: dict[str, list[float | None]]
+
+
 class Record(Frozen):
     schema_version: Literal[1]
     record_id: RecordId
@@ -242,6 +253,16 @@ class Record(Frozen):
     floor: FloorRecord | None = None
     calibration: CalibrationRecord | None = None
     worker: Worker | None = None
+    # the run's final metrics at each seed, where it ran over seeds; absent otherwise (and in
+    # every record written before 2026-12-07)
+    over_seeds: OverSeedsRecord | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        dumped = handler(self)
+        if isinstance(dumped, dict) and dumped.get("over_seeds") is None:
+            dumped.pop("over_seeds", None)
+        return dumped
 
 
 def json_schema() -> str:

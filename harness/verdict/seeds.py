@@ -338,3 +338,17 @@ def rows_of(
             yard = {} if stick is None else {"yardstick": stick, "yardstick_values": column(stick, measure)}
             rows.append(OverSeeds(measure, run, reference, tuple(seeds), column(run, measure), column(reference, measure), **yard))
     return rows
+
+
+def by_key(rows: Sequence) -> dict[RunKey, tuple[list[int], dict[str, list[float | None]]]]:
+    """Each run's final metrics seed by seed, from the rows of its pairs (OverSeeds; a run is
+    a pair's run or its reference): the seeds' initial-weights seeds, and per metric its
+    values (None where the run failed or diverged), as its record keeps them."""
+    found: dict[RunKey, tuple[list[int], dict[str, list[float | None]]]] = {}
+    for row in rows:
+        if not isinstance(row, OverSeeds):
+            continue
+        for key, values in ((row.run, row.values), (row.reference, row.reference_values)):
+            seeds, metrics = found.setdefault(key, (list(row.seeds), {}))
+            metrics[row.measure] = [float(v) if math.isfinite(v) else None for v in values]
+    return found
