@@ -82,10 +82,11 @@ def over_seeds(
     chosen: dict[RunKey, Outcome],
     console: Console,
     problem: Problem,
-) -> tuple[list[Check], list[over.OverSeeds]]:
-    """Each of `keys` at each of `n` seeds (seed 0: `chosen`, the matrix's own runs), its
-    problem `built` and its jobs run by `driver`'s (the matrix's executor), judged pair by
-    pair: the checks over seeds, and their rows for the table."""
+) -> tuple[list[Check], list]:
+    """Each of `keys` at each of `n` seeds (seed 0: `chosen`, the matrix's own runs and
+    members, the spec's `problem`), and each pair's yardstick (yardsticks), its problem
+    `built` and its jobs run by `driver`'s (the matrix's executor), judged pair by pair: the
+    checks over seeds, and their rows for the table (OverSeeds, Horizons)."""
     draws = drawn(loaded, n)
     sticks = yardsticks(loaded, problem, keys)
     extra = {j.keys[0]: j for j in sticks.values()}
