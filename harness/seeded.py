@@ -122,8 +122,8 @@ def _job(key: RunKey, i: int, name: str, problem: Problem, stick: jobs.Job | Non
 
 
 def _horizons(keys, sticks: dict, seeds: list[int], outcomes: dict) -> list[over.Horizons]:
-    """Each pair whose reference has a yardstick: where its loss curves part, seed by seed,
-    beside where the reference's and the yardstick's part."""
+    """Each pair whose run has a yardstick (`sticks`, by the pair's run): where its loss
+    curves part, seed by seed, beside where the reference's and the yardstick's part."""
 
     def curve(outcome: Outcome | None):
         return None if outcome is None or outcome.status != "ok" else outcome.losses

@@ -119,6 +119,23 @@ def test_a_pair_parting_where_rounding_parts_runs_passes_and_one_parting_at_once
     assert failed.ratio == pytest.approx(failed.max_abs_error / failed.bound.allowed)
 
 
+def test_the_table_names_each_horizons_yardstick_and_takes_rows_without_one():
+    """A final metric's row has no yardstick where its run has none (a TF32 or compiled
+    pair): the table still renders it, and its caption names the horizons' yardsticks only."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.report.table import seeds_table
+
+    bare = seeds.OverSeeds("train_loss", JAX, TORCH, (1, 2, 3, 4, 5), (0.1,) * 5, (0.1,) * 5)
+    result = SimpleNamespace(loaded=SimpleNamespace(name="peaks_mlp"), over_seeds=[bare, *_horizons([30.0] * 5, [31.0] * 5)], checks=[])
+    console = Console(width=200, record=True)
+    console.print(seeds_table([result]))
+    text = " ".join(console.export_text().split())
+    assert "train_loss" in text and "torch@cpu and numpy@cpu~as-jax-order1" in text
+
+
 def test_each_pairs_yardstick_is_the_member_standing_for_its_library():
     """float32: the member computing the run's library's catalogued behaviour (optax's
     float32 bias corrections on peaks' Adam), plain where the library has none on the spec;

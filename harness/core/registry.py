@@ -142,6 +142,7 @@ LEAST_SEEDS = 5  # a verdict over seeds' fewest (MLPerf's; harness/verdict/seeds
 # A check over seeds' prefix (seeds_train_loss, ...): measured, not gated, until its rate of
 # false alarms and its power are measured on more workloads than peaks (docs/verdict.md)
 OVER_SEEDS = "seeds_"
+HORIZON = "horizon"  # the measure of where each seed's runs part (harness/verdict/seeds.py Horizons): seeds_horizon
 SEEDS_ALPHA = 0.05  # a verdict over seeds' level, shared among its checks (harness/verdict/seeds.py)
 MEASURED = (TF32, BF16)  # the precisions measured against the oracle, not gated
 

@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.registry import BF16, DIVERGENCE_CHECKS, OVER_SEEDS, CheckVerdict, RunKey, explains, verdict_counts
+from harness.core.registry import BF16, DIVERGENCE_CHECKS, HORIZON, OVER_SEEDS, CheckVerdict, RunKey, explains, verdict_counts
 from harness.records.schema import CheckRecord, Record
 from harness.records.store import run_label
 from harness.report.rows import BENCH_HEADER, ORACLE_LABEL, bench_rows, differing, gating, ms, problem_checks, run_to_run, theirs
@@ -382,7 +382,7 @@ def seeds_table(results: Sequence) -> Table | None:
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for column in ("run vs", "measure", "seeds", "olympic", "diff.", "spread", "detectable", "verdict"):
         table.add_column(column)
-    sticks = sorted({f"{row.reference.label} and {row.yardstick.label}" for r in shown for row in r.over_seeds if hasattr(row, "yardstick")})
+    sticks = sorted({f"{row.reference.label} and {row.yardstick.label}" for r in shown for row in r.over_seeds if row.measure == HORIZON})
     if sticks:
         table.caption = (
             "horizon: the step at which each seed's loss curves part, the pair's / where rounding parts them "

@@ -168,11 +168,18 @@ def tensor_check(
     )
 
 
+def parted_at(rel: np.ndarray, rtol) -> int:
+    """The first step whose relative loss distance `rel` exceeds `rtol` (a number, or one
+    per step; a non-finite distance does), len(rel) where none does: where two loss curves
+    part."""
+    outside = np.flatnonzero(~(rel <= rtol))
+    return int(outside[0]) if outside.size else len(rel)
+
+
 def horizon_check(spec: Spec, a: RunKey, b: RunKey, la: np.ndarray, lb: np.ndarray) -> Check:
     rule = spec.checks.loss_curve
     rel = relative_curve_distance(la, lb)
-    outside = np.flatnonzero(~(rel <= rule.rtol))
-    horizon = int(outside[0]) if outside.size else len(rel)
+    horizon = parted_at(rel, rule.rtol)
     need = len(rel) if rule.must_hold_for is None else min(rule.must_hold_for, len(rel))
     what = "the whole run" if rule.must_hold_for is None else f"the first {rule.must_hold_for} steps"
     return Check(
@@ -183,7 +190,7 @@ def horizon_check(spec: Spec, a: RunKey, b: RunKey, la: np.ndarray, lb: np.ndarr
         f"relative loss difference <= {rule.rtol:g} over {what} (the spec's rule)",
         float(np.abs(la - lb).max(initial=0.0)),
         float(rel.max(initial=0.0)),
-        first_failure_step=int(outside[0]) if outside.size else None,
+        first_failure_step=horizon if horizon < len(rel) else None,
         horizon_steps=horizon,
         ratio=float(rel[:need].max(initial=0.0)) / rule.rtol,
         bound=Bound("", "relative_curve", allowed=rule.rtol, rtol=rule.rtol),
@@ -209,7 +216,7 @@ def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: 
         rule += f"; judged over steps 0-{finite - 1}: {spread.unbounded}"
     allowed = factor * spread.curve + floor
     rel = relative_curve_distance(la, lb)
-    outside = np.flatnonzero(~(rel <= allowed))
+    horizon = parted_at(rel, allowed)
     ratios = [_ratio(float(r), float(t)) for r, t in zip(rel, allowed)]
     ratio = max(ratios, default=0.0)
     worst = int(np.argmax(ratios)) if ratios else len(allowed) - 1
@@ -227,12 +234,12 @@ def curve_check(name: str, a: RunKey, b: RunKey, la, lb, factor: float, spread: 
         name,
         a,
         b,
-        _verdict(not outside.size),
+        _verdict(horizon == len(rel)),
         rule,
         float(np.abs(la - lb).max(initial=0.0)),
         float(rel.max(initial=0.0)),
-        first_failure_step=int(outside[0]) if outside.size else None,
-        horizon_steps=int(outside[0]) if outside.size else len(rel),
+        first_failure_step=horizon if horizon < len(rel) else None,
+        horizon_steps=horizon,
         ratio=ratio,
         bound=bound,
     )

@@ -25,13 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.calibrate.spread import relative_curve_distance
-from harness.core.registry import BF16, FLOAT32, LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
+from harness.core.registry import BF16, FLOAT32, HORIZON, LEAST_SEEDS, OVER_SEEDS, SEEDS_ALPHA, CheckVerdict, RunKey
 from harness.verdict.bound import Bound
-from harness.verdict.checks import EPS, ROUNDING_ULPS, Check
+from harness.verdict.checks import EPS, ROUNDING_ULPS, Check, parted_at
 
 DISTRIBUTION = "distribution"  # the diagnosis's first word, where the distributions differ
 ANOTHER = "the runs compute another training (its math, its inputs, a hyper-parameter), not the same one rounded otherwise"
-HORIZON = "horizon"  # the measure of Horizons: seeds_horizon
 HORIZON_MARGIN = math.log(2.0)  # a pair may part up to twice as early as rounding parts runs (in log(1 + step))
 
 
@@ -129,17 +128,51 @@ class OverSeeds(Paired):
             return 0.0 if self.mean_difference == 0.0 else math.copysign(math.inf, self.mean_difference)
         return self.mean_difference / (self.spread / math.sqrt(self.n))
 
-    def ratio(self, alpha: float) -> float:
-        """|t| over the t that a one-sided test at alpha / 2 just rejects at."""
-        return abs(self.t()) / critical_t(self.n - 1, alpha / 2.0)
-
     def detectable(self, alpha: float) -> float:
         """The paired differences' mean that the test at `alpha` just calls significant: the
         least difference these seeds can tell from their spread (the check's tolerance)."""
         return critical_t(self.n - 1, alpha / 2.0) * self.spread / math.sqrt(self.n)
 
     def judged(self, alpha: float, count: int) -> Check:
-        return _judged_metric(self, alpha, count)
+        name = OVER_SEEDS + self.measure
+        test = _test(alpha, count)
+        few = _too_few(name, self, test)
+        if few is not None:
+            return few
+        detectable, reach, floor = self.detectable(alpha), self.reach, self.floor
+        allowed = max(detectable, reach, floor)
+        tolerance = f"the paired differences' mean over {self.n} seeds within {allowed:.3g}: {test}"
+        tolerance += f", and beyond {floor:.3g} ({ROUNDING_ULPS} float32 ulps of the measure)"
+        if self.yardstick is not None:
+            tolerance += (
+                f", and beyond rounding's reach {reach:.3g} ({self.reference.label} against {self.yardstick.label}, "
+                f"the same training rounded otherwise, at its farthest seed)"
+            )
+        ratio = abs(self.mean_difference) / allowed if allowed > 0 else (0.0 if self.mean_difference == 0 else math.inf)
+        figures = (
+            f"{self.run.label}'s {self.measure} olympic mean {self.olympic('run'):.6g} against {self.reference.label}'s "
+            f"{self.olympic('reference'):.6g} over {self.n} seeds: the paired differences' mean {self.mean_difference:+.3g}, "
+            f"their spread {self.spread:.3g} (t = {self.t():.2f}, p = {p_value(self.t(), self.n - 1):.2g})"
+        )
+        reaches = " and rounding reaches" if self.yardstick is not None else ""
+        why = f"beyond what the seeds' rounding and chaos spread to, at {ratio:.2f}x the difference the test just calls significant{reaches}"
+        verdict, diagnosis = _said(ratio, f"{figures}; {why}: {ANOTHER}")
+        reference = abs(self.olympic("reference"))
+        return Check(
+            name,
+            self.run,
+            self.reference,
+            verdict,
+            tolerance,
+            max_abs_error=abs(self.mean_difference),
+            max_rel_error=abs(self.mean_difference) / reference if reference > 0 else None,
+            reason=figures,
+            ratio=ratio,
+            diagnosis=diagnosis,
+            bound=Bound("seeds", "max_abs", allowed=allowed, members=self.n),  # the mean's |difference| over it is the ratio
+        )
+
+
 
 
 def horizon(a: np.ndarray | None, b: np.ndarray | None, rtol: float) -> float:
@@ -148,9 +181,7 @@ def horizon(a: np.ndarray | None, b: np.ndarray | None, rtol: float) -> float:
     if a is None or b is None:
         return math.nan
     steps = min(len(a), len(b))
-    rel = relative_curve_distance(np.asarray(a[:steps], np.float64), np.asarray(b[:steps], np.float64))
-    outside = np.flatnonzero(~(rel <= rtol))
-    return float(outside[0]) if outside.size else float(steps)
+    return float(parted_at(relative_curve_distance(np.asarray(a[:steps], np.float64), np.asarray(b[:steps], np.float64)), rtol))
 
 
 def horizon_rtol(key: RunKey) -> float:
@@ -277,47 +308,6 @@ def _too_few(name: str, row, test: str) -> Check | None:
         return None
     reason = f"{row.n} seeds finished on every side (a run failed or diverged at the others); a verdict over seeds takes {LEAST_SEEDS}"
     return Check(name, row.run, row.reference, CheckVerdict.SKIPPED, f"over {len(row.seeds)} seeds, {test}", reason=reason)
-
-
-def _judged_metric(row: OverSeeds, alpha: float, count: int) -> Check:
-    name = OVER_SEEDS + row.measure
-    test = _test(alpha, count)
-    few = _too_few(name, row, test)
-    if few is not None:
-        return few
-    detectable, reach, floor = row.detectable(alpha), row.reach, row.floor
-    allowed = max(detectable, reach, floor)
-    tolerance = f"the paired differences' mean over {row.n} seeds within {allowed:.3g}: {test}"
-    tolerance += f", and beyond {floor:.3g} ({ROUNDING_ULPS} float32 ulps of the measure)"
-    if row.yardstick is not None:
-        tolerance += (
-            f", and beyond rounding's reach {reach:.3g} ({row.reference.label} against {row.yardstick.label}, "
-            f"the same training rounded otherwise, at its farthest seed)"
-        )
-    ratio = abs(row.mean_difference) / allowed if allowed > 0 else (0.0 if row.mean_difference == 0 else math.inf)
-    figures = (
-        f"{row.run.label}'s {row.measure} olympic mean {row.olympic('run'):.6g} against {row.reference.label}'s "
-        f"{row.olympic('reference'):.6g} over {row.n} seeds: the paired differences' mean {row.mean_difference:+.3g}, "
-        f"their spread {row.spread:.3g} (t = {row.t():.2f}, p = {p_value(row.t(), row.n - 1):.2g})"
-    )
-    reaches = " and rounding reaches" if row.yardstick is not None else ""
-    why = f"beyond what the seeds' rounding and chaos spread to, at {ratio:.2f}x the difference the test just calls significant{reaches}"
-    verdict, diagnosis = _said(ratio, f"{figures}; {why}: {ANOTHER}")
-    reference = abs(row.olympic("reference"))
-    return Check(
-        name,
-        row.run,
-        row.reference,
-        verdict,
-        tolerance,
-        max_abs_error=abs(row.mean_difference),
-        max_rel_error=abs(row.mean_difference) / reference if reference > 0 else None,
-        reason=figures,
-        ratio=ratio,
-        diagnosis=diagnosis,
-        bound=Bound("seeds", "max_abs", allowed=allowed, members=row.n),  # the mean's |difference| over it is the ratio
-    )
-
 
 
 def rows_of(
