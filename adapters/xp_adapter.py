@@ -14,9 +14,9 @@ import numpy as np
 from adapters import timing, xp_fast
 from adapters.protocol import State
 from harness.core.errors import Unsupported
-from harness.core.registry import ORACLE, TF32
+from harness.core.registry import BF16, ORACLE, TF32
 from harness.optimizers import adam
-from harness.reference import network
+from harness.reference import autocast, network
 
 NAME = "xp"
 
@@ -107,6 +107,7 @@ class Trainer:
     # The harness's own runs (the oracle, the calibration members, the references) train
     # their plain steps on the allocation-free path, bitwise the eager steps (plain_steps_fast)
     allocation_free: bool = False
+    low: Any = None  # a bf16 run's rounding to bfloat16 (harness/reference/autocast.py), None otherwise
 
 
 def put(problem, key) -> dict[str, Any]:
@@ -124,6 +125,11 @@ def build(problem, data: dict[str, Any], key) -> Trainer:
             raise ValueError("a calibration member (jittered rounding) runs in eager mode only")
         trainer.jitter = network.jitter_function(xp, problem.jitter_seed)
         trainer.reorder = np.random.default_rng([problem.jitter_seed, 1])
+    if key.precision == BF16:
+        why = "the array-module code's bf16 run is eager only" if mode == "fast" else autocast.unsupported(trainer.placed)
+        if why:
+            raise Unsupported(why)
+        trainer.low = autocast.rounding(xp)
     if mode == "fast":  # trains the arrays of trainer.params in place; it keeps the optimizer state
         if not problem.spec.model.is_mlp:
             raise Unsupported(f"the array-module fast mode trains dense networks only; {problem.spec.name} has other layers (run it eager)")
@@ -190,6 +196,7 @@ def _update(trainer: Trainer, params, opt_state, step: int):
         reorder=trainer.reorder if member else None,
         sequential_loss=problem.sequential_loss,
         autodiff_loss=problem.jitter_seed is not None,
+        autocast=_autocast(trainer),
     )
     corrections = adam.float32_bias_corrections if problem.float32_corrections else None
     return network.train_step(
@@ -258,7 +265,7 @@ def predict(trainer: Trainer, x: np.ndarray) -> np.ndarray:
     xp = trainer.xp
 
     def forward(part: np.ndarray):
-        return network.predict(xp, trainer.placed, trainer.params, xp.asarray(part.astype(trainer.dtype)), trainer.jitter)
+        return network.predict(xp, trainer.placed, trainer.params, xp.asarray(part.astype(trainer.dtype)), trainer.jitter, _autocast(trainer))
 
     if xp is np and trainer.dtype == "float64" and trainer.jitter is network.plain and len(x) > EVAL_BLOCK:
         outputs = np.concatenate([forward(x[i : i + EVAL_BLOCK]) for i in range(0, len(x), EVAL_BLOCK)])
@@ -272,9 +279,25 @@ def layer_outputs(trainer: Trainer, x: np.ndarray, masks: dict) -> dict[str, np.
     state untouched: where a twin's forward first differs (the diagnosis)."""
     xp, found = trainer.xp, {}
     masks = {name: xp.asarray(m.astype(trainer.dtype)) for name, m in masks.items()}
-    ctx = network.Context(train=True, masks=masks)
+    ctx = network.Context(train=True, masks=masks, autocast=_autocast(trainer))
     network.forward(xp, trainer.placed, trainer.params, xp.asarray(x.astype(trainer.dtype)), ctx, outputs=found)
     return {name: np.asarray(_to_numpy(trainer, a), dtype=np.float64) for name, a in found.items()}
+
+
+def _autocast(trainer: Trainer):
+    """A fresh pass's bf16 rounding for a bf16 run, None for any other."""
+    return None if trainer.low is None else autocast.Autocast(trainer.low)
+
+
+def computed_in(trainer: Trainer) -> dict[str, str]:
+    """Where a bf16 run computes in bfloat16 (adapters/protocol.py RecordsComputedIn): each
+    layer's output dtype on step 0's batch and the loss's, its parameters and optimizer
+    state float32 (harness/reference/autocast.py)."""
+    problem, cast = trainer.problem, _autocast(trainer)
+    x, _ = problem.batch(trainer.data, 0)
+    ctx = network.Context(train=True, masks=problem.step_masks(trainer.data, 0), autocast=cast)
+    network.forward(trainer.xp, trainer.placed, trainer.params, x, ctx)
+    return {**cast.computed_in(), "parameters": trainer.dtype, "optimizer state": trainer.dtype}
 
 
 def rates(device: str, precision: str) -> dict[str, float]:

@@ -14,7 +14,6 @@ from rich.console import Console
 from harness.core.errors import DataError, HarnessError
 from harness.core.registry import (
     BF16,
-    BF16_FRAMEWORKS,
     CALIBRATION_KEY,
     GPU_CALIBRATION_KEY,
     GPU_ORACLE_KEY,
@@ -117,10 +116,6 @@ def also_runs(frameworks: list[str], keys: list, console: Console, ports: list[s
     ]
     running = [f for f in frameworks if any(k.framework == f for k in keys)]  # not cupy on a CPU-only run
     console.print(f"besides {', '.join(running)}, this runs {'; '.join(also)}", highlight=False, soft_wrap=True)
-    without = [f for f in running if f not in BF16_FRAMEWORKS] if any(k.precision == BF16 for k in keys) else []
-    if without:  # the array-module code has no bf16 run (yet): its float32 cells run alone
-        said = f"{', '.join(without)}: no bf16 cell (only {' and '.join(BF16_FRAMEWORKS)} have one); its float32 cells run as asked"
-        console.print(said, highlight=False, soft_wrap=True)
 
 
 def measure_rates(options: RunOptions, keys: list, console: Console) -> dict:

@@ -331,26 +331,6 @@ def test_the_first_line_names_only_the_frameworks_that_run_here():
     assert "not recorded: --no-records" in said and ", recorded" not in said and "(recorded" not in said and "reference, recorded" not in said
 
 
-def test_a_framework_without_a_bf16_cell_is_said_so():
-    """--precisions float32,bf16 with NumPy asked for: the array-module code has no bf16 run,
-    and the line before the runs says so (its float32 cells run as asked); torch and JAX,
-    which have one, are not named there."""
-    import io
-
-    from rich.console import Console
-
-    from harness.core.registry import BF16, FLOAT32
-    from harness.execute import plan
-
-    assert not [k for k in plan.matrix_keys(["numpy"], ["cpu"], precisions=(FLOAT32, BF16)) if k.precision == BF16]  # nor torch's envelope
-    out = io.StringIO()
-    session.also_runs(["torch", "numpy"], plan.matrix_keys(["torch", "numpy"], ["cpu"], precisions=(FLOAT32, BF16)), Console(file=out, width=400))
-    assert "numpy: no bf16 cell (only torch and jax have one); its float32 cells run as asked" in out.getvalue()
-    out = io.StringIO()
-    session.also_runs(["torch", "jax"], plan.matrix_keys(["torch", "jax"], ["cpu"], precisions=(FLOAT32, BF16)), Console(file=out, width=400))
-    assert "no bf16 cell" not in out.getvalue()
-
-
 def test_a_framework_that_did_not_run_is_said_in_the_summary(tmp_path, monkeypatch):
     """A framework missing from the environment (pip install '.[ray]' alone): its skip is a
     line of the run's summary, with the reason, not only a table row."""

@@ -47,8 +47,9 @@ PRECISIONS = (STRICT, TF32, FLOAT64, BF16)
 # What `precisions` may name (harness run --precisions, run_spec): float32 is the strict
 # runs, always run (they and their float64 twins judge the math), bf16 a cell of its own.
 PRECISION_CHOICES = (FLOAT32, BF16)
-# The frameworks with a bf16 run: the array-module code has none yet.
-BF16_FRAMEWORKS = ("torch", "jax")
+# The frameworks with a bf16 run (the array-module code's rounds MLPs and conv nets where
+# torch's autocast rounds: harness/reference/autocast.py).
+BF16_FRAMEWORKS = ("torch", "jax", "numpy", "cupy")
 # eager: the article-style code, one framework call per step; fast: each framework's
 # compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
 EAGER = "eager"

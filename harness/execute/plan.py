@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from harness.core.registry import (
     BF16,
-    BF16_FRAMEWORKS,
     BF16_MEMBER_KEY,
     CALIBRATION_KEY,
     EAGER,
@@ -42,13 +41,13 @@ def matrix_keys(
 ) -> list[RunKey]:
     """The chosen jobs in each mode, each framework on the devices it runs on (and with
     `tf32`, each framework again on the GPU with TF32 allowed; with bf16 among `precisions`,
-    each framework that has a bf16 run again in it, eager), plus the calibration run and the
+    each framework again in it, eager), plus the calibration run and the
     oracle, which the checks need, both eager, on the `references` device (numpy@cpu and
     oracle@cpu, or cupy@gpu and oracle@gpu); the oracle runs last, as it is the slowest."""
     keys = [RunKey(f, d, mode=m) for m in modes for d in devices for f in frameworks if runs_on(f, d)]
     if tf32 and "gpu" in devices:
         keys += [RunKey(f, "gpu", precision=TF32, mode=m) for m in modes for f in frameworks if runs_on(f, "gpu")]
-    bf16 = [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d) and f in BF16_FRAMEWORKS] if BF16 in precisions else []
+    bf16 = [RunKey(f, d, precision=BF16) for d in devices for f in frameworks if runs_on(f, d)] if BF16 in precisions else []
     if bf16:  # with the bf16 envelope's own run, whose members calibrate them all (none where no cell is bf16's)
         keys += bf16
         if BF16_MEMBER_KEY not in keys:

@@ -66,6 +66,9 @@ class Context:
     # residual's name); going back, the residual's gradient until the body's start adds it.
     skips: dict[str, Array] = field(default_factory=dict)
     skip_grads: dict[str, Array] = field(default_factory=dict)
+    # A bf16 run's pass (harness/reference/autocast.py Autocast): values rounded to bfloat16
+    # where torch's autocast computes them in bfloat16; None in every other run.
+    autocast: Any = None
 
     def total(self, xp, a: Array, axis: int) -> Array:
         """a summed over `axis`. Everyone but a calibration member sums pairwise: the terms

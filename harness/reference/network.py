@@ -9,6 +9,7 @@ NumPy adapter's eager path; bound to CuPy it runs on the GPU. It imports no fram
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -125,23 +126,31 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
     """Outputs, and what each layer keeps for the backward pass. In training, the new
     running statistics land in ctx.updates by their full names; each layer's output (after
     its activation) lands in `outputs`, by the layer's name, when given."""
-    jitter = ctx.jitter
+    jitter, cast = ctx.jitter, ctx.autocast
+    kept = plain if cast is None else None  # a bf16 pass's rounding of each output (harness/reference/autocast.py)
     a = x.reshape((x.shape[0], *placed[0].in_shape)) if len(placed[0].in_shape) > 1 else x
     caches = []
     starts = residual_starts(placed)
     for p in placed:
         for name in starts.get(p.index, ()):  # a residual's input, kept until it adds it
             ctx.skips[name] = a
+            if cast is not None:
+                cast.skips[name] = cast.last
         ctx.layer = p.name
-        out, cache = p.module.forward(xp, p.section, _local(p, params), a, ctx)
-        for local in [k for k in ctx.updates if "." not in k]:
-            ctx.updates[f"{p.name}.{local}"] = ctx.updates.pop(local)
+        local = _local(p, params)
+        if cast is not None:
+            local, a = cast.enter(p, local, a, cast.last, ctx.train)
+            cast.last = cast.output_low[p.name]
+            kept = functools.partial(cast.out, p)
+        out, cache = p.module.forward(xp, p.section, local, a, ctx)
+        for name in [k for k in ctx.updates if "." not in k]:
+            ctx.updates[f"{p.name}.{name}"] = ctx.updates.pop(name)
         if p.activation is not None:
-            z = jitter(out)
-            a = jitter(activate(xp, z, p.activation, jitter))
+            z = kept(jitter(out))
+            a = kept(jitter(activate(xp, z, p.activation, jitter)))
             caches.append((cache, z, a))
         else:
-            a = jitter(out)
+            a = kept(jitter(out))
             caches.append((cache, None, a))
         if outputs is not None:
             outputs[p.name] = a
@@ -250,19 +259,30 @@ def loss_and_grads(xp, placed: list[Placed], params: Params, x: Array, targets: 
     outputs, caches = forward(xp, placed, params, x, ctx)
     loss, d_a = data_loss(xp, outputs, targets, loss_section, jitter, ctx.sequential_loss, ctx.autodiff_loss)
     d_a = jitter(d_a)
+    cast = ctx.autocast
+    if cast is not None and cast.last:  # the loss's gradient back into bfloat16 logits
+        d_a = cast.low(d_a)
     found: dict[str, Array] = {}
     starts = residual_starts(placed)
     for i in reversed(range(len(placed))):
         p = placed[i]
         cache, z, a_out = caches[i]
         ctx.layer = p.name
+        local = _local(p, params)
         if p.activation is not None:
             d_a = jitter(d_a * activation_grad(xp, z, a_out, p.activation, jitter))
-        d_a, grads = p.module.backward(xp, p.section, _local(p, params), cache, d_a, ctx, i > 0)
+            d_a = d_a if cast is None else cast.out(p, d_a)
+        if cast is not None:
+            local = cast.params(p, local)
+        d_a, grads = p.module.backward(xp, p.section, local, cache, d_a, ctx, i > 0)
+        if cast is not None:
+            d_a, grads = cast.back(p, d_a, grads)
         found.update({f"{p.name}.{k}": g for k, g in grads.items()})
         for name in starts.get(i, ()):  # past a residual's body: its gradient of the input added
             skipped = ctx.skip_grads.pop(name)
             d_a = None if d_a is None else jitter(d_a + skipped)
+            if cast is not None and d_a is not None and cast.skips[name]:
+                d_a = cast.low(d_a)
     if ctx.l2_scale:
         loss = loss + ctx.l2_scale * sum((w * w).sum() for w in weights(placed, params))
     return loss, {name: found[name] for name in trained_names(placed)}, ctx.updates
@@ -349,7 +369,8 @@ def train_step(
     return loss, {**params, **updates}, opt_state
 
 
-def predict(xp, placed: list[Placed], params: Params, x: Array, jitter: Jitter = plain) -> Array:
-    """Outputs in evaluation: running statistics, no dropout."""
-    outputs, _ = forward(xp, placed, params, x, Context(train=False, jitter=jitter))
+def predict(xp, placed: list[Placed], params: Params, x: Array, jitter: Jitter = plain, autocast=None) -> Array:
+    """Outputs in evaluation: running statistics, no dropout; `autocast` a bf16 run's
+    rounding (harness/reference/autocast.py Autocast), a fresh one."""
+    outputs, _ = forward(xp, placed, params, x, Context(train=False, jitter=jitter, autocast=autocast))
     return outputs
