@@ -360,9 +360,9 @@ def test_the_oracles_evaluation_takes_blocks_and_rounds_like_one_pass(spec_name,
     passes = []
     real = network.predict
 
-    def counted(xp, placed, params, batch, jitter):
+    def counted(xp, placed, params, batch, jitter, autocast=None):
         passes.append(len(batch))
-        return real(xp, placed, params, batch, jitter)
+        return real(xp, placed, params, batch, jitter, autocast)
 
     monkeypatch.setattr(network, "predict", counted)
     blocks = adapter.predict(trainer, x)

@@ -464,7 +464,7 @@ def test_a_busy_process_beside_a_timed_run_shows_in_its_share():
 def test_every_spec_has_quick_baselines():
     """Issue 55: `regress` printed NO BASELINE for the transformer. Every spec of specs/ has
     records in baselines/cpu-quick, each framework's float32 run and the oracle's among them,
-    and torch's and JAX's bf16 cells."""
+    and torch's, JAX's and NumPy's bf16 cells."""
     from harness.core.registry import current_name
     from harness.records.store import read_record
     from harness.spec.load import spec_paths
@@ -473,5 +473,5 @@ def test_every_spec_has_quick_baselines():
         records = [read_record(p) for p in (ROOT / "baselines" / "cpu-quick" / name).glob("*.json")]
         assert {"torch", "jax", "numpy", "oracle"} <= {current_name(r.framework, r.device.kind) for r in records}, name  # NumPy's old name
         bf16 = {r.framework for r in records if r.precision_mode == registry.BF16}
-        assert bf16 == {"torch", "jax"}, name  # issue 86: nox -s regress runs every spec's bf16 cells
+        assert bf16 == {"torch", "jax", "numpy"}, name  # issue 86: nox -s regress runs every spec's bf16 cells
         assert all(r.spec.profile == "quick" for r in records), name

@@ -115,9 +115,11 @@ contact() {
     # among them; torch's and JAX's ran): last, as the issue ranks them
     phase smoke "${SMOKE_S:-20}" python3 -m harness smoke --devices "$gpu" --frameworks "$smoked" --out "$OUT/smoke.json" ${SMOKE_SPECS:-}
     # what landed since (issue 86): bf16 on the tensor cores, torch's autocast and flax in
-    # bfloat16 on MNIST's MLP, CPU and GPU, judged on the bf16 envelope (torch's autocast runs,
-    # on the CPU); then the verdict over seeds on the GPU, peaks at 5 seeds. Both measured, not gated
-    phase bf16 "${BF16_S:-20}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax --precisions float32,bf16 \
+    # bfloat16 on MNIST's MLP, CPU and GPU, and CuPy's array-module code rounding to bfloat16
+    # where autocast computes in it (harness/reference/autocast.py), judged on the bf16 envelope
+    # (torch's autocast runs, on the CPU); then the verdict over seeds on the GPU, peaks at 5
+    # seeds. Both measured, not gated
+    phase bf16 "${BF16_S:-20}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax,cupy --precisions float32,bf16 \
         --jobs "$jobs" --work-dir "$work" --results "$results" --profile quick "${mnist[@]}" ${BF16_SPECS:-mnist_mlp}
     phase seeds "${SEEDS_S:-15}" python3 -m harness run --devices "$gpu" "${need[@]}" --frameworks torch,jax --seeds 5 \
         --jobs "$jobs" --results "$results" --profile quick ${SEEDS_SPECS:-peaks_mlp}

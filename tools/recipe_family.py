@@ -11,7 +11,7 @@ lists their failing checks apart (`bf16_failed`); `--slip loss-in-bf16` runs JAX
 with its loss on the bfloat16 logits (flax#677's slip), `--slip moment-in-bf16` with AdamW's
 first moment accumulated in bfloat16 (optax's mu_dtype), to measure that each is caught.
 
-    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR] [--precisions LIST] [--slip loss-in-bf16|moment-in-bf16]
+    python tools/recipe_family.py N SEED A B OUT.jsonl [--data-dir DIR] [--precisions LIST] [--slip loss-in-bf16|moment-in-bf16] [--frameworks LIST]
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def loaded_recipe(doc: dict) -> LoadedSpec:
     return LoadedSpec(spec=spec, path=Path("<recipe>"), sha256=sha, profile="full", overrides=overrides)
 
 
-def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",)):
+def judged(doc: dict, data_dir: Path, precisions: tuple[str, ...] = ("float32",), frameworks: tuple[str, ...] = ("torch", "jax")):
     loaded = loaded_recipe(doc)
-    keys = matrix_keys(["torch", "jax"], ["cpu"], precisions=precisions)
+    keys = matrix_keys(list(frameworks), ["cpu"], precisions=precisions)
     return run_cells(loaded, build_problem(loaded, data_dir), keys, None, Console(file=io.StringIO(), width=300))
 
 
@@ -139,6 +139,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mnist")
     parser.add_argument("--precisions", default="float32")
     parser.add_argument("--slip", choices=["loss-in-bf16", "moment-in-bf16"])
+    parser.add_argument("--frameworks", default="torch,jax", help="the frameworks run, numpy among them for its own cells (default torch,jax)")
     args = parser.parse_args(argv)
     if args.slip == "loss-in-bf16":
         from adapters import jax_probes
@@ -154,7 +155,7 @@ def main(argv: list[str]) -> int:
         began = time.time()
         row = {"i": i, "seed": args.seed, "spec": docs[i]}
         try:
-            result = judged(docs[i], args.data_dir, tuple(args.precisions.split(",")))
+            result = judged(docs[i], args.data_dir, tuple(args.precisions.split(",")), tuple(args.frameworks.split(",")))
             checks = result.checks
             row["counts"] = {v.value: sum(c.verdict == v for c in checks) for v in CheckVerdict}
             row["failed"] = [(c.name, c.a.label, c.b.label, c.ratio, c.diagnosis[:400]) for c in checks if c.verdict == CheckVerdict.FAIL]

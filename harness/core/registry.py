@@ -40,16 +40,15 @@ FLOAT64 = "float64"
 FLOAT32 = "float32"
 # bf16: mixed precision, float32 parameters and bfloat16 computation where each library puts
 # it: torch's autocast (its own lists of ops in bf16 and kept in float32), flax's modules in
-# dtype=bfloat16 (what the module computes). Measured against the reference and its own
+# dtype=bfloat16 (what the module computes), the array-module code rounding to bfloat16
+# where torch's autocast on the CPU computes in it (harness/reference/autocast.py). Every
+# framework has a bf16 cell. Measured against the reference and its own
 # framework's float32 run on the bf16 envelope, not gated yet.
 BF16 = "bf16"
 PRECISIONS = (STRICT, TF32, FLOAT64, BF16)
 # What `precisions` may name (harness run --precisions, run_spec): float32 is the strict
 # runs, always run (they and their float64 twins judge the math), bf16 a cell of its own.
 PRECISION_CHOICES = (FLOAT32, BF16)
-# The frameworks with a bf16 run (the array-module code's rounds MLPs and conv nets where
-# torch's autocast rounds: harness/reference/autocast.py).
-BF16_FRAMEWORKS = ("torch", "jax", "numpy", "cupy")
 # eager: the article-style code, one framework call per step; fast: each framework's
 # compiled mode (JAX scan, torch compile or CUDA graph, CuPy fused kernels and graph).
 EAGER = "eager"

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from harness.core.strict import Strict
 from harness.core.threads import unary
-from harness.layers.base import Context, Cost, Shape, draw_bias, draw_weight
+from harness.layers.base import Context, Cost, Shape, draw_bias, draw_weight, plain
 from harness.layers.sizes import Channels
 
 KIND = "attention"
@@ -110,12 +110,15 @@ def angles(xp, rope: Rope, positions: int, head_width: int, dtype):
     return xp.asarray(np.cos(theta).astype(dtype)), xp.asarray(np.sin(theta).astype(dtype))
 
 
-def rotate(xp, a, rope: Rope, cos, sin):
+def rotate(xp, a, rope: Rope, cos, sin, low=plain):
     """a (..., positions, head width) with each pair turned by its angle (RoPE); with -sin,
-    turned back (the rotation's transpose, its backward)."""
+    turned back (the rotation's transpose, its backward). A bf16 run (`low`) rounds each
+    product and the sum, as torch computes a * cos + rotate_half(a) * sin in bfloat16."""
     if rope.layout == "half":
         half = a.shape[-1] // 2
         first, second = a[..., :half], a[..., half:]
+        if low is not plain:
+            return low(xp.concatenate([low(first * cos) - low(second * sin), low(second * cos) + low(first * sin)], axis=-1))
         return xp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
     first, second = a[..., 0::2], a[..., 1::2]
     return xp.stack([first * cos - second * sin, first * sin + second * cos], axis=-1).reshape(a.shape)
@@ -136,43 +139,68 @@ def softmax(xp, scores, ctx: Context):
     return jitter(e / jitter(ctx.total(xp, e, e.ndim - 1)[..., None]))
 
 
+def _low(ctx: Context):
+    """A bf16 run's rounding to bfloat16 where torch's autocast on the CPU computes in it
+    (harness/reference/autocast.py): the projections' outputs, RoPE's cos, sin and turned
+    values, the fused attention's output (`fused`), and going back the gradient of each of
+    those; `plain` in every other run."""
+    return plain if ctx.autocast is None else ctx.autocast.low
+
+
+def fused(xp, scores, v, low):
+    """A bf16 run's attention as torch's fused kernel on the CPU computes it: the scores and
+    their exponentials in float32, the exponentials rounded to bfloat16 for the product with
+    v (summed in float32), divided by their float32 sum, rounded once. On random bfloat16
+    q, k, v (8 x 4 heads x 32 positions x 8) its output is torch 2.13's in 96.9% of values and
+    one bfloat16 unit off in the rest, where softmax's probabilities rounded before the
+    product are in 58% (docs/measurements.md). The probabilities the backward pass takes
+    (float32), and the output joined."""
+    top = scores.max(axis=-1, keepdims=True)
+    e = unary(xp, xp.exp, scores - top)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / total, _join(low((low(e) @ v) / total))
+
+
 def forward(xp, section: Section, p: dict, x, ctx: Context):
-    jitter = ctx.jitter
+    jitter, low = ctx.jitter, _low(ctx)
     batch, t, width = x.shape
     rows = x.reshape(batch * t, width)
-    q, k, v = (_split(jitter(_project(rows, p, w)), batch, section.heads) for w in ("q", "k", "v"))
+    q, k, v = (_split(low(jitter(_project(rows, p, w))), batch, section.heads) for w in ("q", "k", "v"))
     head_width = width // section.heads
     turns = None
     if section.rope is not None:
-        turns = angles(xp, section.rope, t, head_width, x.dtype)
-        q, k = (jitter(rotate(xp, a, section.rope, *turns)) for a in (q, k))
+        turns = tuple(low(a) for a in angles(xp, section.rope, t, head_width, x.dtype))
+        q, k = (low(jitter(rotate(xp, a, section.rope, *turns, low))) for a in (q, k))
     scale = 1 / math.sqrt(head_width)
     scores = jitter(jitter(q @ k.swapaxes(-1, -2)) * scale)
     if section.causal:
         scores = xp.where(causal_mask(xp, t), scores, -xp.inf)
-    probs = softmax(xp, scores, ctx)
-    joined = _join(jitter(probs @ v))
+    if ctx.autocast is None:
+        probs = softmax(xp, scores, ctx)
+        joined = _join(jitter(probs @ v))
+    else:
+        probs, joined = fused(xp, scores, v, low)
     out = _project(joined, p, "out")
     return out.reshape(batch, t, width), (rows, q, k, v, probs, joined, turns)
 
 
 def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: bool):
-    jitter = ctx.jitter
+    jitter, low = ctx.jitter, _low(ctx)
     rows, q, k, v, probs, joined, turns = cache
     batch, t, width = d_y.shape
     d_out = d_y.reshape(batch * t, width)
     grads = {"out_weight": jitter(joined.T @ d_out)}
     if section.bias:
         grads["out_bias"] = jitter(d_out.sum(axis=0))
-    d_o = _split(jitter(d_out @ p["out_weight"].T), batch, section.heads)
-    d_v = jitter(probs.swapaxes(-1, -2) @ d_o)
+    d_o = _split(low(jitter(d_out @ p["out_weight"].T)), batch, section.heads)
+    d_v = low(jitter(probs.swapaxes(-1, -2) @ d_o))
     d_p = jitter(d_o @ v.swapaxes(-1, -2))
     scale = 1 / math.sqrt(width // section.heads)
     d_s = jitter(probs * (d_p - jitter(ctx.total(xp, d_p * probs, d_p.ndim - 1)[..., None]))) * scale
-    d_q, d_k = jitter(d_s @ k), jitter(d_s.swapaxes(-1, -2) @ q)
+    d_q, d_k = low(jitter(d_s @ k)), low(jitter(d_s.swapaxes(-1, -2) @ q))
     if turns is not None:
         cos, sin = turns
-        d_q, d_k = (rotate(xp, a, section.rope, cos, -sin) for a in (d_q, d_k))
+        d_q, d_k = (low(rotate(xp, a, section.rope, cos, -sin)) for a in (d_q, d_k))
     d_x = None
     for w, d in (("q", d_q), ("k", d_k), ("v", d_v)):
         d_rows = _join(d)
@@ -180,7 +208,7 @@ def backward(xp, section: Section, p: dict, cache, d_y, ctx: Context, need_dx: b
         if section.bias:
             grads[f"{w}_bias"] = jitter(d_rows.sum(axis=0))
         if need_dx:
-            through = jitter(d_rows @ p[f"{w}_weight"].T)
-            d_x = through if d_x is None else jitter(d_x + through)
+            through = low(jitter(d_rows @ p[f"{w}_weight"].T))
+            d_x = through if d_x is None else low(jitter(d_x + through))
     ordered = {name: grads[name] for name in tensors(section)}
     return (None if d_x is None else d_x.reshape(batch, t, width)), ordered

@@ -2,9 +2,14 @@
 float32, its values rounded to bfloat16 where torch's autocast on the CPU computes them in
 bfloat16, and nowhere else. Measured on torch 2.13's CPU autocast (tests/test_autocast.py):
 
-- dense and conv2d (autocast's lower-precision list: linear, conv) take their input, weight
-  and bias rounded to bfloat16 and give a bfloat16 output, their products summed in float32
-  and rounded once;
+- dense, conv2d and attention (autocast's lower-precision list: linear, conv,
+  scaled_dot_product_attention) take their input, weights and biases rounded to bfloat16 and
+  give a bfloat16 output, their products summed in float32 and rounded once; inside
+  attention, each projection, RoPE's cos, sin and turned values, the probabilities going
+  into the product with v and that product are bfloat16 (harness/layers/attention.py), its
+  scores and softmax float32 (the CPU's fused kernel);
+- embedding gives float32 (its float32 table; autocast leaves it alone), and so does a
+  positional layer (its float32 table added: a bfloat16 value plus a float32 one is float32);
 - every other layer of an MLP or a conv net (activations, pools, flatten, batch and layer
   norm, a residual of two bfloat16 values) gives its output in its input's dtype: on a
   bfloat16 input, computed in float32 and rounded once, its own parameters float32;
@@ -17,8 +22,9 @@ bfloat16, and nowhere else. Measured on torch 2.13's CPU autocast (tests/test_au
   weight and bias gradients are bfloat16 values (products of bfloat16 operands) held in
   float32; the optimizer, its state and the parameters are float32.
 
-A text's layers (embedding, positional, attention) are not written yet: a run of a spec
-with one is unsupported, in words (`unsupported`)."""
+Where the values are not torch's bit for bit (attention's fused kernel sums in its own
+blocks), they are its to bfloat16's rounding: the run is judged on the bf16 envelope like
+any other."""
 
 from __future__ import annotations
 
@@ -31,10 +37,11 @@ import numpy as np
 Array = Any
 
 # autocast's lower-precision list: their products in bfloat16
-LOWERED = ("dense", "conv2d")
+LOWERED = ("dense", "conv2d", "attention")
 # an output in the input's dtype (a residual's when both its inputs are bfloat16)
 KEPT = ("max_pool", "avg_pool", "flatten", "dropout", "batch_norm", "layer_norm", "residual")
 MASKED = "dropout"  # in training, its output float32 (its float32 mask multiplied in)
+FLOAT32 = ("embedding", "positional")  # an output in float32 whatever the input
 
 
 def rounding(xp) -> Callable[[Array], Array]:
@@ -67,14 +74,6 @@ def bits_rounding(xp) -> Callable[[Array], Array]:
     return low
 
 
-def unsupported(placed) -> str | None:
-    """Why the array-module code has no bf16 run of this network, or None."""
-    kinds = sorted({p.section.kind for p in placed if p.section.kind not in LOWERED + KEPT})
-    if not kinds:
-        return None
-    return f"the array-module code's bf16 run rounds MLPs and conv nets only; this network has {', '.join(kinds)} (harness/reference/autocast.py)"
-
-
 @dataclass
 class Autocast:
     """One pass's bf16 rounding (network.Context.autocast): what it rounds with, and, written
@@ -94,8 +93,11 @@ class Autocast:
         if kind in LOWERED:
             self.input_low[p.name], self.output_low[p.name] = True, True
             return self.params(p, local), (a if low else self.low(a))
-        if kind not in KEPT:
-            raise ValueError(unsupported([p]))
+        if kind in FLOAT32:
+            self.input_low[p.name], self.output_low[p.name] = low, False
+            return local, a
+        if kind not in KEPT:  # a layer kind added to harness/layers/ and not placed here (tests/test_autocast.py)
+            raise ValueError(f"the array-module code's bf16 run does not place layer kind {kind!r} (harness/reference/autocast.py)")
         out = low and self.skips.get(p.name, True) if kind == "residual" else low and not (train and kind == MASKED)
         self.input_low[p.name], self.output_low[p.name] = low, out
         return local, a
