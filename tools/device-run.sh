@@ -39,10 +39,10 @@ if [ -d "$carry/wheelhouse" ]; then
     fi
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-gpu=gpu both=cpu,gpu need=(--require-gpu) smoked=${SMOKE_FRAMEWORKS:-cupy}
+gpu=gpu both=cpu,gpu need=(--require-gpu) smoked=${SMOKE_FRAMEWORKS:-cupy} arrays=cupy
 if [ -n "${REHEARSAL:-}" ]; then
     echo "REHEARSAL: on this machine's CPU; nothing here is a GPU figure"
-    gpu=cpu both=cpu need=() smoked=${SMOKE_FRAMEWORKS:-numpy}  # CuPy's code on the CPU
+    gpu=cpu both=cpu need=() smoked=${SMOKE_FRAMEWORKS:-numpy} arrays=numpy  # CuPy's code on the CPU
 fi
 mkdir -p "$work"
 [ -f "$carry/work.tar.gz" ] && tar -xzf "$carry/work.tar.gz" -C "$carry"
@@ -119,7 +119,7 @@ contact() {
     # where autocast computes in it (harness/reference/autocast.py), judged on the bf16 envelope
     # (torch's autocast runs, on the CPU); then the verdict over seeds on the GPU, peaks at 5
     # seeds. Both measured, not gated
-    phase bf16 "${BF16_S:-20}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks torch,jax,cupy --precisions float32,bf16 \
+    phase bf16 "${BF16_S:-20}" python3 -m harness run --devices "$both" "${need[@]}" --frameworks "torch,jax,$arrays" --precisions float32,bf16 \
         --jobs "$jobs" --work-dir "$work" --results "$results" --profile quick "${mnist[@]}" ${BF16_SPECS:-mnist_mlp}
     phase seeds "${SEEDS_S:-15}" python3 -m harness run --devices "$gpu" "${need[@]}" --frameworks torch,jax --seeds 5 \
         --jobs "$jobs" --results "$results" --profile quick ${SEEDS_SPECS:-peaks_mlp}
