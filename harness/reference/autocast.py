@@ -5,9 +5,9 @@ bfloat16, and nowhere else. Measured on torch 2.13's CPU autocast (tests/test_au
 - dense, conv2d and attention (autocast's lower-precision list: linear, conv,
   scaled_dot_product_attention) take their input, weights and biases rounded to bfloat16 and
   give a bfloat16 output, their products summed in float32 and rounded once; inside
-  attention, each projection, RoPE's cos, sin and turned values, the probabilities going
-  into the product with v and that product are bfloat16 (harness/layers/attention.py), its
-  scores and softmax float32 (the CPU's fused kernel);
+  attention, each projection, RoPE's cos, sin and turned values, the exponentials going into
+  the product with v and the fused kernel's output are bfloat16, its scores and their sum
+  float32 (harness/layers/attention.py fused);
 - embedding gives float32 (its float32 table; autocast leaves it alone), and so does a
   positional layer (its float32 table added: a bfloat16 value plus a float32 one is float32);
 - every other layer of an MLP or a conv net (activations, pools, flatten, batch and layer
@@ -84,7 +84,7 @@ class Autocast:
     input_low: dict[str, bool] = field(default_factory=dict)
     output_low: dict[str, bool] = field(default_factory=dict)
     skips: dict[str, bool] = field(default_factory=dict)
-    last: bool = False  # whether the network's output is bfloat16
+    last: bool = False  # whether the latest layer's output is bfloat16 (at the end, the network's)
 
     def enter(self, p, local: dict, a: Array, low: bool, train: bool) -> tuple[dict, Array]:
         """A layer's parameters and input as it computes with them (in training or not);
