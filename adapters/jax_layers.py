@@ -67,7 +67,10 @@ def rotary(jnp, a, rope):
         cos, sin = (jnp.asarray(np.concatenate([c, c], axis=-1).astype(a.dtype)) for c in (np.cos(theta), np.sin(theta)))
         first, second = a[..., : d // 2], a[..., d // 2 :]
         return a * cos + jnp.concatenate([-second, first], axis=-1) * sin
-    # each pair a complex number, turned by e^(i theta) (EasyLM's apply_rotary_emb)
+    # each pair a complex number, turned by e^(i theta) (EasyLM's apply_rotary_emb); a bfloat16
+    # a in float32, the result back in a's dtype, as EasyLM writes it
+    if a.dtype not in (jnp.float32, jnp.float64):
+        return rotary(jnp, a.astype(jnp.float32), rope).astype(a.dtype)
     import jax
 
     turns = jax.lax.complex(jnp.asarray(np.cos(theta).astype(a.dtype)), jnp.asarray(np.sin(theta).astype(a.dtype)))

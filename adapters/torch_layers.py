@@ -98,7 +98,10 @@ def rotary(torch, a, rope):
         cos, sin = (torch.cat([c, c], dim=-1).to(a.dtype) for c in (theta.cos(), theta.sin()))
         first, second = a[..., : d // 2], a[..., d // 2 :]
         return a * cos + torch.cat([-second, first], dim=-1) * sin
-    # Meta's Llama: each pair a complex number, turned by e^(i theta)
+    # Meta's Llama: each pair a complex number, turned by e^(i theta); a bfloat16 a in float32,
+    # the result back in a's dtype (its apply_rotary_emb: xq.float(), then .type_as(xq))
+    if a.dtype not in (torch.float32, torch.float64):
+        return rotary(torch, a.float(), rope).to(a.dtype)
     turns = torch.polar(torch.ones_like(theta), theta).to(torch.complex64 if a.dtype == torch.float32 else torch.complex128)
     pairs = torch.view_as_complex(a.reshape(*a.shape[:-1], d // 2, 2).contiguous())
     return torch.view_as_real(pairs * turns).flatten(-2)

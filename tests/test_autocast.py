@@ -93,3 +93,25 @@ def test_the_array_module_bf16_run_is_eager_only(tmp_path, mode):
     problem = build_problem(load_spec(tiny_moons(tmp_path)))
     outcome = runner.run(problem, RunKey("numpy", "cpu", precision=BF16, mode=mode))
     assert outcome.status == "skipped" and "eager only" in outcome.reason
+
+
+def test_meta_layout_rope_runs_in_bf16_in_every_framework(tmp_path):
+    """RoPE's `interleaved` layout (each pair a complex number) in a bf16 run: torch's
+    complex128 turn made q and k float64 beside a bfloat16 v (scaled_dot_product_attention
+    raised), and JAX's lax.complex refused bfloat16, until both compute it as Meta's and
+    EasyLM's code do, in float32 and back in the input's dtype (a drawn family spec found it).
+    Every bf16 run trains, within bfloat16's rounding of the others on the first step."""
+    import yaml
+
+    from tests.helpers import write_spec
+
+    doc = yaml.safe_load((ROOT / "specs" / "gpl_transformer.yaml").read_text())
+    attention = [layer["layers"][1] for layer in doc["model"]["layers"] if isinstance(layer, dict) and layer.get("kind") == "residual"]
+    for a in attention:
+        if a.get("kind") == "attention":
+            a["rope"]["layout"] = "interleaved"
+    problem = build_problem(load_spec(write_spec(tmp_path / "meta_rope.yaml", doc, {}), "quick"))
+    runs = {f: runner.run(problem, RunKey(f, "cpu", precision=BF16)) for f in ("torch", "jax", "numpy")}
+    assert all(o.status == "ok" for o in runs.values()), {f: o.reason for f, o in runs.items()}
+    first = {f: o.losses[0] for f, o in runs.items()}
+    assert max(first.values()) - min(first.values()) < 2.0**-9 * first["torch"]

@@ -169,7 +169,9 @@ def forward(xp, section: Section, p: dict, x, ctx: Context):
     head_width = width // section.heads
     turns = None
     if section.rope is not None:
-        turns = tuple(low(a) for a in angles(xp, section.rope, t, head_width, x.dtype))
+        turns = angles(xp, section.rope, t, head_width, x.dtype)
+        if section.rope.layout == "half":  # in bfloat16 (rotate_half's cos and sin in q's dtype); Meta's in float32
+            turns = tuple(low(a) for a in turns)
         q, k = (low(jitter(rotate(xp, a, section.rope, *turns, low))) for a in (q, k))
     scale = 1 / math.sqrt(head_width)
     scores = jitter(jitter(q @ k.swapaxes(-1, -2)) * scale)
