@@ -12,11 +12,18 @@ flax adds a bias in the module's dtype (`y + bias.astype(bfloat16)`) after its p
   member hands its own cotangents, channels last as flax lays them out, to that same
   transpose, jitted, and takes its sum for the bias's gradient.
 
+- the harness's own attention (adapters/torch_layers.py SelfAttention) as flax's
+  dot_product_attention computes it in bfloat16: q divided by sqrt(head width) in bfloat16,
+  the scores, their softmax and its product with v each in bfloat16 (torch's fused CPU
+  kernel keeps the scores and softmax in float32; on a drawn transformer of 3 heads of width
+  6, flax's first attention output differed from it in 53% of values, docs/measurements.md).
+
 The rest of its step is torch's autocast run's."""
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -35,7 +42,32 @@ def as_xla(torch, model) -> list:
         if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) and module.bias is not None:
             module.forward = _bias_after(torch, module)
             module.register_forward_hook(keep)
+        if type(module).__qualname__ == "transformer_modules.<locals>.SelfAttention":
+            module.forward = _attention_as_flax(torch, module)
     return seen
+
+
+def _attention_as_flax(torch, module):
+    """The attention layer's forward with its heads' attention as flax's dot_product_attention
+    computes it in the inputs' dtype (bfloat16 here): q / sqrt(head width) rounded, the
+    scores, the causal mask's bfloat16 minimum, softmax and the product with v, each a
+    bfloat16 result; the projections and RoPE as the layer's own."""
+    from adapters.torch_layers import rotary
+
+    def forward(x):
+        b, t, width = x.shape
+        q, k, v = (lin(x).view(b, t, module.heads, -1).transpose(1, 2) for lin in (module.q, module.k, module.v))
+        if module.rope is not None:
+            q, k = rotary(torch, q, module.rope), rotary(torch, k, module.rope)
+        q = q / torch.tensor(math.sqrt(q.shape[-1]), dtype=q.dtype)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if module.causal:
+            keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        o = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return module.out(o.transpose(1, 2).reshape(b, t, width))
+
+    return forward
 
 
 def _bias_after(torch, module):

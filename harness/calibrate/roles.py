@@ -154,7 +154,7 @@ def bf16_jobs(loaded: LoadedSpec, problem: Problem, keys: list[RunKey], scheme: 
         found.append(_job(BF16_MEMBER, mk, label, member=seed, cost=problem.total_steps))
         if RunKey("jax", "cpu", precision=BF16) in keys:  # ... and as many rounding where JAX rounds on the CPU
             xk = replace(BF16_MEMBER_KEY, variant=f"xla-{key.variant}")
-            label = f"{loaded.name} {xk.label} (calibration: bf16, its sums in another order, biases' gradients summed as XLA:CPU sums them)"
+            label = f"{loaded.name} {xk.label} (calibration: bf16, its sums in another order, rounding as flax and XLA:CPU round)"
             found.append(_job(BF16_MEMBER, xk, label, member=seed, cost=problem.total_steps, xla_bf16_sums=True))
     return found
 

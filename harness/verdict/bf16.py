@@ -13,7 +13,8 @@ from harness.core.registry import BF16, BF16_MEMBER_KEY, RunKey
 WHERE = {
     "torch": "torch.autocast's lists on the CPU: linear, conv and matmul in bfloat16, the loss and embeddings in float32",
     "jax": "flax's modules in dtype=bfloat16 where autocast computes bfloat16, the loss on float32 logits; "
-    "XLA:CPU sums a bias's gradient over several axes in bfloat16 where torch sums in float32 (tests/test_bf16.py)",
+    "XLA:CPU sums a bias's gradient over several axes in bfloat16 where torch sums in float32 (tests/test_bf16.py); "
+    "flax's attention takes its scores and softmax in bfloat16 where torch's fused CPU kernel keeps float32",
     "numpy": "float32 values rounded to bfloat16 (ml_dtypes) where torch's autocast on the CPU computes in bfloat16 (harness/reference/autocast.py)",
     "cupy": "float32 values rounded to bfloat16 where torch's autocast on the CPU computes in bfloat16 (harness/reference/autocast.py)",
 }
