@@ -43,31 +43,24 @@ def as_xla(torch, model) -> list:
             module.forward = _bias_after(torch, module)
             module.register_forward_hook(keep)
         if type(module).__qualname__ == "transformer_modules.<locals>.SelfAttention":
-            module.forward = _attention_as_flax(torch, module)
+            module.attend = _attend_as_flax  # a plain function: the model is deep-copied
     return seen
 
 
-def _attention_as_flax(torch, module):
-    """The attention layer's forward with its heads' attention as flax's dot_product_attention
-    computes it in the inputs' dtype (bfloat16 here): q / sqrt(head width) rounded, the
-    scores, the causal mask's bfloat16 minimum, softmax and the product with v, each a
-    bfloat16 result; the projections and RoPE as the layer's own."""
-    from adapters.torch_layers import rotary
+def _attend_as_flax(f, q, k, v, causal: bool):
+    """The heads' attention (adapters/torch_layers.py attend's place) as flax's
+    dot_product_attention computes it in the inputs' dtype (bfloat16 here): q / sqrt(head
+    width) rounded, the scores, the causal mask's bfloat16 minimum, softmax and the product
+    with v, each a bfloat16 result."""
+    import torch
 
-    def forward(x):
-        b, t, width = x.shape
-        q, k, v = (lin(x).view(b, t, module.heads, -1).transpose(1, 2) for lin in (module.q, module.k, module.v))
-        if module.rope is not None:
-            q, k = rotary(torch, q, module.rope), rotary(torch, k, module.rope)
-        q = q / torch.tensor(math.sqrt(q.shape[-1]), dtype=q.dtype)
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        if module.causal:
-            keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-        o = torch.matmul(torch.softmax(scores, dim=-1), v)
-        return module.out(o.transpose(1, 2).reshape(b, t, width))
-
-    return forward
+    t = q.shape[-2]
+    q = q / torch.tensor(math.sqrt(q.shape[-1]), dtype=q.dtype)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if causal:
+        keep = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    return torch.matmul(f.softmax(scores, dim=-1), v)
 
 
 def _bias_after(torch, module):

@@ -136,13 +136,14 @@ def transformer_modules(torch):
             s, width = p.section, p.in_shape[1]
             self.q, self.k, self.v, self.out = (nn.Linear(width, width, bias=s.bias) for _ in range(4))
             self.heads, self.causal, self.rope = s.heads, s.causal, s.rope
+            self.attend = None  # the heads' attention, where not `attend`'s (a bf16 member's: torch_bf16.as_xla)
 
         def forward(self, x):
             b, t, width = x.shape
             q, k, v = (lin(x).view(b, t, self.heads, -1).transpose(1, 2) for lin in (self.q, self.k, self.v))
             if self.rope is not None:
                 q, k = rotary(torch, q, self.rope), rotary(torch, k, self.rope)
-            o = attend(f, q, k, v, self.causal)
+            o = (self.attend or attend)(f, q, k, v, self.causal)
             return self.out(o.transpose(1, 2).reshape(b, t, width))
 
     return {"positional": Positional, "attention": SelfAttention}

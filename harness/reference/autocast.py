@@ -86,20 +86,20 @@ class Autocast:
     skips: dict[str, bool] = field(default_factory=dict)
     last: bool = False  # whether the latest layer's output is bfloat16 (at the end, the network's)
 
-    def enter(self, p, local: dict, a: Array, low: bool, train: bool) -> tuple[dict, Array]:
-        """A layer's parameters and input as it computes with them (in training or not);
-        records whether its input and output are bfloat16."""
-        kind = p.section.kind
+    def enter(self, p, local: dict, a: Array, train: bool) -> tuple[dict, Array]:
+        """A layer's parameters and input as it computes with them (in training or not), its
+        input the latest layer's output; records whether its input and output are bfloat16."""
+        kind, low = p.section.kind, self.last
         if kind in LOWERED:
-            self.input_low[p.name], self.output_low[p.name] = True, True
+            self.input_low[p.name] = self.output_low[p.name] = self.last = True
             return self.params(p, local), (a if low else self.low(a))
         if kind in FLOAT32:
-            self.input_low[p.name], self.output_low[p.name] = low, False
-            return local, a
-        if kind not in KEPT:  # a layer kind added to harness/layers/ and not placed here (tests/test_autocast.py)
+            out = False
+        elif kind in KEPT:
+            out = low and self.skips.get(p.name, True) if kind == "residual" else low and not (train and kind == MASKED)
+        else:  # a layer kind added to harness/layers/ and not placed here (tests/test_autocast.py)
             raise ValueError(f"the array-module code's bf16 run does not place layer kind {kind!r} (harness/reference/autocast.py)")
-        out = low and self.skips.get(p.name, True) if kind == "residual" else low and not (train and kind == MASKED)
-        self.input_low[p.name], self.output_low[p.name] = low, out
+        self.input_low[p.name], self.output_low[p.name], self.last = low, out, out
         return local, a
 
     def params(self, p, local: dict) -> dict:

@@ -127,7 +127,6 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
     running statistics land in ctx.updates by their full names; each layer's output (after
     its activation) lands in `outputs`, by the layer's name, when given."""
     jitter, cast = ctx.jitter, ctx.autocast
-    kept = plain if cast is None else None  # a bf16 pass's rounding of each output (harness/reference/autocast.py)
     a = x.reshape((x.shape[0], *placed[0].in_shape)) if len(placed[0].in_shape) > 1 else x
     caches = []
     starts = residual_starts(placed)
@@ -137,10 +136,9 @@ def forward(xp, placed: list[Placed], params: Params, x: Array, ctx: Context, ou
             if cast is not None:
                 cast.skips[name] = cast.last
         ctx.layer = p.name
-        local = _local(p, params)
-        if cast is not None:
-            local, a = cast.enter(p, local, a, cast.last, ctx.train)
-            cast.last = cast.output_low[p.name]
+        local, kept = _local(p, params), plain
+        if cast is not None:  # a bf16 pass: its inputs, and each output rounded (harness/reference/autocast.py)
+            local, a = cast.enter(p, local, a, ctx.train)
             kept = functools.partial(cast.out, p)
         out, cache = p.module.forward(xp, p.section, local, a, ctx)
         for name in [k for k in ctx.updates if "." not in k]:
